@@ -1,0 +1,234 @@
+//! The guest agent's protocol, shaped after E2B's envd so that "The daemon" can forward SDK
+//! requests unchanged.
+//!
+//! - `POST /process.Process/Start`: Connect server streaming, `Content-Type:
+//!   application/connect+json`. The request body is one [`envelope`] holding a
+//!   [`StartRequest`]; the response is a stream of envelopes holding [`ProcessEvent`]s, closed by
+//!   an end-of-stream envelope (flag [`envelope::FLAG_END_STREAM`]).
+//! - `POST /process.Process/SendInput`, `/CloseStdin`, `/SendSignal`: Connect unary, plain
+//!   `application/json` bodies ([`SendInputRequest`], ...), answer `{}`.
+//! - `GET /files?path=P` streams a file; `POST /files?path=P` with an
+//!   `application/octet-stream` body writes one (parents created).
+//! - `GET /health`: 204 when the agent is ready.
+//!
+//! Bytes travel base64-encoded, as protobuf's JSON mapping does for `bytes` fields.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub mod envelope;
+
+pub const START_PATH: &str = "/process.Process/Start";
+pub const SEND_INPUT_PATH: &str = "/process.Process/SendInput";
+pub const CLOSE_STDIN_PATH: &str = "/process.Process/CloseStdin";
+pub const SEND_SIGNAL_PATH: &str = "/process.Process/SendSignal";
+pub const FILES_PATH: &str = "/files";
+pub const HEALTH_PATH: &str = "/health";
+pub const CONNECT_JSON: &str = "application/connect+json";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessConfig {
+    pub cmd: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub envs: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartRequest {
+    pub process: ProcessConfig,
+    /// When true the process's stdin stays open for `SendInput` until `CloseStdin`;
+    /// otherwise it reads from /dev/null (envd's semantics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+/// `{"event": {...}}`: one message of the Start stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessEvent {
+    pub event: Event,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Event {
+    Start(StartEvent),
+    Data(DataEvent),
+    End(EndEvent),
+    Keepalive(Keepalive),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartEvent {
+    pub pid: u32,
+}
+
+/// Exactly one of the fields is set; values are base64.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataEvent {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<String>,
+}
+
+/// How the process ended, as envd reports it (Go's `os.ProcessState`): `exitCode` -1 and
+/// `status` "signal: killed" for a process killed by a signal.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndEvent {
+    #[serde(default)]
+    pub exit_code: i32,
+    #[serde(default)]
+    pub exited: bool,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl EndEvent {
+    /// The signal that ended the process, parsed back from `status`.
+    pub fn signal(&self) -> Option<i32> {
+        parse_signal_status(&self.status)
+    }
+
+    /// The status a shell would report: the exit code, or 128 + the signal number.
+    pub fn shell_status(&self) -> i32 {
+        match self.signal() {
+            Some(sig) if !self.exited => 128 + sig,
+            _ => self.exit_code,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Keepalive {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessSelector {
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendInputRequest {
+    pub process: ProcessSelector,
+    pub input: ProcessInput,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInput {
+    /// base64
+    pub stdin: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloseStdinRequest {
+    pub process: ProcessSelector,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendSignalRequest {
+    pub process: ProcessSelector,
+    /// envd's enum names: "SIGNAL_SIGTERM", "SIGNAL_SIGKILL".
+    pub signal: String,
+}
+
+/// A Connect error body: `{"code": "not_found", "message": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectError {
+    pub code: String,
+    pub message: String,
+}
+
+/// The end-of-stream message: `{}` or `{"error": {...}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndOfStream {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ConnectError>,
+}
+
+/// Go's names for the signals (`syscall.Signal.String()`), which envd puts in `status`.
+const SIGNAL_NAMES: &[(i32, &str)] = &[
+    (1, "hangup"),
+    (2, "interrupt"),
+    (3, "quit"),
+    (4, "illegal instruction"),
+    (5, "trace/breakpoint trap"),
+    (6, "aborted"),
+    (7, "bus error"),
+    (8, "floating point exception"),
+    (9, "killed"),
+    (10, "user defined signal 1"),
+    (11, "segmentation fault"),
+    (12, "user defined signal 2"),
+    (13, "broken pipe"),
+    (14, "alarm clock"),
+    (15, "terminated"),
+];
+
+/// `status` for a process ended by `sig`: "signal: killed", or "signal N" for the rest.
+pub fn signal_status(sig: i32) -> String {
+    match SIGNAL_NAMES.iter().find(|(n, _)| *n == sig) {
+        Some((_, name)) => format!("signal: {name}"),
+        None => format!("signal: signal {sig}"),
+    }
+}
+
+pub fn parse_signal_status(status: &str) -> Option<i32> {
+    let name = status.strip_prefix("signal: ")?;
+    if let Some(n) = name.strip_prefix("signal ") {
+        return n.parse().ok();
+    }
+    SIGNAL_NAMES.iter().find(|(_, s)| *s == name).map(|(n, _)| *n)
+}
+
+/// envd's signal enum name to a signal number.
+pub fn signal_from_enum(name: &str) -> Option<i32> {
+    match name {
+        "SIGNAL_SIGTERM" | "15" => Some(15),
+        "SIGNAL_SIGKILL" | "9" => Some(9),
+        "SIGNAL_SIGINT" => Some(2),
+        "SIGNAL_SIGHUP" => Some(1),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_status_round_trips() {
+        for sig in 1..=31 {
+            assert_eq!(parse_signal_status(&signal_status(sig)), Some(sig));
+        }
+        assert_eq!(signal_status(9), "signal: killed");
+        assert_eq!(parse_signal_status("exit status 1"), None);
+    }
+
+    #[test]
+    fn events_use_envd_json_shape() {
+        let ev = ProcessEvent { event: Event::Start(StartEvent { pid: 7 }) };
+        assert_eq!(serde_json::to_string(&ev).unwrap(), r#"{"event":{"start":{"pid":7}}}"#);
+        let end: ProcessEvent =
+            serde_json::from_str(r#"{"event":{"end":{"exitCode":-1,"status":"signal: killed"}}}"#).unwrap();
+        match end.event {
+            Event::End(e) => assert_eq!(e.shell_status(), 137),
+            other => panic!("unexpected {other:?}"),
+        }
+        let ka: ProcessEvent = serde_json::from_str(r#"{"event":{"keepalive":{}}}"#).unwrap();
+        assert_eq!(ka.event, Event::Keepalive(Keepalive {}));
+    }
+}

@@ -1,0 +1,8 @@
+//! Wire types shared by the Sandcell processes. Serde only: no I/O lives here.
+//!
+//! - [`vmm`]: the configuration `sandcell-vmm` boots from, its newline-delimited JSON control
+//!   protocol and its documented exit statuses.
+//! - [`agent`]: the guest agent's envd-shaped HTTP protocol (Connect JSON envelopes).
+
+pub mod agent;
+pub mod vmm;

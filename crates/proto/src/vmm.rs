@@ -1,0 +1,154 @@
+//! `sandcell-vmm`: boot configuration, control protocol, exit statuses.
+//!
+//! The VMM is started as `sandcell-vmm --config <file.json>` (or `--config-json '<json>'`).
+//! Its control socket speaks newline-delimited JSON: one [`ControlRequest`] per line in, one
+//! [`ControlResponse`] per line out, in order.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The agent's port on every transport (vsock port in a microVM), as in E2B's envd.
+pub const AGENT_PORT: u32 = 49983;
+
+/// Everything `sandcell-vmm` needs to boot a VM. The VMM owns nothing persistent: all of it
+/// arrives here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    /// Number of vCPUs, 1..=32.
+    pub vcpus: u8,
+    /// Guest memory in MiB, 16..=65536 (a tiny payload may use less: min 1).
+    pub memory_mib: u32,
+    /// An ELF vmlinux (or bzImage) to boot.
+    pub kernel: PathBuf,
+    /// The kernel command line; the VMM appends its virtio-mmio device declarations.
+    #[serde(default)]
+    pub cmdline: String,
+    /// Root disk: a read-only base image and an optional writable file that receives every
+    /// write (reads of blocks never written come from the base).
+    #[serde(default)]
+    pub disk: Option<DiskConfig>,
+    /// Hybrid vsock: host side Unix socket path; guest CID.
+    #[serde(default)]
+    pub vsock: Option<VsockConfig>,
+    /// Add a virtio-rng device.
+    #[serde(default)]
+    pub rng: bool,
+    /// File that receives the guest's serial console output.
+    #[serde(default)]
+    pub serial_log: Option<PathBuf>,
+    /// Unix socket on which the VMM serves the control protocol.
+    #[serde(default)]
+    pub control_socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    /// The base image, opened read-only and never written.
+    pub base: PathBuf,
+    /// The writable layer. Created if missing. When absent the disk is read-only.
+    #[serde(default)]
+    pub overlay: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockConfig {
+    /// Guest context id (>= 3).
+    pub guest_cid: u32,
+    /// Host side: connect here and send `CONNECT <port>\n`; guest-initiated connections to
+    /// port P reach `<uds_path>_P`.
+    pub uds_path: PathBuf,
+}
+
+/// One request line on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ControlRequest {
+    Status,
+    Pause,
+    Resume,
+    /// Stop the VM now (no guest cooperation) and exit with [`ExitStatus::Stopped`].
+    Shutdown,
+}
+
+/// One response line on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ControlResponse {
+    Ok { state: VmState },
+    Error { message: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    Running,
+    Paused,
+    Stopping,
+}
+
+/// The VMM's process exit statuses. Each way a VM can end has its own, so that a supervisor
+/// can tell a guest that powered off from one that crashed without parsing logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ExitStatus {
+    /// The guest powered off (the agent wrote to the power port; see [`POWER_PORT`]).
+    PowerOff = 0,
+    /// The VMM failed (setup or runtime error); the message is on stderr.
+    VmmError = 1,
+    /// The configuration was refused before anything started.
+    BadConfig = 2,
+    /// The guest rebooted (i8042 CPU reset). Sandcell treats a reboot as the end of the VM.
+    Reboot = 3,
+    /// The guest triple-faulted (KVM_EXIT_SHUTDOWN).
+    TripleFault = 4,
+    /// The guest kernel panicked ("Kernel panic" seen on the console before the reset that
+    /// `panic=-1` causes).
+    GuestPanic = 5,
+    /// KVM could not run the guest (KVM_EXIT_INTERNAL_ERROR / FAIL_ENTRY): typically a host
+    /// whose KVM cannot boot this guest (PVM).
+    KvmInternalError = 6,
+    /// Stopped through the control socket or by SIGTERM/SIGINT.
+    Stopped = 7,
+}
+
+impl ExitStatus {
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_code(code: i32) -> Option<ExitStatus> {
+        Some(match code {
+            0 => ExitStatus::PowerOff,
+            1 => ExitStatus::VmmError,
+            2 => ExitStatus::BadConfig,
+            3 => ExitStatus::Reboot,
+            4 => ExitStatus::TripleFault,
+            5 => ExitStatus::GuestPanic,
+            6 => ExitStatus::KvmInternalError,
+            7 => ExitStatus::Stopped,
+            _ => return None,
+        })
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            ExitStatus::PowerOff => "the guest powered off",
+            ExitStatus::VmmError => "the VMM failed",
+            ExitStatus::BadConfig => "the VM configuration was refused",
+            ExitStatus::Reboot => "the guest rebooted",
+            ExitStatus::TripleFault => "the guest triple-faulted",
+            ExitStatus::GuestPanic => "the guest kernel panicked",
+            ExitStatus::KvmInternalError => "KVM could not run the guest",
+            ExitStatus::Stopped => "the VM was stopped",
+        }
+    }
+}
+
+/// A paravirtual power port of ours: a 1-byte write of [`POWER_OFF`] ends the VM with
+/// [`ExitStatus::PowerOff`]. The guest kernel has no ACPI, so `poweroff(2)` alone cannot tell
+/// the VMM; the agent (PID 1, with `ioperm`) writes here after syncing its disks.
+pub const POWER_PORT: u16 = 0x0510;
+pub const POWER_OFF: u8 = 0x00;

@@ -1,0 +1,1 @@
+//! The Runtime interface and its microvm and gvisor implementations

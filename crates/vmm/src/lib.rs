@@ -1,0 +1,1 @@
+//! Sandcell's virtual machine monitor on the rust-vmm crates (library + sandcell-vmm binary)
