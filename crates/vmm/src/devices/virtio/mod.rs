@@ -1,0 +1,1 @@
+//! virtio devices and the virtio-mmio transport.
