@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Builds a Sandcell root image: a root tree and an ext4 image of it, without root and
+# without mounting anything.
+#
+#   scripts/build-image.sh minimal [--agent PATH]
+#
+# minimal = Debian's static busybox with its applet symlinks, the files under
+# images/minimal/files/ (passwd, group, hosts, ...), the empty mount points the agent
+# expects, and the guest agent at /sbin/sandcell-agent (also /sbin/init).
+#
+# The result is cached under ${SANDCELL_CACHE:-~/.cache/sandcell}/images/<hash>/ where
+# <hash> covers this script, the busybox binary, the agent binary and every file under
+# images/<name>/; it holds rootfs.ext4 and the unpacked tree rootfs/ (the gvisor runtime uses
+# the tree). Progress goes to stderr; the last line on stdout is the output directory.
+#
+# Ownership: `mkfs.ext4 -d` copies the uid/gid of the source files, which belong to whoever
+# runs this script. A debugfs pass afterwards sets every inode to root:root and /home/user
+# to 1000:1000, so the image is the same whether built by root or not. The tree is chowned
+# the same way when the script runs as root (it cannot be otherwise).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${SANDCELL_CACHE:-$HOME/.cache/sandcell}
+busybox=${BUSYBOX:-/bin/busybox}
+agent=$root/target/x86_64-unknown-linux-gnu/release/sandcell-agent
+user_uid=1000
+
+usage() { echo "usage: $0 minimal [--agent PATH]" >&2; exit 2; }
+log() { echo "build-image: $*" >&2; }
+die() { echo "build-image: $*" >&2; exit 1; }
+
+[ $# -ge 1 ] || usage
+name=$1; shift
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --agent) [ $# -ge 2 ] || usage; agent=$2; shift 2 ;;
+    --agent=*) agent=${1#--agent=}; shift ;;
+    *) usage ;;
+  esac
+done
+
+recipe=$root/images/$name
+[ "$name" = minimal ] && [ -d "$recipe/files" ] || die "unknown image '$name' (known: minimal)"
+[ -x "$busybox" ] || die "$busybox not found; install Debian's busybox-static"
+file -L "$busybox" 2>/dev/null | grep -q 'statically linked' \
+  || die "$busybox is not statically linked; install busybox-static (not busybox)"
+[ -f "$agent" ] || die "agent binary $agent not found; build it with:
+  RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build --release --target x86_64-unknown-linux-gnu -p sandcell-agent
+or pass --agent PATH"
+file -L "$agent" 2>/dev/null | grep -Eq 'statically linked|static-pie linked' \
+  || die "agent binary $agent is not statically linked (build it with +crt-static)"
+for tool in mkfs.ext4 debugfs sha256sum; do
+  command -v "$tool" >/dev/null || die "'$tool' is missing; install e2fsprogs/coreutils"
+done
+
+# The key: this script, the two binaries, and the recipe files with their relative names.
+key=$( {
+  sha256sum "$0" "$busybox" "$agent" | cut -d' ' -f1
+  (cd "$recipe" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+} | sha256sum | cut -c1-16)
+out=$cache/images/$key
+if [ -f "$out/rootfs.ext4" ] && [ -d "$out/rootfs" ]; then
+  log "$name: cached ($out)"
+  echo "$out"
+  exit 0
+fi
+
+rm -rf "$out.tmp"
+mkdir -p "$out.tmp"
+tree=$out.tmp/rootfs
+log "$name: assembling the root tree"
+
+mkdir -p "$tree"
+for d in bin sbin usr/bin usr/sbin usr/local/bin etc root home dev proc sys tmp run mnt var/tmp var/log; do
+  mkdir -p "$tree/$d"
+done
+chmod 0755 "$tree"
+chmod 0700 "$tree/root"
+chmod 1777 "$tree/tmp" "$tree/var/tmp"
+
+install -m 0755 "$busybox" "$tree/bin/busybox"
+applets=0
+while IFS= read -r applet; do
+  [ -n "$applet" ] || continue
+  [ -e "$tree/$applet" ] && continue
+  mkdir -p "$tree/$(dirname "$applet")"
+  ln -s /bin/busybox "$tree/$applet"
+  applets=$((applets + 1))
+done < <("$busybox" --list-full)
+log "$name: busybox with $applets applet links"
+
+cp -R "$recipe/files/." "$tree/"
+chmod 0644 "$tree/etc/passwd" "$tree/etc/group" "$tree/etc/hostname" "$tree/etc/hosts" "$tree/etc/profile"
+chmod 0640 "$tree/etc/shadow"
+
+mkdir -p "$tree/home/user"
+chmod 0755 "$tree/home/user"
+
+install -m 0755 "$agent" "$tree/sbin/sandcell-agent"
+# Busybox brings its own /sbin/init; the agent is PID 1 in every Sandcell guest.
+rm -f "$tree/sbin/init"
+ln -s sandcell-agent "$tree/sbin/init"
+
+if [ "$(id -u)" = 0 ]; then
+  chown -R -h 0:0 "$tree"
+  chown -h "$user_uid:$user_uid" "$tree/home/user"
+fi
+
+# Fixed timestamps: with them (and the fixed clock, UUID and hash seed below) the same
+# inputs give a byte-identical image.
+find "$tree" -exec touch -h -d @1700000000 {} +
+
+# Size: the content plus headroom for the inode tables and a little room to write, at
+# least 64 MiB (rounded up to whole MiB).
+content_kib=$(du -sk --apparent-size "$tree" | cut -f1)
+size_mib=$(( (content_kib * 3 / 2) / 1024 + 16 ))
+[ "$size_mib" -ge 64 ] || size_mib=64
+log "$name: making a ${size_mib} MiB ext4 image (${content_kib} KiB of content)"
+img=$out.tmp/rootfs.ext4
+rm -f "$img"
+# E2FSPROGS_FAKE_TIME and the fixed UUID/hash seed keep the build's clock and randomness out
+# of the superblock.
+E2FSPROGS_FAKE_TIME=1700000000 mkfs.ext4 -q -F -t ext4 -L "$name" \
+  -U 5a9dce11-0000-4000-8000-000000000001 \
+  -E root_owner=0:0,hash_seed=5a9dce11-0000-4000-8000-000000000002 \
+  -d "$tree" "$img" "${size_mib}M" >"$out.tmp/mkfs.log" 2>&1 \
+  || { cat "$out.tmp/mkfs.log" >&2; die "mkfs.ext4 failed on $img"; }
+
+# Ownership inside the image, independent of who built it; and the change/creation times,
+# which mkfs copies from the tree (ctime: no unprivileged tool can set it; atime: reading the
+# tree moves it).
+cmds=$out.tmp/debugfs.cmds
+(cd "$tree" && find . -mindepth 1 -print) | sed 's|^\.||' | while IFS= read -r path; do
+  printf 'sif "%s" uid 0\nsif "%s" gid 0\n' "$path" "$path"
+  printf 'sif "%s" ctime @1700000000\nsif "%s" crtime @1700000000\nsif "%s" atime @1700000000\n' "$path" "$path" "$path"
+done > "$cmds"
+printf 'sif "/home/user" uid %d\nsif "/home/user" gid %d\n' "$user_uid" "$user_uid" >> "$cmds"
+E2FSPROGS_FAKE_TIME=1700000000 debugfs -w -f "$cmds" "$img" >"$out.tmp/debugfs.log" 2>&1 \
+  || { tail -n 20 "$out.tmp/debugfs.log" >&2; die "debugfs failed on $img"; }
+if grep -qiE 'error|not found|cannot' "$out.tmp/debugfs.log"; then
+  grep -iE 'error|not found|cannot' "$out.tmp/debugfs.log" | head -n 5 >&2
+  die "debugfs could not set ownership in $img"
+fi
+e2fsck -fn "$img" >"$out.tmp/e2fsck.log" 2>&1 || { cat "$out.tmp/e2fsck.log" >&2; die "e2fsck found errors in $img"; }
+rm -f "$cmds" "$out.tmp/mkfs.log" "$out.tmp/debugfs.log" "$out.tmp/e2fsck.log"
+
+rm -rf "$out"
+mv "$out.tmp" "$out"
+log "$name: built $out ($(du -h "$out/rootfs.ext4" | cut -f1) image)"
+echo "$out"
