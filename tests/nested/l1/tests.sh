@@ -1,0 +1,313 @@
+#!/bin/sh
+# The test batch of the nested-KVM harness, run inside L1 by /init:
+#   tests.sh all        run every test_* below in file order (or those listed in the kernel
+#                       parameter nested.only=a,b,c), print results, never exit early
+#   tests.sh one NAME   run test_NAME (what `all` does for each, in its own session)
+#
+# Console protocol (parsed by tests/nested/run.sh):
+#   NESTED-PLAN name...                    the tests about to run
+#   NESTED-RESULT name PASS|FAIL detail    one per planned test
+#   NESTED-BENCH name value unit           measurements (behaviour checks, not speed claims:
+#                                          L2 runs ~100x slower under TCG than on hardware)
+#   NESTED-LOG name | line                 the tail of a failed test's log
+#   NESTED-DONE passed=N failed=M          the batch finished
+export PATH=/usr/bin:/bin:/usr/sbin:/sbin
+DATA=/var/lib/sandcell
+KERNEL=$DATA/kernels/default/vmlinux
+BASE=$DATA/images/minimal/rootfs.ext4
+AGENT_PORT=49983
+# L2 boots with `quiet`: serial output costs ~1 ms a character under nested TCG.
+L2_CMDLINE="console=ttyS0 quiet panic=-1 root=/dev/vda rw rootfstype=ext4"
+TEST_TIMEOUT=${TEST_TIMEOUT:-180}
+SELF=$0
+
+# ---- helpers for tests -------------------------------------------------------------------
+
+# fail MSG / pass MSG: the one-line detail of the result, then end the test.
+fail() { echo "$*" > "$DETAIL"; echo "FAIL: $*"; exit 1; }
+pass() { echo "$*" > "$DETAIL"; exit 0; }
+bench() { echo "$1 $2 $3" >> "$BENCH"; }
+now_cs() { awk '{ printf "%d", $1 * 100 }' /proc/uptime; }
+need() {
+  for b in "$@"; do
+    command -v "$b" >/dev/null || fail "$b is not in the initramfs (did its cargo build fail?)"
+  done
+}
+need_l2() {
+  [ -c /dev/kvm ] || fail "/dev/kvm is missing in L1"
+  [ -f "$KERNEL" ] || fail "guest kernel $KERNEL is missing"
+  [ -f "$BASE" ] || fail "base image $BASE is missing"
+}
+
+# vm_config DIR CMDLINE VCPUS MEM_MIB: a sandcell-vmm config with a writable layer over the
+# base image, vsock, serial log and control socket, all under DIR.
+vm_config() {
+  cat > "$1/vm.json" <<EOF
+{"vcpus": $3, "memory_mib": $4, "kernel": "$KERNEL", "cmdline": "$2",
+ "disk": {"base": "$BASE", "overlay": "$1/overlay"},
+ "vsock": {"guest_cid": 3, "uds_path": "$1/vsock"},
+ "serial_log": "$1/serial.log", "control_socket": "$1/control"}
+EOF
+}
+
+# run_vmm DIR: boot DIR/vm.json to its end; prints the VMM's exit status.
+run_vmm() {
+  set +e
+  timeout -s KILL 120 sandcell-vmm --config "$1/vm.json" >"$1/vmm.out" 2>&1
+  echo $?
+  set -e
+}
+
+show_serial() { echo "--- L2 serial log (tail)"; tail -n 20 "$1/serial.log" 2>/dev/null; }
+
+SC_RUN="sandcell run --runtime microvm --data-dir $DATA"
+
+# sc DIR ARGS...: `sandcell run` with stdout/stderr to DIR/out, DIR/err; prints the status.
+sc() {
+  d=$1; shift
+  set +e
+  timeout -s KILL 150 $SC_RUN "$@" >"$d/out" 2>"$d/err" </dev/null
+  echo $?
+  set -e
+}
+
+show_run() {
+  echo "--- stdout (head)"; head -c 600 "$1/out"; echo
+  echo "--- stderr (tail)"; tail -n 15 "$1/err"
+  newest=$(ls -1t "$DATA"/sandboxes/*/console.log 2>/dev/null | head -n 1)
+  [ -z "$newest" ] || { echo "--- $newest (tail)"; tail -n 15 "$newest"; }
+}
+
+expect_status() { # DIR EXPECTED GOT WHAT
+  [ "$3" = "$2" ] || { show_run "$1"; fail "$4: exit status $3, expected $2"; }
+}
+
+# ---- L1 ----------------------------------------------------------------------------------
+
+test_l1_kvm() {
+  [ -c /dev/kvm ] || fail "/dev/kvm missing after loading kvm-amd"
+  nested=$(cat /sys/module/kvm_amd/parameters/nested 2>/dev/null)
+  npt=$(cat /sys/module/kvm_amd/parameters/npt 2>/dev/null)
+  # nested is an int parameter, npt a bool (Y/N).
+  case "$nested" in 1|Y) ;; *) fail "kvm_amd nested=$nested" ;; esac
+  case "$npt" in 1|Y) ;; *) fail "kvm_amd npt=$npt" ;; esac
+  pass "/dev/kvm present, kvm_amd nested=1 npt=1, $(grep -c ^processor /proc/cpuinfo) L1 cpu(s)"
+}
+
+# ---- sandcell-vmm directly ------------------------------------------------------------------
+
+# Boot the minimal image to its agent, time it, power it off through the agent.
+test_vmm_smoke() {
+  need sandcell-vmm nested-probe; need_l2
+  d=/tmp/vmm_smoke; mkdir -p $d
+  vm_config $d "$L2_CMDLINE init=/sbin/sandcell-agent --listen vsock:$AGENT_PORT" 1 256
+  set +e
+  nested-probe boot --vmm sandcell-vmm --config $d/vm.json --uds $d/vsock --then poweroff \
+    --ready-timeout 120 --exit-timeout 60 > $d/probe.out
+  rc=$?
+  set -e
+  cat $d/probe.out
+  ready=$(sed -n 's/^ready_ms=//p' $d/probe.out)
+  exit_status=$(sed -n 's/^vmm_exit=//p' $d/probe.out)
+  if [ "$rc" != 0 ] || [ -z "$ready" ]; then
+    show_serial $d
+    fail "the agent never answered /health (probe status $rc, vmm_exit=${exit_status:-none})"
+  fi
+  bench l2_boot_to_agent_ready_ms "$ready" ms
+  [ "$exit_status" = 0 ] || { show_serial $d; fail "agent ready after ${ready} ms, but poweroff ended the VMM with $exit_status (expected 0, PowerOff)"; }
+  pass "agent answered /health ${ready} ms after spawn; poweroff -> VMM exit 0"
+}
+
+# An init that exits panics the guest kernel; the VMM must say so (ExitStatus::GuestPanic).
+test_vmm_panic() {
+  need sandcell-vmm; need_l2
+  d=/tmp/vmm_panic; mkdir -p $d
+  vm_config $d "$L2_CMDLINE init=/bin/false" 1 128
+  status=$(run_vmm $d)
+  [ "$status" = 5 ] || { cat $d/vmm.out; show_serial $d; fail "VMM exit $status, expected 5 (GuestPanic)"; }
+  grep -q "Kernel panic" $d/serial.log || { show_serial $d; fail "exit 5 but no 'Kernel panic' in the serial log"; }
+  pass "init exit -> Kernel panic -> VMM exit 5"
+}
+
+# Writes reach the writable layer, never the base image, and survive into the next boot of
+# that layer. The guest's init is a shell given on the kernel command line (arguments without
+# '=' or '.' go to init).
+test_vmm_overlay() {
+  need sandcell-vmm; need_l2
+  d=/tmp/vmm_overlay; mkdir -p $d
+  before=$(md5sum < $BASE)
+  vm_config $d "$L2_CMDLINE init=/bin/sh -c \\\"echo SANDCELL_OVERLAY_MARKER >/marker;sync\\\"" 1 128
+  status=$(run_vmm $d)
+  [ "$status" = 5 ] || { cat $d/vmm.out; show_serial $d; fail "writer boot: VMM exit $status, expected 5 (init exits -> panic)"; }
+  [ -s $d/overlay ] || fail "the writable layer $d/overlay is empty after the write"
+  grep -q SANDCELL_OVERLAY_MARKER $d/overlay || fail "the marker is not in the writable layer"
+  [ "$(md5sum < $BASE)" = "$before" ] || fail "the base image changed"
+  grep -q SANDCELL_OVERLAY_MARKER $BASE && fail "the marker is in the base image"
+  rm -f $d/serial.log
+  vm_config $d "$L2_CMDLINE init=/bin/sh -c \\\"cat /marker;sleep 1\\\"" 1 128
+  status=$(run_vmm $d)
+  grep -q SANDCELL_OVERLAY_MARKER $d/serial.log || { show_serial $d; fail "second boot (VMM exit $status) did not read the marker back"; }
+  [ "$(md5sum < $BASE)" = "$before" ] || fail "the base image changed"
+  pass "marker in the writable layer ($(du -k $d/overlay | cut -f1) KiB used), base unchanged, read back on reboot"
+}
+
+# ---- sandcell run --runtime microvm -----------------------------------------------------------
+
+test_run_exit_codes() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_exit_codes; mkdir -p $d
+  s=$(sc $d -- true); expect_status $d 0 "$s" "true"
+  s=$(sc $d -- sh -c 'exit 3'); expect_status $d 3 "$s" "exit 3"
+  s=$(sc $d -- sh -c 'kill -9 $$'); expect_status $d 137 "$s" "kill -9 \$\$"
+  pass "true -> 0, exit 3 -> 3, kill -9 \$\$ -> 137"
+}
+
+test_run_stdio() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_stdio; mkdir -p $d
+  s=$(sc $d -- sh -c 'echo out1; echo err1 >&2; echo out2; echo err2 >&2; echo out3')
+  expect_status $d 0 "$s" "echo"
+  printf 'out1\nout2\nout3\n' > $d/want_out
+  printf 'err1\nerr2\n' > $d/want_err
+  cmp -s $d/out $d/want_out || { show_run $d; fail "stdout is not out1..out3 in order"; }
+  cmp -s $d/err $d/want_err || { show_run $d; fail "stderr is not err1, err2 in order"; }
+  pass "stdout and stderr apart and in order"
+}
+
+test_run_big_output() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_big_output; mkdir -p $d
+  s=$(sc $d -- sh -c 'head -c 10485760 /dev/urandom > /tmp/big && md5sum < /tmp/big >&2 && cat /tmp/big')
+  expect_status $d 0 "$s" "10 MiB"
+  size=$(wc -c < $d/out)
+  [ "$size" = 10485760 ] || { show_run $d; fail "got $size bytes of stdout, expected 10485760"; }
+  want=$(grep -o '^[0-9a-f]\{32\}' $d/err | head -n 1)
+  got=$(md5sum < $d/out | cut -c1-32)
+  [ -n "$want" ] || { show_run $d; fail "no md5 on stderr"; }
+  [ "$got" = "$want" ] || fail "10 MiB stdout md5 $got, the guest computed $want"
+  pass "10 MiB of stdout intact (md5 $got)"
+}
+
+test_run_stdin() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_stdin; mkdir -p $d
+  head -c 1048576 /dev/urandom > $d/in
+  want=$(md5sum < $d/in | cut -c1-32)
+  set +e
+  timeout -s KILL 150 $SC_RUN -- sh -c 'md5sum; echo done >&2' < $d/in > $d/out 2> $d/err
+  s=$?
+  set -e
+  expect_status $d 0 "$s" "md5sum of stdin"
+  got=$(cut -c1-32 $d/out)
+  [ "$got" = "$want" ] || { show_run $d; fail "the guest read stdin with md5 '$got', expected $want"; }
+  pass "1 MiB piped to stdin arrived intact, EOF seen"
+}
+
+test_run_vcpus() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_vcpus; mkdir -p $d
+  s=$(sc $d --vcpus 2 -- sh -c 'grep -c ^processor /proc/cpuinfo')
+  expect_status $d 0 "$s" "--vcpus 2"
+  [ "$(cat $d/out)" = 2 ] || { show_run $d; fail "--vcpus 2: the guest sees $(cat $d/out) cpu(s)"; }
+  pass "--vcpus 2 -> 2 processors in /proc/cpuinfo"
+}
+
+test_run_memory() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_memory; mkdir -p $d
+  s=$(sc $d --memory 512 -- cat /proc/meminfo)
+  expect_status $d 0 "$s" "--memory 512"
+  kib=$(awk '/^MemTotal:/ { print $2 }' $d/out)
+  [ -n "$kib" ] || { show_run $d; fail "no MemTotal in /proc/meminfo"; }
+  # 512 MiB minus what the kernel keeps for itself (a tinyconfig kernel keeps little).
+  [ "$kib" -gt $((448 * 1024)) ] && [ "$kib" -le $((512 * 1024)) ] \
+    || fail "--memory 512: MemTotal $kib KiB, expected 448..512 MiB"
+  pass "--memory 512 -> MemTotal $kib KiB"
+}
+
+test_run_disk_overlay() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_disk_overlay; mkdir -p $d
+  before=$(md5sum < $BASE)
+  s=$(sc $d -- sh -c 'echo SANDCELL_RUN_MARKER > /root/written && sync && cat /root/written')
+  expect_status $d 0 "$s" "write /root/written"
+  grep -q SANDCELL_RUN_MARKER $d/out || { show_run $d; fail "the guest could not read back its write"; }
+  [ "$(md5sum < $BASE)" = "$before" ] || fail "the base image changed"
+  grep -q SANDCELL_RUN_MARKER $BASE && fail "the marker is in the base image"
+  s=$(sc $d -- sh -c 'test ! -e /root/written')
+  expect_status $d 0 "$s" "a second sandbox must not see the first one's write"
+  pass "write visible inside, base image unchanged, next sandbox starts clean"
+}
+
+test_run_poweroff() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_poweroff; mkdir -p $d
+  s=$(sc $d -- poweroff)
+  expect_status $d 0 "$s" "poweroff inside the guest"
+  pass "poweroff inside the guest -> sandcell run exits 0"
+}
+
+test_run_panic() {
+  need sandcell sandcell-vmm; need_l2
+  d=/tmp/run_panic; mkdir -p $d
+  s=$(sc $d -- sh -c 'test -e /proc/sysrq-trigger || { echo NO_SYSRQ; exit 99; }; echo c > /proc/sysrq-trigger; sleep 30')
+  grep -q NO_SYSRQ $d/out && fail "the guest kernel has no /proc/sysrq-trigger (CONFIG_MAGIC_SYSRQ); cannot panic it from inside"
+  [ "$s" != 0 ] || { show_run $d; fail "guest panic reported as exit 0"; }
+  grep -qi panic $d/err || { show_run $d; fail "exit $s but stderr does not mention the panic"; }
+  pass "guest panic -> sandcell run exit $s, stderr: $(grep -i panic $d/err | head -n 1 | cut -c1-80)"
+}
+
+# ---- runner ----------------------------------------------------------------------------------
+
+run_one() {
+  name=$1
+  log=/tmp/nested-logs/$name.log
+  DETAIL=/tmp/nested-logs/$name.detail
+  BENCH=/tmp/nested-logs/$name.bench
+  export DETAIL BENCH
+  : > "$DETAIL"; : > "$BENCH"
+  start=$(now_cs)
+  setsid /bin/sh "$SELF" one "$name" > "$log" 2>&1 &
+  pid=$!
+  ( sleep "$TEST_TIMEOUT"; kill -9 -"$pid" 2>/dev/null; echo "TIMEOUT after ${TEST_TIMEOUT}s" > "$DETAIL" ) &
+  watchdog=$!
+  wait "$pid"
+  rc=$?
+  kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+  kill -9 -"$pid" 2>/dev/null   # whatever the test left running
+  secs=$(( ($(now_cs) - start) / 100 ))
+  detail=$(head -n 1 "$DETAIL")
+  while read -r b; do echo "NESTED-BENCH $b"; done < "$BENCH"
+  if [ "$rc" = 0 ]; then
+    echo "NESTED-RESULT $name PASS ${secs}s ${detail}"
+    return 0
+  fi
+  echo "NESTED-RESULT $name FAIL ${secs}s ${detail:-exit status $rc}"
+  tail -n 30 "$log" | sed "s/^/NESTED-LOG $name | /"
+  return 1
+}
+
+case "$1" in
+  one)
+    set -e
+    "test_$2"
+    ;;
+  all)
+    mkdir -p /tmp/nested-logs
+    only=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^nested\.only=//p' | tr ',' ' ')
+    plan=
+    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF"); do
+      if [ -z "$only" ] || echo " $only " | grep -q " $t "; then plan="$plan $t"; fi
+    done
+    echo "NESTED-PLAN$plan"
+    passed=0; failed=0
+    for t in $plan; do
+      if run_one "$t"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    done
+    echo "NESTED-DONE passed=$passed failed=$failed"
+    ;;
+  *)
+    echo "usage: $0 all | one NAME" >&2
+    exit 2
+    ;;
+esac
