@@ -41,13 +41,19 @@ done
 
 recipe=$root/images/$name
 [ "$name" = minimal ] && [ -d "$recipe/files" ] || die "unknown image '$name' (known: minimal)"
+# A static ELF: ldd says so (it cannot load it); scripts are "not a dynamic executable" too,
+# hence the magic check.
+is_static_elf() {
+  local out; out=$(LC_ALL=C ldd "$1" 2>&1 || true)
+  [ "$(head -c 4 "$1" | tail -c 3)" = ELF ] && echo "$out" | grep -Eq 'not a dynamic executable|statically linked'
+}
 [ -x "$busybox" ] || die "$busybox not found; install Debian's busybox-static"
-file -L "$busybox" 2>/dev/null | grep -q 'statically linked' \
+is_static_elf "$busybox" \
   || die "$busybox is not statically linked; install busybox-static (not busybox)"
 [ -f "$agent" ] || die "agent binary $agent not found; build it with:
   RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build --release --target x86_64-unknown-linux-gnu -p sandcell-agent
 or pass --agent PATH"
-file -L "$agent" 2>/dev/null | grep -Eq 'statically linked|static-pie linked' \
+is_static_elf "$agent" \
   || die "agent binary $agent is not statically linked (build it with +crt-static)"
 for tool in mkfs.ext4 debugfs sha256sum; do
   command -v "$tool" >/dev/null || die "'$tool' is missing; install e2fsprogs/coreutils"

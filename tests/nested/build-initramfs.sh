@@ -76,7 +76,7 @@ cp "$l1/irqbypass.ko" "$l1/kvm.ko" "$l1/kvm-amd.ko" "$stage/lib/modules/"
 # add_binary SRC NAME: /usr/bin/NAME, plus its shared libraries and loader if it has any.
 add_binary() {
   install -m 0755 "$1" "$stage/usr/bin/$2"
-  if ! file -L "$1" | grep -Eq 'statically linked|static-pie linked'; then
+  if ! (LC_ALL=C ldd "$1" 2>&1 || true) | grep -Eq 'not a dynamic executable|statically linked'; then
     ldd "$1" | grep -o '/[^ ]*' | while IFS= read -r lib; do
       [ -e "$stage$lib" ] || { mkdir -p "$stage$(dirname "$lib")"; cp -L "$lib" "$stage$lib"; }
     done
