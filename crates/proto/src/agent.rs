@@ -25,6 +25,9 @@ pub const SEND_SIGNAL_PATH: &str = "/process.Process/SendSignal";
 pub const FILES_PATH: &str = "/files";
 pub const HEALTH_PATH: &str = "/health";
 pub const CONNECT_JSON: &str = "application/connect+json";
+/// Ours, not envd's: answer 204, then sync and power the VM off (the agent must be PID 1;
+/// otherwise the agent just exits).
+pub const POWEROFF_PATH: &str = "/sandcell/poweroff";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -143,6 +146,16 @@ pub struct SendSignalRequest {
     pub process: ProcessSelector,
     /// envd's enum names: "SIGNAL_SIGTERM", "SIGNAL_SIGKILL".
     pub signal: String,
+}
+
+/// One entry of the `POST /files` answer (envd's `EntryInfo`): `{"name","type","path"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryInfo {
+    pub name: String,
+    /// "file" or "dir".
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub path: String,
 }
 
 /// A Connect error body: `{"code": "not_found", "message": "..."}`.

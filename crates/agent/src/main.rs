@@ -1,0 +1,165 @@
+//! `sandcell-agent`: PID 1 of a Sandcell sandbox, or a plain process on the host for tests.
+//!
+//! ```text
+//! sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts]
+//!                [--hostname NAME] [--keepalive-secs N] [--files-base DIR]
+//! ```
+//! As PID 1 it first mounts /proc, /sys, /dev, ... (what is not mounted yet), brings `lo` up
+//! and sets the hostname. Without `--listen` it takes `sandcell.listen=` from the kernel
+//! command line, else `vsock:49983`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use sandcell_agent::init::{self, KernelArgs};
+use sandcell_agent::listen::{ListenAddr, Listener};
+use sandcell_agent::log;
+use sandcell_agent::server::{ServeOutcome, Server, ServerConfig};
+
+#[derive(Debug, Default)]
+struct Args {
+    listen: Option<String>,
+    no_init_mounts: bool,
+    hostname: Option<String>,
+    keepalive_secs: Option<u64>,
+    files_base: Option<PathBuf>,
+}
+
+const USAGE: &str = "usage: sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts] \
+                     [--hostname NAME] [--keepalive-secs N] [--files-base DIR]";
+
+fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut args = Args::default();
+    while let Some(arg) = argv.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| argv.next())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--listen" => args.listen = Some(value()?),
+            "--no-init-mounts" => args.no_init_mounts = true,
+            "--hostname" => args.hostname = Some(value()?),
+            "--keepalive-secs" => {
+                let v = value()?;
+                args.keepalive_secs = Some(
+                    v.parse()
+                        .map_err(|_| format!("--keepalive-secs {v:?} is not a number"))?,
+                );
+            }
+            "--files-base" => args.files_base = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            // The kernel passes unknown undotted parameters to init as arguments: ignore them as
+            // PID 1, refuse them elsewhere.
+            other if std::process::id() == 1 => log!("ignoring argument {other:?}"),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let is_init = std::process::id() == 1;
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return fail(is_init);
+        }
+    };
+    // /proc must be mounted before /proc/cmdline can be read: init duties come first.
+    let kernel = if is_init {
+        init::become_init(!args.no_init_mounts, args.hostname.as_deref())
+    } else {
+        KernelArgs::default()
+    };
+    let listen = args
+        .listen
+        .or(kernel.listen)
+        .unwrap_or_else(|| format!("vsock:{}", sandcell_proto::vmm::AGENT_PORT));
+    let addr: ListenAddr = match listen.parse() {
+        Ok(a) => a,
+        Err(e) => {
+            log!("{e}");
+            return fail(is_init);
+        }
+    };
+    let mut config = ServerConfig::default();
+    if let Some(secs) = args.keepalive_secs {
+        config.keepalive = Duration::from_secs(secs.max(1));
+    }
+    if let Some(base) = args.files_base {
+        config.files_base = base;
+    }
+
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            log!("starting the async runtime: {e}");
+            return fail(is_init);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let server = Server::new(config).map_err(|e| format!("starting the child reaper: {e}"))?;
+        let listener = Listener::bind(&addr).await.map_err(|e| e.to_string())?;
+        log!("listening on {addr}");
+        server
+            .serve(listener)
+            .await
+            .map_err(|e| format!("serving on {addr}: {e}"))
+    });
+    match outcome {
+        Ok(ServeOutcome::PowerOffRequested) if is_init => sandcell_agent::power::power_off(),
+        Ok(ServeOutcome::PowerOffRequested) => {
+            log!("power-off requested; not PID 1, so exiting");
+            ExitCode::SUCCESS
+        }
+        Err(msg) => {
+            log!("{msg}");
+            fail(is_init)
+        }
+    }
+}
+
+/// PID 1 must not simply exit (the kernel would panic): power off so the VMM reports it.
+fn fail(is_init: bool) -> ExitCode {
+    if is_init {
+        sandcell_agent::power::power_off();
+    }
+    ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        parse_args(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_flags_with_and_without_equals() {
+        let a = parse(&[
+            "--listen",
+            "unix:/a.sock",
+            "--keepalive-secs=5",
+            "--no-init-mounts",
+        ])
+        .unwrap_or_default();
+        assert_eq!(a.listen.as_deref(), Some("unix:/a.sock"));
+        assert_eq!(a.keepalive_secs, Some(5));
+        assert!(a.no_init_mounts);
+        assert!(parse(&["--listen"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["--keepalive-secs", "x"]).is_err());
+    }
+}
