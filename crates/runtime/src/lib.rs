@@ -1,1 +1,300 @@
-//! The Runtime interface and its microvm and gvisor implementations
+//! The `Runtime` interface: what the platform needs from an isolation technology, and its two
+//! implementations:
+//!
+//! - [`gvisor`]: drives `runsc` as an OCI runtime; works on any Linux host.
+//! - [`microvm`]: drives `sandcell-vmm` (one KVM microVM per sandbox).
+//!
+//! Both run the same static `sandcell-agent` as PID 1 and give the host a bidirectional byte
+//! stream to it ([`Sandbox::connect`]); everything above (agent protocol, API) is shared.
+//! [`select`] picks one (`auto`: a cached microVM self-test, else gVisor) and [`host`]
+//! describes the machine for `sandcell doctor`.
+//!
+//! Files of a sandbox: `<run-dir>/<id>/` (default `/run/sandcell/<id>/`: sockets, bundle, logs,
+//! the owner record) and, for disk layers, `<data-dir>/sandboxes/<id>/`. Destroying a sandbox
+//! removes both, and [`Runtime::sweep`] removes those whose owning process died.
+
+pub mod cgroup;
+pub mod dirs;
+mod error;
+pub mod gvisor;
+pub mod host;
+pub mod image;
+pub mod microvm;
+mod owner;
+pub mod select;
+mod supervise;
+mod util;
+
+pub use dirs::Dirs;
+pub use error::{Error, Result};
+pub use image::Image;
+
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub use sandcell_proto::vmm::AGENT_PORT;
+
+/// A bidirectional byte stream to a port of a sandbox (a Unix socket or a hybrid-vsock
+/// connection).
+pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncStream for T {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    Microvm,
+    Gvisor,
+}
+
+impl RuntimeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeKind::Microvm => "microvm",
+            RuntimeKind::Gvisor => "gvisor",
+        }
+    }
+}
+
+impl fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What to run: the same for every runtime.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// Unique on this host; see [`new_sandbox_id`]. Letters, digits, `-` and `_` only.
+    pub id: String,
+    pub image: Image,
+    pub vcpus: u8,
+    pub memory_mib: u32,
+    /// Environment of the agent (PID 1), inherited by the processes it starts.
+    pub env: BTreeMap<String, String>,
+    /// Guest kernel (microvm only); `None` = `<data-dir>/kernels/default/vmlinux`.
+    pub kernel: Option<std::path::PathBuf>,
+    /// How long [`Sandbox::start`] waits for the agent to accept connections.
+    pub boot_timeout: Duration,
+}
+
+impl SandboxSpec {
+    pub fn new(id: String, image: Image) -> Self {
+        SandboxSpec {
+            id,
+            image,
+            vcpus: 1,
+            memory_mib: 512,
+            env: BTreeMap::new(),
+            kernel: None,
+            boot_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A fresh sandbox id: `sc-` and 16 hex digits from the kernel's RNG.
+pub fn new_sandbox_id() -> Result<String> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer we own.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(Error::Host {
+            what: "getrandom for a sandbox id".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(format!(
+        "sc-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+/// Ids become file names, cgroup names and runsc container ids: keep them boring.
+pub fn validate_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxExit {
+    /// Destroyed (or stopped) on our request.
+    Destroyed,
+    /// The sandbox's memory use reached its limit and the host killed it.
+    OutOfMemory { limit_mib: u32 },
+    /// The runtime process (runsc, sandcell-vmm) exited by itself.
+    Exited { code: i32, detail: String },
+    /// The runtime process was killed by a signal we did not send.
+    Killed { signal: i32, detail: String },
+    /// The microVM ended with one of the VMM's documented statuses.
+    Vm {
+        status: sandcell_proto::vmm::ExitStatus,
+        detail: String,
+    },
+}
+
+impl fmt::Display for SandboxExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use sandcell_proto::vmm::ExitStatus;
+        match self {
+            SandboxExit::Destroyed => write!(f, "the sandbox was stopped"),
+            SandboxExit::OutOfMemory { limit_mib } => write!(
+                f,
+                "the sandbox ran out of memory (limit {limit_mib} MiB) and was killed; \
+                 raise --memory"
+            ),
+            SandboxExit::Exited { code, detail } => {
+                write!(
+                    f,
+                    "the sandbox ended by itself (exit status {code}){}",
+                    suffix(detail)
+                )
+            }
+            SandboxExit::Killed { signal, detail } => {
+                write!(
+                    f,
+                    "the sandbox was killed by signal {signal}{}",
+                    suffix(detail)
+                )
+            }
+            SandboxExit::Vm {
+                status: ExitStatus::KvmInternalError,
+                detail,
+            } => write!(
+                f,
+                "this host's KVM cannot run the guest kernel (e.g. PVM); use --runtime gvisor{}",
+                suffix(detail)
+            ),
+            SandboxExit::Vm { status, detail } => {
+                write!(
+                    f,
+                    "{} (sandcell-vmm exit status {}){}",
+                    status.describe(),
+                    status.code(),
+                    suffix(detail)
+                )
+            }
+        }
+    }
+}
+
+fn suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {detail}")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxStatus {
+    /// Created, not started.
+    Created,
+    Running,
+    Paused,
+    Exited(SandboxExit),
+}
+
+/// Resource use as the host sees it; `None` where the runtime cannot tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResourceUsage {
+    pub memory_bytes: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    /// CPU time consumed, user + system, in microseconds.
+    pub cpu_usec: Option<u64>,
+}
+
+/// An isolation technology.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    fn kind(&self) -> RuntimeKind;
+
+    /// Prepares a sandbox (files, layers, limits) without starting anything in it.
+    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>>;
+
+    /// Removes every leftover of sandboxes of this runtime whose owning process is gone
+    /// (crashed CLI or daemon). Returns the ids cleaned.
+    async fn sweep(&self) -> Result<Vec<String>>;
+}
+
+/// One sandbox. Every method takes `&self` so that one task can wait for the sandbox's end
+/// while others talk to it.
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    fn id(&self) -> &str;
+    fn runtime(&self) -> RuntimeKind;
+
+    /// Starts the sandbox and returns once the agent accepts connections (or fails with the
+    /// console tail when the sandbox ends or the boot timeout passes first).
+    async fn start(&self) -> Result<()>;
+
+    /// A new byte stream to `port` of the sandbox (the agent is [`AGENT_PORT`]).
+    async fn connect(&self, port: u32) -> Result<Box<dyn AsyncStream>>;
+
+    async fn pause(&self) -> Result<()>;
+    async fn resume(&self) -> Result<()>;
+    async fn status(&self) -> Result<SandboxStatus>;
+    async fn usage(&self) -> Result<ResourceUsage>;
+
+    /// Resolves when the sandbox has ended, with how. Cancel-safe.
+    async fn wait(&self) -> SandboxExit;
+
+    /// Stops the sandbox if it runs and removes every file, socket, mount, cgroup and
+    /// process of it. Idempotent.
+    async fn destroy(&self) -> Result<()>;
+}
+
+/// Opens one stream to the agent of a sandbox per call: what the agent client needs.
+#[derive(Clone)]
+pub struct SandboxConnector(pub std::sync::Arc<dyn Sandbox>);
+
+impl sandcell_agent::client::Connector for SandboxConnector {
+    type Io = Box<dyn AsyncStream>;
+    fn connect(&self) -> impl std::future::Future<Output = std::io::Result<Self::Io>> + Send {
+        let sandbox = self.0.clone();
+        async move {
+            sandbox
+                .connect(AGENT_PORT)
+                .await
+                .map_err(std::io::Error::other)
+        }
+    }
+}
+
+/// A client of the agent of `sandbox`.
+pub fn agent_client(
+    sandbox: std::sync::Arc<dyn Sandbox>,
+) -> sandcell_agent::client::AgentClient<SandboxConnector> {
+    sandcell_agent::client::AgentClient::new(SandboxConnector(sandbox))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_fresh_and_valid() {
+        let a = new_sandbox_id().unwrap();
+        let b = new_sandbox_id().unwrap();
+        assert_ne!(a, b);
+        assert!(validate_id(&a), "{a}");
+        assert!(!validate_id("../x"));
+        assert!(!validate_id(".hidden"));
+        assert!(!validate_id(""));
+    }
+
+    #[test]
+    fn kvm_internal_error_says_what_to_do() {
+        let e = SandboxExit::Vm {
+            status: sandcell_proto::vmm::ExitStatus::KvmInternalError,
+            detail: String::new(),
+        };
+        assert!(e.to_string().contains("--runtime gvisor"), "{e}");
+    }
+}

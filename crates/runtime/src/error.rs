@@ -1,0 +1,125 @@
+//! Errors of the runtimes. Each names the runtime and what failed on what, and where the user
+//! can do something about it, says what.
+
+use crate::{AGENT_PORT, RuntimeKind, SandboxExit};
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{runtime} runtime: {what}: {source}")]
+    Io {
+        runtime: RuntimeKind,
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A host operation that belongs to no runtime in particular (directories, ids).
+    #[error("{what}: {source}")]
+    Host {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A tool or file the runtime needs is missing or unusable; `hint` says what to do.
+    #[error("{runtime} runtime: {what}; {hint}")]
+    Unavailable {
+        runtime: RuntimeKind,
+        what: String,
+        hint: String,
+    },
+
+    #[error("image {image}: {problem}")]
+    Image { image: String, problem: String },
+
+    #[error("{runtime} runtime: invalid sandbox spec: {problem}")]
+    InvalidSpec {
+        runtime: RuntimeKind,
+        problem: String,
+    },
+
+    #[error("{runtime} runtime: `{command}` failed ({status}): {stderr}")]
+    Command {
+        runtime: RuntimeKind,
+        command: String,
+        status: String,
+        stderr: String,
+    },
+
+    #[error("cgroup {path}: {what}: {source}")]
+    Cgroup {
+        path: PathBuf,
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error(
+        "{runtime} runtime: sandbox {id}: the agent did not accept connections within {timeout:?}{console}"
+    )]
+    BootTimeout {
+        runtime: RuntimeKind,
+        id: String,
+        timeout: Duration,
+        console: String,
+    },
+
+    #[error("{runtime} runtime: sandbox {id} ended while starting: {exit}{console}")]
+    EndedDuringStart {
+        runtime: RuntimeKind,
+        id: String,
+        exit: SandboxExit,
+        console: String,
+    },
+
+    #[error("{runtime} runtime: sandbox {id} is {state}; cannot {op}")]
+    WrongState {
+        runtime: RuntimeKind,
+        id: String,
+        state: String,
+        op: &'static str,
+    },
+
+    #[error(
+        "{runtime} runtime: port {port} is not reachable (only the agent's port {AGENT_PORT} is, for now)"
+    )]
+    PortUnsupported { runtime: RuntimeKind, port: u32 },
+
+    #[error("{runtime} runtime: connecting to port {port} of sandbox {id}: {problem}")]
+    Connect {
+        runtime: RuntimeKind,
+        id: String,
+        port: u32,
+        problem: String,
+    },
+
+    #[error("{runtime} runtime: sandbox {id}: control socket {path}: {problem}")]
+    Control {
+        runtime: RuntimeKind,
+        id: String,
+        path: PathBuf,
+        problem: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(runtime: RuntimeKind, what: impl Into<String>, source: io::Error) -> Error {
+        Error::Io {
+            runtime,
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn host(what: impl Into<String>, source: io::Error) -> Error {
+        Error::Host {
+            what: what.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The OCI bundle of a sandbox: `config.json` next to `rootfs/`.
+//!
+//! The process is the agent as PID 1, listening on a Unix socket in `/run/sandcell-host`, a
+//! directory bind-mounted from the host; runsc's `--host-uds=create` lets the socket it
+//! binds there be a real host socket we can connect to. The sandbox has its own pid, ipc,
+//! uts, mount and network namespaces (`--network=none`: loopback only, for now).
+
+use crate::image::AGENT_PATH;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Where the host directory with the agent's socket appears inside the sandbox.
+pub const HOST_DIR_IN_SANDBOX: &str = "/run/sandcell-host";
+/// The agent's socket, inside that directory.
+pub const AGENT_SOCKET: &str = "agent.sock";
+
+/// Docker's default capability set: root in the sandbox can do the usual root things
+/// (chown, setuid, bind low ports) and nothing that needs a host kernel's trust.
+const CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+pub(crate) struct BundleSpec<'a> {
+    pub rootfs: &'a Path,
+    pub host_dir: &'a Path,
+    pub env: &'a BTreeMap<String, String>,
+    pub memory_mib: u32,
+    pub vcpus: u8,
+    pub cgroups_path: &'a str,
+    pub hostname: &'a str,
+}
+
+pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    env.insert(
+        "PATH".into(),
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+    );
+    env.insert("SANDCELL_RUNTIME".into(), "gvisor".into());
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let listen = format!("unix:{HOST_DIR_IN_SANDBOX}/{AGENT_SOCKET}");
+    let memory = u64::from(spec.memory_mib) << 20;
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": [AGENT_PATH, "--listen", listen],
+            "env": env,
+            "cwd": "/",
+            "capabilities": {
+                "bounding": CAPABILITIES,
+                "effective": CAPABILITIES,
+                "permitted": CAPABILITIES,
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1_048_576u64, "soft": 1_048_576u64}],
+        },
+        "root": {"path": spec.rootfs, "readonly": false},
+        "hostname": spec.hostname,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": HOST_DIR_IN_SANDBOX, "type": "bind", "source": spec.host_dir, "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]},
+        ],
+        "linux": {
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}],
+            "cgroupsPath": spec.cgroups_path,
+            // The cgroup is made by us with these limits before runsc starts (see cgroup.rs);
+            // they are repeated here for runsc, which reads them for the sandbox's view of
+            // its own size.
+            "resources": {
+                "memory": {"limit": memory},
+                "cpu": {"quota": u64::from(spec.vcpus.max(1)) * 100_000, "period": 100_000u64},
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_is_pid_one_listening_in_the_shared_dir() {
+        let env = BTreeMap::from([("FOO".to_string(), "bar".to_string())]);
+        let c = config(&BundleSpec {
+            rootfs: Path::new("/r"),
+            host_dir: Path::new("/h"),
+            env: &env,
+            memory_mib: 256,
+            vcpus: 2,
+            cgroups_path: "/sandcell/sc-1",
+            hostname: "sc-1",
+        });
+        assert_eq!(c["process"]["args"][0], AGENT_PATH);
+        assert_eq!(
+            c["process"]["args"][2],
+            "unix:/run/sandcell-host/agent.sock"
+        );
+        assert!(
+            c["process"]["env"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("FOO=bar"))
+        );
+        assert_eq!(c["linux"]["resources"]["memory"]["limit"], 256u64 << 20);
+        assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 200_000);
+        assert_eq!(c["root"]["readonly"], false);
+        let host = c["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == HOST_DIR_IN_SANDBOX)
+            .unwrap();
+        assert_eq!(host["source"], "/h");
+    }
+}
