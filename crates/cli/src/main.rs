@@ -1,1 +1,114 @@
-fn main() {}
+//! `sandcell`: run commands in sandboxes.
+//!
+//! ```text
+//! sandcell run [--runtime auto|microvm|gvisor] [--vcpus N] [--memory MiB] [--kernel PATH]
+//!              [--image minimal|PATH] [--timeout SECS] [-e KEY=VALUE]... [--verbose] -- CMD [ARGS...]
+//! sandcell doctor [--json]
+//! ```
+//! Global: `--data-dir D` (or `$SANDCELL_DATA_DIR`, default /var/lib/sandcell); the per-sandbox
+//! run dir is `$SANDCELL_RUN_DIR` (default /run/sandcell).
+
+mod doctor;
+mod run;
+
+use clap::{Parser, Subcommand};
+use sandcell_runtime::Dirs;
+use sandcell_runtime::select::RuntimeChoice;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "sandcell",
+    version,
+    about = "Sandboxes for AI agents: KVM microVMs, or gVisor where KVM cannot boot a guest"
+)]
+struct Cli {
+    /// Images, kernels and runtime state [default: /var/lib/sandcell]
+    #[arg(long, global = true, env = "SANDCELL_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a fresh sandbox, streaming its output; exits with its status.
+    Run(RunArgs),
+    /// Check what this host offers: KVM and its kind, runsc, cgroups, and which runtime
+    /// `auto` picks and why.
+    Doctor(DoctorArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// auto: a microVM if this host passes the (cached) self-test, else gVisor
+    #[arg(long, default_value = "auto", value_parser = parse_choice, value_name = "auto|microvm|gvisor")]
+    pub runtime: RuntimeChoice,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=32))]
+    pub vcpus: u8,
+    /// Memory limit in MiB
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(32..=65536), value_name = "MiB")]
+    pub memory: u32,
+    /// Guest kernel (microvm) [default: <data-dir>/kernels/default/vmlinux]
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// An image name under <data-dir>/images, or a path
+    #[arg(long, default_value = "minimal", value_name = "NAME|PATH")]
+    pub image: String,
+    /// Stop the command after this many seconds (exit status 124)
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Environment variable for the command
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Print the runtime choice and timings on stderr
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+    /// The command and its arguments, run as given (no shell is implied)
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub cmd: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct DoctorArgs {
+    /// Machine-readable output
+    #[arg(long)]
+    pub json: bool,
+    /// Guest kernel to check [default: <data-dir>/kernels/default/vmlinux]
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+}
+
+fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
+    s.parse()
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let dirs = Dirs::from_env(cli.data_dir);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandcell: cannot start the async runtime: {e}");
+            std::process::exit(125);
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::run(dirs, args).await,
+            Command::Doctor(args) => doctor::doctor(dirs, args).await,
+        }
+    });
+    // Threads blocked on our stdin must not hold the exit up.
+    runtime.shutdown_background();
+    std::process::exit(code);
+}

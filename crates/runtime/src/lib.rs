@@ -275,6 +275,7 @@ pub fn agent_client(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

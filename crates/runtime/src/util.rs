@@ -44,6 +44,13 @@ pub(crate) fn log_tail(path: &Path, label: &str, max_bytes: u64, max_lines: usiz
     )
 }
 
+/// The last non-empty line of the last `max_bytes` of a log file ("" if none): a process's
+/// final error message.
+pub(crate) fn last_line(path: &Path, max_bytes: u64) -> String {
+    let tail = log_tail(path, "", max_bytes, 1);
+    tail.rsplit('\n').next().unwrap_or("").trim().to_string()
+}
+
 /// `std::fs::remove_dir_all`, where "already gone" is success.
 pub(crate) fn remove_dir_all_if_exists(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(path) {
@@ -90,15 +97,14 @@ fn unescape_mountinfo(field: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            if let Some(v) = std::str::from_utf8(&bytes[i + 1..i + 4])
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-            {
-                out.push(v);
-                i += 4;
-                continue;
-            }
+        let octal = (bytes[i] == b'\\' && i + 4 <= bytes.len())
+            .then(|| std::str::from_utf8(&bytes[i + 1..i + 4]).ok())
+            .flatten()
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        if let Some(v) = octal {
+            out.push(v);
+            i += 4;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -138,6 +144,7 @@ pub(crate) fn kill_pid(pid: u32, signal: i32) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -2,6 +2,8 @@
 //! Needs root, runsc and `<data-dir>/images/minimal` (`make images install`); fails loudly
 //! without them. Each test uses its own temp data and run dirs (runsc state included).
 
+#![allow(clippy::unwrap_used)]
+
 use sandcell_agent::client::{OutputKind, decode_data};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
 use sandcell_runtime::cgroup::{self, SandboxCgroup};

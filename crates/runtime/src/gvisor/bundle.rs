@@ -60,7 +60,9 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
         "process": {
             "terminal": false,
             "user": {"uid": 0, "gid": 0},
-            "args": [AGENT_PATH, "--listen", listen],
+            // runsc mounts /proc, /dev, /sys from the spec below; the agent's own PID-1
+            // mounts would only fail (no CAP_SYS_ADMIN) or hide /run/sandcell-host.
+            "args": [AGENT_PATH, "--listen", listen, "--no-init-mounts"],
             "env": env,
             "cwd": "/",
             "capabilities": {
@@ -95,6 +97,7 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

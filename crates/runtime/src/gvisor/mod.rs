@@ -135,18 +135,28 @@ impl Shared {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Ids of the containers runsc knows in our root.
-    async fn containers(&self) -> Result<Vec<String>> {
+    /// Containers runsc knows in our root, as (id, bundle dir).
+    async fn containers(&self) -> Result<Vec<(String, PathBuf)>> {
         if !self.dirs.runsc_root().exists() {
             return Ok(Vec::new());
         }
-        let out = self.runsc_ok(&["list", "--quiet"]).await?;
-        Ok(out
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect())
+        let out = self.runsc_ok(&["list", "--format=json"]).await?;
+        let list: serde_json::Value =
+            serde_json::from_str(out.trim()).unwrap_or(serde_json::Value::Null);
+        Ok(list
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|c| {
+                        Some((
+                            c["id"].as_str()?.to_string(),
+                            PathBuf::from(c["bundle"].as_str()?),
+                        ))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// Whether runsc has state for container `id` (`<id>_sandbox:<id>.state` and the like;
@@ -300,21 +310,22 @@ impl Runtime for GvisorRuntime {
                 }
             }
         }
-        // Containers in our runsc root whose run dir is gone entirely. A live sandbox has its
-        // run dir before anything else and loses it last, so these are orphans. (Cgroups are
-        // not listed here: they are host-wide, shared with other data dirs, and ours never
-        // outlive the run dir.)
+        // Containers of our run dir whose sandbox dir is gone entirely. A live sandbox has
+        // its run dir before anything else and loses it last, so these are orphans. (Only
+        // ours: another run dir may share this runsc root. Cgroups are not listed for the
+        // same reason: they are host-wide, and ours never outlive the run dir.)
         let orphans = match shared.containers().await {
-            Ok(ids) => ids,
+            Ok(list) => list,
             Err(e) => {
                 first.get_or_insert(e);
                 Vec::new()
             }
         };
-        for id in orphans {
-            let has_dir = shared.dirs.sandbox_run_dir(&id).exists()
-                || shared.dirs.run.join(format!(".new-{id}")).exists();
-            if has_dir || cleaned.contains(&id) {
+        for (id, bundle) in orphans {
+            let run_dir = shared.dirs.sandbox_run_dir(&id);
+            let ours = bundle == run_dir.join("bundle");
+            let has_dir = run_dir.exists() || shared.dirs.run.join(format!(".new-{id}")).exists();
+            if !ours || has_dir || cleaned.contains(&id) || !crate::validate_id(&id) {
                 continue;
             }
             match shared.remove_leftovers(&id).await {
@@ -534,6 +545,17 @@ fn classify(
         SandboxExit::Killed {
             signal,
             detail: format!("runsc run was killed{log}"),
+        }
+    } else if let Some(signal) = status
+        .code()
+        .filter(|c| (129..160).contains(c))
+        .map(|c| c - 128)
+    {
+        // runsc reports a killed sandbox the shell's way. The agent, PID 1 inside, cannot
+        // be killed from within, so the signal came from the host.
+        SandboxExit::Killed {
+            signal,
+            detail: format!("runsc run exited with status {}{log}", 128 + signal),
         }
     } else {
         SandboxExit::Exited {
