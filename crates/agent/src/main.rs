@@ -6,11 +6,13 @@
 //! ```
 //! As PID 1 it first mounts /proc, /sys, /dev, ... (what is not mounted yet), brings `lo` up
 //! and sets the hostname. Without `--listen` it takes `sandcell.listen=` from the kernel
-//! command line, else `vsock:49983`.
+//! command line, else `vsock:49983`. As PID 1, SIGTERM powers off like `POST /sandcell/poweroff`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
 
 use sandcell_agent::init::{self, KernelArgs};
 use sandcell_agent::listen::{ListenAddr, Listener};
@@ -112,10 +114,20 @@ fn main() -> ExitCode {
         let server = Server::new(config).map_err(|e| format!("starting the child reaper: {e}"))?;
         let listener = Listener::bind(&addr).await.map_err(|e| e.to_string())?;
         log!("listening on {addr}");
-        server
-            .serve(listener)
-            .await
-            .map_err(|e| format!("serving on {addr}: {e}"))
+        let serve = server.serve(listener);
+        if !is_init {
+            return serve.await.map_err(|e| format!("serving on {addr}: {e}"));
+        }
+        // PID 1 has no default SIGTERM action; `runsc kill` and friends expect one: power off.
+        let mut sigterm =
+            signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
+        tokio::select! {
+            served = serve => served.map_err(|e| format!("serving on {addr}: {e}")),
+            _ = sigterm.recv() => {
+                log!("SIGTERM: powering off");
+                Ok(ServeOutcome::PowerOffRequested)
+            }
+        }
     });
     match outcome {
         Ok(ServeOutcome::PowerOffRequested) if is_init => sandcell_agent::power::power_off(),

@@ -110,8 +110,10 @@ impl Reaper {
         match self.mode {
             ReapMode::AllChildren => loop {
                 let mut status = 0;
-                // SAFETY: waitpid with a valid out-pointer; WNOHANG never blocks.
-                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+                // SAFETY: waitpid with a valid out-pointer; WNOHANG never blocks. __WALL: also
+                // orphans whose exit signal is not SIGCHLD (gVisor keeps the original one when
+                // it re-parents a process to PID 1, and plain waitpid(-1) never sees them).
+                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
                 if pid <= 0 {
                     break; // 0: none ready; -1: ECHILD (no children) or EINTR, retried on next SIGCHLD
                 }

@@ -6,6 +6,7 @@
 //! process) instead of growing a buffer. A client that goes away does not stop the process
 //! (envd's semantics): its output is then read and dropped so it never blocks on a full pipe.
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -93,13 +94,26 @@ async fn drain(sink: &mut Sink, which: Output, pipe: Option<pipe::Receiver>, buf
     let Some(pipe) = pipe else { return };
     let mut total = 0;
     while total < DRAIN_AFTER_EXIT {
-        match pipe.try_read(buf) {
-            Ok(0) | Err(_) => break, // EOF, WouldBlock (nothing left right now) or a read error
+        match read_now(&pipe, buf) {
+            Ok(0) | Err(_) => break, // EOF, EAGAIN (nothing left right now) or a read error
             Ok(n) => {
                 total += n;
                 sink.send(|| data_event(which, &buf[..n])).await;
             }
         }
+    }
+}
+
+/// One read(2) on the non-blocking pipe. Not `Receiver::try_read`: that answers WouldBlock
+/// from tokio's cached readiness, which may not have caught up with data already written.
+fn read_now(pipe: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: reading into a live, exclusively borrowed buffer of `buf.len()` bytes from a
+    // descriptor the Receiver keeps open (tokio put it in non-blocking mode).
+    let n = unsafe { libc::read(pipe.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 

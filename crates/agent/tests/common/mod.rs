@@ -27,7 +27,7 @@ impl Agent {
     pub async fn spawn() -> Agent {
         let dir = tempfile::tempdir().expect("creating a temp dir");
         let sock = dir.path().join("agent.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_sandcell-agent"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sandcell-agent"))
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
             .spawn()
@@ -48,6 +48,8 @@ impl Agent {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("the agent never became healthy: {last_err:?}");
     }
 
