@@ -50,6 +50,8 @@ struct Timings {
     created: Option<Duration>,
     ready: Option<Duration>,
     first_output: Option<Duration>,
+    ended: Option<Duration>,
+    removed: Option<Duration>,
 }
 
 fn ms(d: Option<Duration>) -> String {
@@ -107,7 +109,9 @@ pub async fn run(dirs: Dirs, args: RunArgs) -> i32 {
 
     let outcome = supervise(&sandbox, &args, env, t0, &mut timings).await;
 
+    timings.ended = Some(t0.elapsed());
     let cleanup = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+    timings.removed = Some(t0.elapsed());
     let _ = tokio::io::stdout().flush().await;
     match cleanup {
         Ok(Ok(())) => {}
@@ -133,12 +137,15 @@ pub async fn run(dirs: Dirs, args: RunArgs) -> i32 {
     }
     if args.verbose {
         eprintln!(
-            "sandcell: {} sandbox {}: created {}, agent ready {}, first output {}, total {}",
+            "sandcell: {} sandbox {}: created {}, agent ready {}, first output {}, command ended {}, \
+             removed {}, total {}",
             selection.runtime,
             sandbox.id(),
             ms(timings.created),
             ms(timings.ready),
             ms(timings.first_output),
+            ms(timings.ended),
+            ms(timings.removed),
             ms(Some(t0.elapsed())),
         );
     }

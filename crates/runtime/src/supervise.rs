@@ -55,8 +55,8 @@ pub(crate) enum NotReady {
     Timeout,
 }
 
-/// Calls `probe` (a short connection attempt) with a growing pause (1 ms doubling up to
-/// 10 ms) until it succeeds, the sandbox ends, or `timeout` passes.
+/// Calls `probe` (a short connection attempt) with a growing pause (0.5 ms doubling up to
+/// 2 ms: a probe costs a failed connect(2), the pause is latency added to every start) until it succeeds, the sandbox ends, or `timeout` passes.
 pub(crate) async fn poll_ready<F, Fut>(
     exit: &ExitCell,
     timeout: Duration,
@@ -67,7 +67,7 @@ where
     Fut: Future<Output = bool>,
 {
     let deadline = Instant::now() + timeout;
-    let mut delay = Duration::from_millis(1);
+    let mut delay = Duration::from_micros(500);
     loop {
         if let Some(ended) = exit.get() {
             return Err(NotReady::Ended(ended));
@@ -83,7 +83,7 @@ where
             ended = exit.wait() => return Err(NotReady::Ended(ended)),
             _ = tokio::time::sleep(delay.min(deadline - now)) => {}
         }
-        delay = (delay * 2).min(Duration::from_millis(10));
+        delay = (delay * 2).min(Duration::from_millis(2));
     }
 }
 

@@ -34,6 +34,7 @@ use crate::{
     SandboxExit, SandboxSpec, SandboxStatus, owner,
 };
 use async_trait::async_trait;
+use sandcell_agent::client::{AgentClient, ClientError, UnixConnector};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const RT: RuntimeKind = RuntimeKind::Gvisor;
+const POWEROFF_TIMEOUT: Duration = Duration::from_millis(500);
 /// `sun_path` holds 108 bytes with the NUL.
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -170,6 +172,20 @@ impl Shared {
             let name = e.file_name();
             let name = name.to_string_lossy();
             name == id || name.starts_with(&prefix)
+        })
+    }
+
+    /// Whether runsc's root holds state that might belong to none of our live sandboxes:
+    /// an entry whose leading id (`<id>_sandbox:...`, or the whole name) has no run dir.
+    fn possible_orphans(&self) -> bool {
+        let Ok(entries) = std::fs::read_dir(self.dirs.runsc_root()) else {
+            return false;
+        };
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let id = name.split_once('_').map_or(&*name, |(id, _)| id);
+            !self.dirs.sandbox_run_dir(id).exists()
         })
     }
 
@@ -314,12 +330,18 @@ impl Runtime for GvisorRuntime {
         // its run dir before anything else and loses it last, so these are orphans. (Only
         // ours: another run dir may share this runsc root. Cgroups are not listed for the
         // same reason: they are host-wide, and ours never outlive the run dir.)
-        let orphans = match shared.containers().await {
-            Ok(list) => list,
-            Err(e) => {
-                first.get_or_insert(e);
-                Vec::new()
+        // Asking runsc costs a process spawn on every `sandcell run`; its state file names
+        // tell whether there is anything to ask about first.
+        let orphans = if shared.possible_orphans() {
+            match shared.containers().await {
+                Ok(list) => list,
+                Err(e) => {
+                    first.get_or_insert(e);
+                    Vec::new()
+                }
             }
+        } else {
+            Vec::new()
         };
         for (id, bundle) in orphans {
             let run_dir = shared.dirs.sandbox_run_dir(&id);
@@ -454,6 +476,23 @@ impl GvisorSandbox {
 
     fn console_tail(&self) -> String {
         log_tail(&self.paths.console, "sandbox log", 4096, 20)
+    }
+
+    /// Asks the agent to power off; true if the request went out (the agent may exit
+    /// before it answers).
+    async fn poweroff(&self) -> bool {
+        let client = AgentClient::new(UnixConnector(self.paths.socket.clone()));
+        match tokio::time::timeout(POWEROFF_TIMEOUT, client.poweroff()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(ClientError::Connect(_))) | Err(_) => false,
+            Ok(Err(_)) => true,
+        }
+    }
+
+    async fn ended_within(&self, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, self.exit.wait())
+            .await
+            .is_ok()
     }
 
     async fn wait_ready(&self) -> Result<()> {
@@ -691,20 +730,22 @@ impl Sandbox for GvisorSandbox {
         let phase = std::mem::replace(&mut *lock(&self.phase), Phase::Destroyed);
         let mut first: Option<Error> = None;
         if let Phase::Started(pid) = phase {
-            // Killing the container makes our `runsc run` child clean up and return. A
-            // sandbox that already ended refuses the kill: nothing to do then.
-            if self.exit.get().is_none()
-                && let Err(e) = self.shared.kill(&self.id).await
-                && self.exit.get().is_none()
-            {
-                first.get_or_insert(e);
-            }
-            if tokio::time::timeout(Duration::from_secs(5), self.wait())
-                .await
-                .is_err()
-            {
-                kill_pid(pid, libc::SIGKILL);
-                let _ = tokio::time::timeout(Duration::from_secs(2), self.wait()).await;
+            // Politely first: the agent exits (PID 1 exiting ends a gVisor sandbox) and our
+            // `runsc run` child cleans up and returns, as for any finished container, with no
+            // runsc process to spawn. Then by force: SIGKILL to the container through runsc.
+            let polite = self.exit.get().is_none() && self.poweroff().await;
+            if !(polite && self.ended_within(Duration::from_secs(2)).await) {
+                // A sandbox that already ended refuses the kill: nothing to do then.
+                if self.exit.get().is_none()
+                    && let Err(e) = self.shared.kill(&self.id).await
+                    && self.exit.get().is_none()
+                {
+                    first.get_or_insert(e);
+                }
+                if !self.ended_within(Duration::from_secs(5)).await {
+                    kill_pid(pid, libc::SIGKILL);
+                    self.ended_within(Duration::from_secs(2)).await;
+                }
             }
         }
         if let Err(e) = self.shared.remove_leftovers(&self.id).await {
