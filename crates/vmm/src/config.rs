@@ -1,0 +1,348 @@
+//! Command-line arguments and VM configuration validation. Everything here runs before
+//! /dev/kvm is opened; a refusal exits with `ExitStatus::BadConfig`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use sandcell_proto::vmm::VmConfig;
+
+use crate::arch::x86_64::layout::CMDLINE_MAX_SIZE;
+
+pub const MIN_VCPUS: u8 = 1;
+pub const MAX_VCPUS: u8 = 32;
+pub const MIN_MEMORY_MIB: u32 = 1;
+pub const MAX_MEMORY_MIB: u32 = 65536;
+/// The largest configuration file read (a VmConfig is a few hundred bytes).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// sockaddr_un.sun_path holds 108 bytes including the NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]")]
+    Usage,
+    #[error(
+        "unknown argument {0:?}; usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]"
+    )]
+    UnknownArgument(String),
+    #[error("reading the configuration file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the configuration file {path} is larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("parsing the VM configuration: {0}")]
+    Parse(serde_json::Error),
+    #[error("vcpus = {0}: must be between {MIN_VCPUS} and {MAX_VCPUS}")]
+    Vcpus(u8),
+    #[error("memory_mib = {0}: must be between {MIN_MEMORY_MIB} and {MAX_MEMORY_MIB}")]
+    Memory(u32),
+    #[error("{what} {path}: cannot be opened for reading: {source}")]
+    Unreadable {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} {path}: is not a regular file")]
+    NotAFile { what: &'static str, path: PathBuf },
+    #[error("{what} {path}: the directory {dir} does not exist")]
+    NoParentDir {
+        what: &'static str,
+        path: PathBuf,
+        dir: PathBuf,
+    },
+    #[error("{what} {path}: longer than {MAX_SOCKET_PATH} bytes, the limit for a Unix socket path")]
+    SocketPathTooLong { what: &'static str, path: PathBuf },
+    #[error("vsock guest_cid = {0}: must be at least 3 (0-2 are reserved) and not u32::MAX")]
+    GuestCid(u32),
+    #[error("the kernel command line is {0} bytes; at most {max} fit", max = CMDLINE_MAX_SIZE - 1)]
+    CmdlineTooLong(usize),
+    #[error("the kernel command line contains a NUL byte")]
+    CmdlineNul,
+}
+
+/// What `sandcell-vmm` was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    pub config: VmConfig,
+    /// Add the test-only debug devices (see devices::debug).
+    pub debug_devices: bool,
+}
+
+/// Parses `argv[1..]`. The configuration is parsed but not yet validated.
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ConfigError> {
+    let mut it = args.into_iter();
+    let mut config = None;
+    let mut debug_devices = false;
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--config" => {
+                let path = PathBuf::from(it.next().ok_or(ConfigError::Usage)?);
+                config = Some(read_config_file(&path)?);
+            }
+            "--config-json" => {
+                let json = it.next().ok_or(ConfigError::Usage)?;
+                config = Some(serde_json::from_str(&json).map_err(ConfigError::Parse)?);
+            }
+            "--debug-devices" => debug_devices = true,
+            "-h" | "--help" => return Err(ConfigError::Usage),
+            _ => return Err(ConfigError::UnknownArgument(arg)),
+        }
+    }
+    Ok(Args {
+        config: config.ok_or(ConfigError::Usage)?,
+        debug_devices,
+    })
+}
+
+fn read_config_file(path: &Path) -> Result<VmConfig, ConfigError> {
+    use std::io::Read;
+    let file = File::open(path).map_err(|source| ConfigError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge { path: path.into() });
+    }
+    serde_json::from_str(&text).map_err(ConfigError::Parse)
+}
+
+fn readable_file(what: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let f = File::open(path).map_err(|source| ConfigError::Unreadable {
+        what,
+        path: path.into(),
+        source,
+    })?;
+    let meta = f.metadata().map_err(|source| ConfigError::Unreadable {
+        what,
+        path: path.into(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(ConfigError::NotAFile {
+            what,
+            path: path.into(),
+        });
+    }
+    Ok(())
+}
+
+/// The file will be created: its directory must exist.
+fn creatable(what: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(ConfigError::NoParentDir {
+            what,
+            path: path.into(),
+            dir: dir.into(),
+        });
+    }
+    Ok(())
+}
+
+fn socket_path(what: &'static str, path: &Path) -> Result<(), ConfigError> {
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(ConfigError::SocketPathTooLong {
+            what,
+            path: path.into(),
+        });
+    }
+    creatable(what, path)
+}
+
+/// Checks everything that can be checked before the VM exists.
+pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
+    if !(MIN_VCPUS..=MAX_VCPUS).contains(&cfg.vcpus) {
+        return Err(ConfigError::Vcpus(cfg.vcpus));
+    }
+    if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&cfg.memory_mib) {
+        return Err(ConfigError::Memory(cfg.memory_mib));
+    }
+    readable_file("kernel", &cfg.kernel)?;
+    if cfg.cmdline.contains('\0') {
+        return Err(ConfigError::CmdlineNul);
+    }
+    if cfg.cmdline.len() >= CMDLINE_MAX_SIZE {
+        return Err(ConfigError::CmdlineTooLong(cfg.cmdline.len()));
+    }
+    if let Some(disk) = &cfg.disk {
+        readable_file("disk base image", &disk.base)?;
+        if let Some(overlay) = &disk.overlay {
+            if overlay.exists() {
+                readable_file("disk overlay", overlay)?;
+            } else {
+                creatable("disk overlay", overlay)?;
+            }
+        }
+    }
+    if let Some(vsock) = &cfg.vsock {
+        if vsock.guest_cid < 3 || vsock.guest_cid == u32::MAX {
+            return Err(ConfigError::GuestCid(vsock.guest_cid));
+        }
+        // Guest-initiated connections go to `<uds_path>_<port>`: leave room for the suffix.
+        let longest = PathBuf::from(format!("{}_{}", vsock.uds_path.display(), u32::MAX));
+        socket_path("vsock uds_path", &longest)?;
+    }
+    if let Some(log) = &cfg.serial_log {
+        creatable("serial_log", log)?;
+    }
+    if let Some(sock) = &cfg.control_socket {
+        socket_path("control_socket", sock)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandcell_proto::vmm::{DiskConfig, VsockConfig};
+
+    fn base(dir: &Path) -> VmConfig {
+        let kernel = dir.join("kernel");
+        std::fs::write(&kernel, b"\x7fELF").expect("write kernel");
+        VmConfig {
+            vcpus: 1,
+            memory_mib: 128,
+            kernel,
+            cmdline: String::new(),
+            disk: None,
+            vsock: None,
+            rng: false,
+            serial_log: None,
+            control_socket: None,
+        }
+    }
+
+    #[test]
+    fn a_plain_config_passes() {
+        let d = tempfile::tempdir().expect("tempdir");
+        validate(&base(d.path())).expect("valid");
+    }
+
+    #[test]
+    fn bounds_are_enforced() {
+        let d = tempfile::tempdir().expect("tempdir");
+        for vcpus in [0u8, 33] {
+            let c = VmConfig {
+                vcpus,
+                ..base(d.path())
+            };
+            assert!(matches!(validate(&c), Err(ConfigError::Vcpus(v)) if v == vcpus));
+        }
+        for memory_mib in [0u32, 65537] {
+            let c = VmConfig {
+                memory_mib,
+                ..base(d.path())
+            };
+            assert!(matches!(validate(&c), Err(ConfigError::Memory(_))));
+        }
+        validate(&VmConfig {
+            vcpus: 32,
+            memory_mib: 65536,
+            ..base(d.path())
+        })
+        .expect("max ok");
+    }
+
+    #[test]
+    fn missing_files_are_named_in_the_error() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let c = VmConfig {
+            kernel: d.path().join("nope"),
+            ..base(d.path())
+        };
+        let err = validate(&c).expect_err("missing kernel").to_string();
+        assert!(err.contains("kernel") && err.contains("nope"), "{err}");
+
+        let c = VmConfig {
+            kernel: d.path().to_path_buf(),
+            ..base(d.path())
+        };
+        assert!(matches!(validate(&c), Err(ConfigError::NotAFile { .. })));
+
+        let c = VmConfig {
+            disk: Some(DiskConfig {
+                base: d.path().join("base.img"),
+                overlay: None,
+            }),
+            ..base(d.path())
+        };
+        assert!(matches!(
+            validate(&c),
+            Err(ConfigError::Unreadable {
+                what: "disk base image",
+                ..
+            })
+        ));
+
+        let c = VmConfig {
+            serial_log: Some(d.path().join("no/such/dir/log")),
+            ..base(d.path())
+        };
+        assert!(matches!(validate(&c), Err(ConfigError::NoParentDir { .. })));
+    }
+
+    #[test]
+    fn vsock_and_socket_paths_are_checked() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let c = VmConfig {
+            vsock: Some(VsockConfig {
+                guest_cid: 2,
+                uds_path: d.path().join("v.sock"),
+            }),
+            ..base(d.path())
+        };
+        assert!(matches!(validate(&c), Err(ConfigError::GuestCid(2))));
+        let long = d.path().join("x".repeat(120));
+        let c = VmConfig {
+            control_socket: Some(long),
+            ..base(d.path())
+        };
+        assert!(matches!(
+            validate(&c),
+            Err(ConfigError::SocketPathTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn arguments_parse() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let cfg = base(d.path());
+        let json = serde_json::to_string(&cfg).expect("json");
+        let a = parse_args([
+            "--config-json".to_string(),
+            json.clone(),
+            "--debug-devices".into(),
+        ])
+        .expect("args");
+        assert_eq!(a.config, cfg);
+        assert!(a.debug_devices);
+        let file = d.path().join("vm.json");
+        std::fs::write(&file, &json).expect("write");
+        let a = parse_args(["--config".to_string(), file.display().to_string()]).expect("args");
+        assert_eq!(a.config, cfg);
+        assert!(matches!(
+            parse_args(Vec::<String>::new()),
+            Err(ConfigError::Usage)
+        ));
+        assert!(matches!(
+            parse_args(["--bogus".to_string()]),
+            Err(ConfigError::UnknownArgument(_))
+        ));
+        assert!(matches!(
+            parse_args(["--config-json".to_string(), "{\"vcpus\":1}".into()]),
+            Err(ConfigError::Parse(_))
+        ));
+    }
+}

@@ -1,0 +1,4 @@
+//! KVM: the VM file descriptor and the vCPU threads.
+
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,195 @@
+//! The KVM VM: capability checks, the x86 system setup that must precede the vCPUs,
+//! memory slots, irqfds and ioeventfds.
+
+use std::path::Path;
+
+use kvm_bindings::{
+    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config,
+    kvm_userspace_memory_region,
+};
+use kvm_ioctls::{Cap, IoEventAddress, Kvm, VcpuFd, VmFd};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::arch::x86_64::layout::{KVM_IDENTITY_MAP, KVM_TSS};
+use crate::memory::GuestMemory;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error(
+        "/dev/kvm does not exist: this host has no KVM. Sandcell microVMs need KVM; use the \
+         gvisor runtime on this host"
+    )]
+    NoKvm,
+    #[error("opening /dev/kvm failed: {0} (is the user in the kvm group?)")]
+    OpenKvm(kvm_ioctls::Error),
+    #[error("KVM API version {0} is not the stable version 12")]
+    ApiVersion(i32),
+    #[error("the host's KVM lacks a capability the VMM needs: {0}")]
+    MissingCap(&'static str),
+    #[error("KVM_{op} failed: {source}")]
+    Ioctl {
+        op: &'static str,
+        source: kvm_ioctls::Error,
+    },
+    #[error("KVM_SET_USER_MEMORY_REGION slot {slot} ({guest_addr:#x}+{size:#x}) failed: {source}")]
+    MemorySlot {
+        slot: u32,
+        guest_addr: u64,
+        size: u64,
+        source: kvm_ioctls::Error,
+    },
+    #[error("KVM_IRQFD for GSI {gsi} failed: {source}")]
+    Irqfd { gsi: u32, source: kvm_ioctls::Error },
+    #[error("KVM_IOEVENTFD at {addr:#x} (datamatch {datamatch}) failed: {source}")]
+    Ioeventfd {
+        addr: u64,
+        datamatch: u32,
+        source: kvm_ioctls::Error,
+    },
+    #[error("KVM_CREATE_VCPU {index} failed: {source}")]
+    CreateVcpu {
+        index: u8,
+        source: kvm_ioctls::Error,
+    },
+}
+
+/// Capabilities the VMM relies on, with why.
+const REQUIRED_CAPS: &[(Cap, &str)] = &[
+    (Cap::Irqchip, "KVM_CAP_IRQCHIP (in-kernel PIC/IOAPIC/LAPIC)"),
+    (Cap::Pit2, "KVM_CAP_PIT2 (in-kernel PIT)"),
+    (
+        Cap::Irqfd,
+        "KVM_CAP_IRQFD (device interrupts without exits)",
+    ),
+    (
+        Cap::Ioeventfd,
+        "KVM_CAP_IOEVENTFD (virtio queue notifications without exits)",
+    ),
+    (
+        Cap::ImmediateExit,
+        "KVM_CAP_IMMEDIATE_EXIT (race-free vCPU kicks for pause)",
+    ),
+    (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
+    (Cap::SetTssAddr, "KVM_CAP_SET_TSS_ADDR"),
+    (Cap::ExtCpuid, "KVM_CAP_EXT_CPUID"),
+];
+
+pub struct Vm {
+    kvm: Kvm,
+    fd: VmFd,
+}
+
+impl Vm {
+    /// Opens /dev/kvm, checks it, creates the VM and does the VM-wide x86 setup.
+    ///
+    /// Order (each step's constraint):
+    /// 1. `KVM_SET_IDENTITY_MAP_ADDR` must happen before any vCPU exists (KVM refuses it
+    ///    afterwards); `KVM_SET_TSS_ADDR` must precede the first `KVM_RUN` on Intel. Both
+    ///    go to pages in the MMIO gap that nothing else uses.
+    /// 2. `KVM_CREATE_IRQCHIP` before the vCPUs, so each vCPU gets an in-kernel LAPIC.
+    /// 3. `KVM_CREATE_PIT2` after the irqchip: the PIT delivers IRQ 0 through it. The
+    ///    dummy speaker makes KVM answer port 0x61 itself.
+    pub fn new() -> Result<Vm, VmError> {
+        if !Path::new("/dev/kvm").exists() {
+            return Err(VmError::NoKvm);
+        }
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let api = kvm.get_api_version();
+        if api != 12 {
+            return Err(VmError::ApiVersion(api));
+        }
+        for (cap, name) in REQUIRED_CAPS {
+            if !kvm.check_extension(*cap) {
+                return Err(VmError::MissingCap(name));
+            }
+        }
+        let fd = kvm.create_vm().map_err(|source| VmError::Ioctl {
+            op: "CREATE_VM",
+            source,
+        })?;
+        let io = |op| move |source| VmError::Ioctl { op, source };
+
+        fd.set_identity_map_address(KVM_IDENTITY_MAP)
+            .map_err(io("SET_IDENTITY_MAP_ADDR"))?;
+        fd.set_tss_address(KVM_TSS as usize)
+            .map_err(io("SET_TSS_ADDR"))?;
+        fd.create_irq_chip().map_err(io("CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        fd.create_pit2(pit).map_err(io("CREATE_PIT2"))?;
+        Ok(Vm { kvm, fd })
+    }
+
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
+    pub fn supported_cpuid(&self) -> Result<CpuId, VmError> {
+        self.kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(|source| VmError::Ioctl {
+                op: "GET_SUPPORTED_CPUID",
+                source,
+            })
+    }
+
+    /// One memory slot per guest memory region, in region order.
+    pub fn register_memory(&self, mem: &GuestMemory) -> Result<(), VmError> {
+        for (slot, region) in mem.iter().enumerate() {
+            let slot = slot as u32;
+            let guest_addr = region.start_addr().0;
+            let size = region.len();
+            let userspace_addr = region.as_ptr() as u64;
+            let desc = kvm_userspace_memory_region {
+                slot,
+                flags: 0,
+                guest_phys_addr: guest_addr,
+                memory_size: size,
+                userspace_addr,
+            };
+            // SAFETY: the region is a live mapping of `size` bytes owned by `mem`, which the
+            // VMM keeps alive (builder hands a clone to the Vmm) for as long as the VM fd
+            // exists; KVM accesses guest memory only through this mapping.
+            unsafe { self.fd.set_user_memory_region(desc) }.map_err(|source| {
+                VmError::MemorySlot {
+                    slot,
+                    guest_addr,
+                    size,
+                    source,
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn register_irqfd(&self, evt: &EventFd, gsi: u32) -> Result<(), VmError> {
+        self.fd
+            .register_irqfd(evt, gsi)
+            .map_err(|source| VmError::Irqfd { gsi, source })
+    }
+
+    /// A 32-bit MMIO write of `datamatch` at `addr` signals `evt` inside KVM, with no exit.
+    pub fn register_mmio_ioeventfd(
+        &self,
+        evt: &EventFd,
+        addr: u64,
+        datamatch: u32,
+    ) -> Result<(), VmError> {
+        self.fd
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), datamatch)
+            .map_err(|source| VmError::Ioeventfd {
+                addr,
+                datamatch,
+                source,
+            })
+    }
+
+    pub fn create_vcpu(&self, index: u8) -> Result<VcpuFd, VmError> {
+        self.fd
+            .create_vcpu(u64::from(index))
+            .map_err(|source| VmError::CreateVcpu { index, source })
+    }
+}
