@@ -466,3 +466,44 @@ fn doctor_reports_this_host() {
     let text = text(&human.stdout);
     assert!(text.contains("runtime (auto)  gvisor"), "{text}");
 }
+
+#[test]
+fn a_killed_sandcell_takes_its_sandbox_down_and_the_next_run_sweeps_it() {
+    let env = env();
+    let mut child = env
+        .cmd(&["--", "sleep", "300"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (id, _) = sandbox_pids(&env);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The sandbox's processes die with their supervisor (no orphaned gVisor kernel).
+    let procs = Path::new("/sys/fs/cgroup/memory/sandcell")
+        .join(&id)
+        .join("cgroup.procs");
+    let mut alive = true;
+    for _ in 0..200 {
+        alive = std::fs::read_to_string(&procs).is_ok_and(|p| !p.trim().is_empty());
+        if !alive {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !alive,
+        "sandbox {id} still has processes after its sandcell was killed"
+    );
+    assert!(
+        env.run_dir().join(&id).exists(),
+        "the files stay until a sweep"
+    );
+    let out = env.run(&["--verbose", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&id),
+        "the sweep names what it removed: {}",
+        text(&out.stderr)
+    );
+}

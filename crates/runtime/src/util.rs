@@ -80,6 +80,32 @@ pub(crate) fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Makes `cmd` a supervised child: in its own process group, so that a terminal's Ctrl-C
+/// reaches only us (we then stop the sandbox in order), and killed when the thread that
+/// spawned it dies, so that a `sandcell` killed outright does not leave a sandbox running
+/// (its files are then swept by the next run). Spawn it from a long-lived thread: the
+/// death signal follows the spawning thread, not the process.
+pub(crate) fn supervised(cmd: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    cmd.process_group(0);
+    // SAFETY: the closure runs between fork and exec and calls only prctl(2), which is
+    // async-signal-safe, and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
 pub(crate) fn is_mount_point(path: &Path) -> bool {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;

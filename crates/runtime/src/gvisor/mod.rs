@@ -59,6 +59,14 @@ struct Shared {
 impl GvisorRuntime {
     /// Finds runsc (see [`RunscInfo::detect`]) and the cgroup hierarchy.
     pub async fn new(dirs: Dirs) -> Result<GvisorRuntime> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(Error::Unavailable {
+                runtime: RT,
+                what: "not running as root".into(),
+                hint: "the gvisor runtime needs root for runsc, overlayfs and cgroups: run sandcell as root".into(),
+            });
+        }
         let runsc = RunscInfo::detect(&dirs).await?;
         let cgroups = cgroup::detect_version().ok_or_else(|| Error::Unavailable {
             runtime: RT,
@@ -629,9 +637,8 @@ impl Sandbox for GvisorSandbox {
         let log2 = log
             .try_clone()
             .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
-        let mut child = self
-            .shared
-            .run_command(&self.paths.bundle, &self.id)
+        let mut command = self.shared.run_command(&self.paths.bundle, &self.id);
+        let mut child = crate::util::supervised(&mut command)
             .stdout(log)
             .stderr(log2)
             .spawn()

@@ -384,7 +384,8 @@ impl Sandbox for MicrovmSandbox {
         let log2 = log
             .try_clone()
             .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
-        let mut child = tokio::process::Command::new(&self.vmm)
+        let mut command = tokio::process::Command::new(&self.vmm);
+        let mut child = crate::util::supervised(&mut command)
             .arg("--config")
             .arg(&self.paths.config)
             .stdin(std::process::Stdio::null())
