@@ -1,0 +1,8 @@
+//! virtio-rng (entropy device): fills the guest's buffers from the host's getrandom.
+
+mod device;
+
+pub use device::{MAX_BYTES_PER_REQUEST, QUEUE_SIZE, Rng, RngError};
+
+#[cfg(test)]
+mod tests;
