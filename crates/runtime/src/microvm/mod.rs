@@ -9,30 +9,23 @@
 //! The host reaches the agent through the VMM's hybrid vsock socket ([`vsock`]). Stopping is
 //! polite first (the agent powers the VM off), then firm (control `Shutdown`), then SIGKILL.
 
+mod sandbox;
 pub mod vsock;
 
-use crate::supervise::{ExitCell, NotReady, poll_ready};
-use crate::util::{kill_pid, last_line, log_tail, open_log, remove_dir_all_if_exists};
-use crate::{
-    AGENT_PORT, AsyncStream, Dirs, Error, ResourceUsage, Result, Runtime, RuntimeKind, Sandbox,
-    SandboxExit, SandboxSpec, SandboxStatus, owner,
-};
-use async_trait::async_trait;
-use sandcell_proto::vmm::{
-    ControlRequest, ControlResponse, DiskConfig, ExitStatus, VmConfig, VmState, VsockConfig,
-};
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+pub use sandbox::MicrovmSandbox;
 
-const RT: RuntimeKind = RuntimeKind::Microvm;
+use crate::util::{kill_pid, remove_dir_all_if_exists};
+use crate::{AGENT_PORT, Dirs, Error, Result, Runtime, RuntimeKind, Sandbox, SandboxSpec, owner};
+use async_trait::async_trait;
+use sandcell_proto::vmm::{DiskConfig, VmConfig, VsockConfig};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub(super) const RT: RuntimeKind = RuntimeKind::Microvm;
 const GUEST_CID: u32 = 3;
 /// Bound on one control-socket answer line.
-const MAX_CONTROL_LINE: u64 = 64 * 1024;
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const MAX_CONTROL_LINE: u64 = 64 * 1024;
+pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `$SANDCELL_VMM`, else `sandcell-vmm` next to the running executable (and, for test
 /// binaries in `target/<profile>/deps/`, one directory up).
@@ -109,18 +102,18 @@ impl MicrovmRuntime {
     }
 }
 
-struct Paths {
-    config: PathBuf,
-    vsock: PathBuf,
-    control: PathBuf,
-    console: PathBuf,
-    vmm_log: PathBuf,
-    state_dir: PathBuf,
-    overlay: PathBuf,
+pub(super) struct Paths {
+    pub(super) config: PathBuf,
+    pub(super) vsock: PathBuf,
+    pub(super) control: PathBuf,
+    pub(super) console: PathBuf,
+    pub(super) vmm_log: PathBuf,
+    pub(super) state_dir: PathBuf,
+    pub(super) overlay: PathBuf,
 }
 
 impl Paths {
-    fn new(dirs: &Dirs, id: &str) -> Paths {
+    pub(super) fn new(dirs: &Dirs, id: &str) -> Paths {
         let run = dirs.sandbox_run_dir(id);
         let state_dir = dirs.sandbox_state_dir(id);
         Paths {
@@ -191,19 +184,7 @@ impl Runtime for MicrovmRuntime {
             control_socket: Some(paths.control.clone()),
         };
         owner::create_run_dir(&self.dirs, &spec.id, RT)?;
-        let sandbox = MicrovmSandbox {
-            dirs: self.dirs.clone(),
-            vmm: self.vmm.clone(),
-            id: spec.id.clone(),
-            boot_timeout: spec.boot_timeout,
-            memory_mib: spec.memory_mib,
-            paths,
-            pid: Mutex::new(None),
-            paused: AtomicBool::new(false),
-            stopping: Arc::new(AtomicBool::new(false)),
-            exit: ExitCell::new(),
-            destroyed: tokio::sync::Mutex::new(false),
-        };
+        let sandbox = MicrovmSandbox::new(self.dirs.clone(), self.vmm.clone(), &spec, paths);
         let prepared = (|| {
             std::fs::create_dir_all(&sandbox.paths.state_dir).map_err(|e| {
                 Error::io(
@@ -247,7 +228,7 @@ impl Runtime for MicrovmRuntime {
     }
 }
 
-fn remove_files(dirs: &Dirs, id: &str) -> Result<()> {
+pub(super) fn remove_files(dirs: &Dirs, id: &str) -> Result<()> {
     for dir in [
         dirs.sandbox_run_dir(id),
         dirs.run.join(format!(".new-{id}")),
@@ -259,289 +240,15 @@ fn remove_files(dirs: &Dirs, id: &str) -> Result<()> {
     Ok(())
 }
 
-pub struct MicrovmSandbox {
-    dirs: Dirs,
-    vmm: PathBuf,
-    id: String,
-    boot_timeout: Duration,
-    memory_mib: u32,
-    paths: Paths,
-    /// The VMM's pid once started.
-    pid: Mutex<Option<u32>>,
-    paused: AtomicBool,
-    stopping: Arc<AtomicBool>,
-    exit: ExitCell,
-    destroyed: tokio::sync::Mutex<bool>,
-}
-
-/// How the VMM ending translates into how the sandbox ended.
-fn classify(status: std::process::ExitStatus, stopping: bool, detail: String) -> SandboxExit {
-    if stopping {
-        return SandboxExit::Destroyed;
-    }
-    if let Some(signal) = status.signal() {
-        return SandboxExit::Killed { signal, detail };
-    }
-    let code = status.code().unwrap_or(-1);
-    match ExitStatus::from_code(code) {
-        Some(status) => SandboxExit::Vm { status, detail },
-        None => SandboxExit::Exited { code, detail },
-    }
-}
-
-impl MicrovmSandbox {
-    fn pid(&self) -> Option<u32> {
-        *self.pid.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn require_running(&self, op: &'static str) -> Result<()> {
-        let state = if self.pid().is_none() {
-            "created"
-        } else if self.exit.get().is_some() {
-            "exited"
-        } else {
-            return Ok(());
-        };
-        Err(Error::WrongState {
-            runtime: RT,
-            id: self.id.clone(),
-            state: state.into(),
-            op,
-        })
-    }
-
-    /// The tails of the serial console and of the VMM's own log.
-    fn logs_tail(&self) -> String {
-        let mut s = log_tail(&self.paths.console, "guest console", 4096, 25);
-        s.push_str(&log_tail(&self.paths.vmm_log, "sandcell-vmm log", 2048, 10));
-        s
-    }
-
-    async fn control(&self, request: &ControlRequest) -> Result<VmState> {
-        let fail = |problem: String| Error::Control {
-            runtime: RT,
-            id: self.id.clone(),
-            path: self.paths.control.clone(),
-            problem,
-        };
-        let exchange = async {
-            let mut stream = tokio::net::UnixStream::connect(&self.paths.control)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            let mut line = serde_json::to_vec(request).map_err(|e| fail(e.to_string()))?;
-            line.push(b'\n');
-            stream
-                .write_all(&line)
-                .await
-                .map_err(|e| fail(format!("sending: {e}")))?;
-            let mut reply = String::new();
-            let mut reader =
-                tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(stream, MAX_CONTROL_LINE));
-            reader
-                .read_line(&mut reply)
-                .await
-                .map_err(|e| fail(format!("reading the answer: {e}")))?;
-            match serde_json::from_str::<ControlResponse>(reply.trim()) {
-                Ok(ControlResponse::Ok { state }) => Ok(state),
-                Ok(ControlResponse::Error { message }) => Err(fail(message)),
-                Err(e) => Err(fail(format!("bad answer {:?}: {e}", reply.trim()))),
-            }
-        };
-        tokio::time::timeout(CONTROL_TIMEOUT, exchange)
-            .await
-            .unwrap_or_else(|_| Err(fail(format!("no answer within {CONTROL_TIMEOUT:?}"))))
-    }
-
-    /// Waits up to `timeout` for the VMM to exit; true if it did.
-    async fn exited_within(&self, timeout: Duration) -> bool {
-        tokio::time::timeout(timeout, self.exit.wait())
-            .await
-            .is_ok()
-    }
-}
-
-#[async_trait]
-impl Sandbox for MicrovmSandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn runtime(&self) -> RuntimeKind {
-        RT
-    }
-
-    async fn start(&self) -> Result<()> {
-        if self.pid().is_some() || *self.destroyed.lock().await {
-            return Err(Error::WrongState {
-                runtime: RT,
-                id: self.id.clone(),
-                state: "started".into(),
-                op: "start",
-            });
-        }
-        let log = open_log(&self.paths.vmm_log)
-            .map_err(|e| Error::io(RT, format!("opening {}", self.paths.vmm_log.display()), e))?;
-        let log2 = log
-            .try_clone()
-            .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
-        let mut command = tokio::process::Command::new(&self.vmm);
-        let mut child = crate::util::supervised(&mut command)
-            .arg("--config")
-            .arg(&self.paths.config)
-            .stdin(std::process::Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .spawn()
-            .map_err(|e| Error::io(RT, format!("starting {}", self.vmm.display()), e))?;
-        let pid = child.id().unwrap_or(0);
-        *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
-        let pid_file = self.dirs.sandbox_run_dir(&self.id).join("vmm.pid");
-        std::fs::write(&pid_file, pid.to_string())
-            .map_err(|e| Error::io(RT, format!("writing {}", pid_file.display()), e))?;
-
-        let (stopping, exit, vmm_log) = (
-            self.stopping.clone(),
-            self.exit.clone(),
-            self.paths.vmm_log.clone(),
-        );
-        tokio::spawn(async move {
-            let ended = match child.wait().await {
-                // The VMM's last line is its verdict; the full logs go with start errors.
-                Ok(status) => classify(
-                    status,
-                    stopping.load(Ordering::SeqCst),
-                    last_line(&vmm_log, 2048),
-                ),
-                Err(e) => SandboxExit::Exited {
-                    code: -1,
-                    detail: format!("waiting for sandcell-vmm: {e}"),
-                },
-            };
-            exit.set(ended);
-        });
-
-        let uds = &self.paths.vsock;
-        let probe = || async move { vsock::connect(uds, AGENT_PORT).await.is_ok() };
-        match poll_ready(&self.exit, self.boot_timeout, probe).await {
-            Ok(()) => Ok(()),
-            Err(NotReady::Ended(exit)) => Err(Error::EndedDuringStart {
-                runtime: RT,
-                id: self.id.clone(),
-                exit,
-                console: self.logs_tail(),
-            }),
-            Err(NotReady::Timeout) => Err(Error::BootTimeout {
-                runtime: RT,
-                id: self.id.clone(),
-                timeout: self.boot_timeout,
-                console: self.logs_tail(),
-            }),
-        }
-    }
-
-    async fn connect(&self, port: u32) -> Result<Box<dyn AsyncStream>> {
-        self.require_running("connect")?;
-        let stream = vsock::connect(&self.paths.vsock, port)
-            .await
-            .map_err(|e| Error::Connect {
-                runtime: RT,
-                id: self.id.clone(),
-                port,
-                problem: e.to_string(),
-            })?;
-        Ok(Box::new(stream))
-    }
-
-    async fn pause(&self) -> Result<()> {
-        self.require_running("pause")?;
-        self.control(&ControlRequest::Pause).await?;
-        self.paused.store(true, Ordering::SeqCst);
-        Ok(())
-    }
-
-    async fn resume(&self) -> Result<()> {
-        self.require_running("resume")?;
-        self.control(&ControlRequest::Resume).await?;
-        self.paused.store(false, Ordering::SeqCst);
-        Ok(())
-    }
-
-    async fn status(&self) -> Result<SandboxStatus> {
-        if let Some(exit) = self.exit.get() {
-            return Ok(SandboxStatus::Exited(exit));
-        }
-        if *self.destroyed.lock().await {
-            return Ok(SandboxStatus::Exited(SandboxExit::Destroyed));
-        }
-        Ok(match self.pid() {
-            None => SandboxStatus::Created,
-            Some(_) if self.paused.load(Ordering::SeqCst) => SandboxStatus::Paused,
-            Some(_) => SandboxStatus::Running,
-        })
-    }
-
-    async fn usage(&self) -> Result<ResourceUsage> {
-        let mut usage = ResourceUsage {
-            memory_limit_bytes: Some(u64::from(self.memory_mib) << 20),
-            ..Default::default()
-        };
-        if let Some(pid) = self.pid().filter(|_| self.exit.get().is_none()) {
-            let (rss, cpu) = crate::host::process_usage(pid);
-            usage.memory_bytes = rss;
-            usage.cpu_usec = cpu;
-        }
-        Ok(usage)
-    }
-
-    async fn wait(&self) -> SandboxExit {
-        self.exit.wait().await
-    }
-
-    async fn destroy(&self) -> Result<()> {
-        let mut done = self.destroyed.lock().await;
-        if *done {
-            return Ok(());
-        }
-        self.stopping.store(true, Ordering::SeqCst);
-        if let Some(pid) = self.pid().filter(|_| self.exit.get().is_none()) {
-            // Politely: the agent syncs and powers off. Then firmly. Then SIGKILL.
-            let client =
-                sandcell_agent::client::AgentClient::new(vsock_connector(self.paths.vsock.clone()));
-            let _ = tokio::time::timeout(Duration::from_secs(1), client.poweroff()).await;
-            if !self.exited_within(Duration::from_secs(2)).await {
-                let _ = self.control(&ControlRequest::Shutdown).await;
-                if !self.exited_within(Duration::from_secs(2)).await {
-                    kill_pid(pid, libc::SIGKILL);
-                    self.exited_within(Duration::from_secs(2)).await;
-                }
-            }
-        }
-        let removed = remove_files(&self.dirs, &self.id);
-        self.exit.set(SandboxExit::Destroyed);
-        *done = true;
-        removed
-    }
-}
-
-/// A connector to the agent through the hybrid vsock socket at `uds`.
-fn vsock_connector(
-    uds: PathBuf,
-) -> impl Fn() -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = std::io::Result<tokio::net::UnixStream>> + Send>,
-> + Send
-+ Sync
-+ 'static {
-    move || {
-        let uds = uds.clone();
-        Box::pin(async move { vsock::connect(&uds, AGENT_PORT).await })
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::sandbox::classify;
     use super::*;
     use crate::Image;
+    use crate::SandboxExit;
+    use sandcell_proto::vmm::ExitStatus;
+    use std::os::unix::process::ExitStatusExt;
 
     fn spec() -> SandboxSpec {
         SandboxSpec::new(
