@@ -64,3 +64,21 @@ pub fn signal_used(
     }
     Ok(())
 }
+
+/// Pop the next chain. When the ring looks empty, re-arm driver notifications (with
+/// VIRTIO_RING_F_EVENT_IDX this publishes `avail_event`, without which the driver
+/// would never kick again) and look once more, so a buffer added in between is not
+/// missed. Devices that pull buffers on demand (vsock) use this instead of
+/// [`drain_queue`].
+pub fn pop_or_arm<'m>(
+    queue: &mut Queue,
+    mem: &'m GuestMemory,
+) -> Result<Option<DescriptorChain<&'m GuestMemory>>, RingError> {
+    if let Some(chain) = queue.pop_descriptor_chain(mem) {
+        return Ok(Some(chain));
+    }
+    if queue.enable_notification(mem)? {
+        return Ok(queue.pop_descriptor_chain(mem));
+    }
+    Ok(None)
+}

@@ -66,6 +66,7 @@ pub struct DriverQueue<'a> {
     size: u16,
     next_desc: u16,
     used_seen: u16,
+    last_kick_idx: u16,
 }
 
 impl<'a> DriverQueue<'a> {
@@ -87,6 +88,7 @@ impl<'a> DriverQueue<'a> {
             size,
             next_desc: 0,
             used_seen: 0,
+            last_kick_idx: 0,
         }
     }
 
@@ -148,6 +150,21 @@ impl<'a> DriverQueue<'a> {
         self.mem
             .write_obj(idx.wrapping_add(1), GuestAddress(avail + 2))
             .unwrap();
+    }
+
+    /// Whether the driver must notify the device about what it published since the last
+    /// call, as Linux decides with VIRTIO_RING_F_EVENT_IDX (`vring_need_event`): only if
+    /// the avail index moved past the `avail_event` the device wrote at the end of the
+    /// used ring. A device that forgets to publish `avail_event` stops getting kicks.
+    pub fn needs_kick(&mut self) -> bool {
+        let new: u16 = self
+            .mem
+            .read_obj(GuestAddress(self.avail_addr.0 + 2))
+            .unwrap();
+        let old = std::mem::replace(&mut self.last_kick_idx, new);
+        let event_addr = self.used_addr.0 + 4 + 8 * u64::from(self.size);
+        let event: u16 = self.mem.read_obj(GuestAddress(event_addr)).unwrap();
+        new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
     }
 
     /// Next used element the driver has not looked at yet: (head id, length).

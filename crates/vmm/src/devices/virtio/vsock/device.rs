@@ -17,7 +17,7 @@ use super::packet::*;
 use crate::devices::virtio::device::{
     ActivateError, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes,
 };
-use crate::devices::virtio::ring::{RingError, signal_used};
+use crate::devices::virtio::ring::{RingError, pop_or_arm, signal_used};
 use crate::memory::GuestMemory;
 
 pub const QUEUE_SIZE: u16 = 256;
@@ -129,8 +129,10 @@ impl Vsock {
         let queue = &mut active.queues[TXQ];
         let mut used = false;
         let result: Result<(), RingError> = (|| {
+            // Stopping on a full backlog leaves notifications un-armed on purpose: RX
+            // processing resumes TX once the guest has taken our answers.
             while !self.muxer.backlog_full() {
-                let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                let Some(chain) = pop_or_arm(queue, mem)? else {
                     break;
                 };
                 let head = chain.head_index();
@@ -174,8 +176,8 @@ impl Vsock {
         let mut used = false;
         let result: Result<(), RingError> = (|| {
             while self.muxer.has_rx() {
-                let Some(chain) = queue.pop_descriptor_chain(mem) else {
-                    break;
+                let Some(chain) = pop_or_arm(queue, mem)? else {
+                    break; // the guest kicks RX when it adds buffers
                 };
                 let head = chain.head_index();
                 let Ok(mut writer) = chain.writer(mem) else {
@@ -225,7 +227,7 @@ impl Vsock {
         let queue = &mut active.queues[EVQ];
         let mut used = false;
         let result: Result<(), RingError> = (|| {
-            while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            while let Some(chain) = pop_or_arm(queue, mem)? {
                 let head = chain.head_index();
                 let written = match chain.writer(mem) {
                     Ok(mut w) if w.available_bytes() >= EVENT_LEN => {

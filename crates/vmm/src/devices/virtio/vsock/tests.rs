@@ -90,8 +90,16 @@ impl<'a> Guest<'a> {
         g
     }
 
+    /// Notify `queue` if the device asked for it (EVENT_IDX is negotiated).
     fn kick(&mut self, queue: u32) {
-        write_reg(&mut self.t, 0x50, queue);
+        let needed = match queue {
+            0 => self.rx.needs_kick(),
+            1 => self.tx.needs_kick(),
+            _ => self.ev.needs_kick(),
+        };
+        if needed {
+            write_reg(&mut self.t, 0x50, queue);
+        }
     }
 
     /// One RX buffer (header + 4 KiB, one descriptor, like Linux's).
