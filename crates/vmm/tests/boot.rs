@@ -156,3 +156,50 @@ fn large_memory_spans_the_mmio_gap() {
         "SANDCELL-PAYLOAD-HELLO\n"
     );
 }
+
+#[test]
+fn zero_page_carries_the_command_line_and_virtio_devices_answer_on_mmio() {
+    require_kvm();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = dir.path().join("base.img");
+    std::fs::write(&base, vec![0u8; 1 << 20]).expect("base image");
+    let cfg = sandcell_proto::vmm::VmConfig {
+        cmdline: "quiet panic=7 -- init-arg".into(),
+        disk: Some(sandcell_proto::vmm::DiskConfig {
+            base,
+            overlay: Some(dir.path().join("overlay")),
+        }),
+        rng: true,
+        vsock: Some(sandcell_proto::vmm::VsockConfig {
+            guest_cid: 3,
+            uds_path: dir.path().join("v.sock"),
+        }),
+        ..config(payload("virtio"))
+    };
+    let out = run(&cfg, &[]);
+    assert_eq!(code(&out), Some(ExitStatus::PowerOff), "{}", describe(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines();
+    let cmdline = lines.next().expect("command line");
+    assert!(
+        cmdline.starts_with("quiet panic=7 console=ttyS0 reboot=k "),
+        "{cmdline}"
+    );
+    assert!(!cmdline.contains("panic=-1"), "{cmdline}");
+    assert!(
+        cmdline.contains(
+            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6 \
+             virtio_mmio.device=4K@0xd0002000:7"
+        ),
+        "{cmdline}"
+    );
+    assert!(cmdline.ends_with(" -- init-arg"), "{cmdline}");
+    // virtio device IDs: block 2, entropy 4, vsock 19 (printed as one character: '0' + 19).
+    let slots: Vec<&str> = lines.collect();
+    assert_eq!(
+        slots,
+        ["slot0 id=2", "slot1 id=4", "slot2 id=C", "slot3 empty"],
+        "{}",
+        describe(&out)
+    );
+}

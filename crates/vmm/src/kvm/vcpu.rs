@@ -378,10 +378,10 @@ fn internal_error_detail(fd: &mut VcpuFd) -> String {
 
 /// The message for KvmInternalError: this is (almost always) the host, not the guest.
 pub fn kvm_cannot_run_message(index: u8, detail: &str) -> String {
-    let pvm = std::path::Path::new("/sys/module/kvm_pvm").exists();
+    let pvm = crate::kvm::vm::host_kvm_is_pvm();
     format!(
         "the host's KVM cannot run this guest (vCPU {index}: {detail}). {}Use the gvisor \
-         runtime on this host (sandcell --runtime gvisor), or run on a host with hardware \
+         runtime on this host (sandcell run --runtime gvisor), or run on a host with hardware \
          virtualization (VT-x/AMD-V, /proc/cpuinfo flags vmx or svm).",
         if pvm {
             "This host's /dev/kvm is PVM (module kvm_pvm), which runs only PVM-enlightened \

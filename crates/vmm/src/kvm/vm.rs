@@ -54,6 +54,13 @@ pub enum VmError {
     },
 }
 
+/// Whether /dev/kvm comes from the PVM module: it runs tiny payloads natively, but a stock
+/// Linux kernel only through KVM's instruction emulator, which fails
+/// (KVM_EXIT_INTERNAL_ERROR) or crawls (see TEST-HOSTS.md).
+pub fn host_kvm_is_pvm() -> bool {
+    Path::new("/sys/module/kvm_pvm").exists()
+}
+
 /// Capabilities the VMM relies on, with why.
 const REQUIRED_CAPS: &[(Cap, &str)] = &[
     (Cap::Irqchip, "KVM_CAP_IRQCHIP (in-kernel PIC/IOAPIC/LAPIC)"),
