@@ -159,3 +159,51 @@ fn sigterm_stops_the_vm() {
         describe(&out)
     );
 }
+
+#[test]
+fn pause_and_resume_with_virtio_devices_and_halted_vcpus() {
+    require_kvm();
+    // Two vCPUs: the boot vCPU halts after its marker, the other waits for a SIPI that
+    // never comes; both sit inside KVM_RUN and must still answer the kicks. The virtio
+    // devices' subscribers leave and rejoin the event loop on each pause/resume.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("serial.log");
+    let sock = dir.path().join("control.sock");
+    let base = dir.path().join("base.img");
+    std::fs::write(&base, vec![0u8; 1 << 20]).expect("base image");
+    let cfg = VmConfig {
+        vcpus: 2,
+        serial_log: Some(log.clone()),
+        control_socket: Some(sock.clone()),
+        disk: Some(sandcell_proto::vmm::DiskConfig {
+            base,
+            overlay: None,
+        }),
+        rng: true,
+        vsock: Some(sandcell_proto::vmm::VsockConfig {
+            guest_cid: 3,
+            uds_path: dir.path().join("v.sock"),
+        }),
+        ..config(payload("idle"))
+    };
+    let child = spawn(&cfg, &[]);
+    let mut ctl = Control::connect(&sock);
+    wait_until("the idle marker", || ticks(&log) >= 1);
+    for _ in 0..3 {
+        assert_eq!(ctl.request(&ControlRequest::Pause), ok(VmState::Paused));
+        assert_eq!(ctl.request(&ControlRequest::Resume), ok(VmState::Running));
+    }
+    assert_eq!(ctl.request(&ControlRequest::Status), ok(VmState::Running));
+    assert_eq!(
+        ctl.request(&ControlRequest::Shutdown),
+        ok(VmState::Stopping)
+    );
+    let out = wait(child);
+    assert_eq!(
+        out.status.code(),
+        Some(ExitStatus::Stopped.code()),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&log).expect("log"), "idle\n");
+}

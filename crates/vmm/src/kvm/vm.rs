@@ -88,15 +88,8 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Opens /dev/kvm, checks it, creates the VM and does the VM-wide x86 setup.
-    ///
-    /// Order (each step's constraint):
-    /// 1. `KVM_SET_IDENTITY_MAP_ADDR` must happen before any vCPU exists (KVM refuses it
-    ///    afterwards); `KVM_SET_TSS_ADDR` must precede the first `KVM_RUN` on Intel. Both
-    ///    go to pages in the MMIO gap that nothing else uses.
-    /// 2. `KVM_CREATE_IRQCHIP` before the vCPUs, so each vCPU gets an in-kernel LAPIC.
-    /// 3. `KVM_CREATE_PIT2` after the irqchip: the PIT delivers IRQ 0 through it. The
-    ///    dummy speaker makes KVM answer port 0x61 itself.
+    /// Opens /dev/kvm, checks it and creates the VM. The caller registers guest memory,
+    /// then calls [`Vm::setup_x86`] before creating vCPUs.
     pub fn new() -> Result<Vm, VmError> {
         if !Path::new("/dev/kvm").exists() {
             return Err(VmError::NoKvm);
@@ -115,6 +108,21 @@ impl Vm {
             op: "CREATE_VM",
             source,
         })?;
+        Ok(Vm { kvm, fd })
+    }
+
+    /// The VM-wide x86 devices and pages. Call after registering guest memory (it is much
+    /// cheaper before the irqchip exists, see builder.rs) and before creating vCPUs.
+    ///
+    /// Order (each step's constraint):
+    /// 1. `KVM_SET_IDENTITY_MAP_ADDR` must happen before any vCPU exists (KVM refuses it
+    ///    afterwards); `KVM_SET_TSS_ADDR` must precede the first `KVM_RUN` on Intel. Both
+    ///    go to pages in the MMIO gap that nothing else uses.
+    /// 2. `KVM_CREATE_IRQCHIP` before the vCPUs, so each vCPU gets an in-kernel LAPIC.
+    /// 3. `KVM_CREATE_PIT2` after the irqchip: the PIT delivers IRQ 0 through it. The
+    ///    dummy speaker makes KVM answer port 0x61 itself.
+    pub fn setup_x86(&self) -> Result<(), VmError> {
+        let fd = &self.fd;
         let io = |op| move |source| VmError::Ioctl { op, source };
 
         fd.set_identity_map_address(KVM_IDENTITY_MAP)
@@ -127,7 +135,7 @@ impl Vm {
             ..Default::default()
         };
         fd.create_pit2(pit).map_err(io("CREATE_PIT2"))?;
-        Ok(Vm { kvm, fd })
+        Ok(())
     }
 
     pub fn fd(&self) -> &VmFd {
