@@ -188,12 +188,17 @@ impl<C: Connector> AgentClient<C> {
         let body = read_capped(what, resp.into_body(), MAX_SMALL_REPLY)
             .await
             .unwrap_or_default();
+        // Connect errors name their code; envd's REST ones (`/files`) carry the HTTP status,
+        // named here the way Connect names it.
         let (code, message) = match serde_json::from_slice::<ConnectError>(&body) {
             Ok(e) => (e.code, e.message),
-            Err(_) => (
-                "unknown".to_owned(),
-                String::from_utf8_lossy(&body).into_owned(),
-            ),
+            Err(_) => match serde_json::from_slice::<sandcell_proto::agent::RestError>(&body) {
+                Ok(e) => (code_of_status(status).to_owned(), e.message),
+                Err(_) => (
+                    "unknown".to_owned(),
+                    String::from_utf8_lossy(&body).into_owned(),
+                ),
+            },
         };
         Err(ClientError::Status {
             what: what.to_owned(),
@@ -355,6 +360,22 @@ fn request<B>(
             .insert(CONTENT_TYPE, HeaderValue::from_static(ct));
     }
     Ok(req)
+}
+
+/// The Connect code for an HTTP status (the inverse of connect-go's mapping).
+fn code_of_status(status: u16) -> &'static str {
+    match status {
+        400 => "invalid_argument",
+        401 => "unauthenticated",
+        403 => "permission_denied",
+        404 => "not_found",
+        409 => "already_exists",
+        429 | 507 => "resource_exhausted",
+        501 => "unimplemented",
+        503 => "unavailable",
+        504 => "deadline_exceeded",
+        _ => "internal",
+    }
 }
 
 /// Percent-encodes everything but unreserved characters and `/`.

@@ -7,15 +7,26 @@
 
 pub mod body;
 pub mod client;
+pub mod connect;
 pub mod files;
+pub mod fs_api;
+pub mod hub;
 pub mod init;
 pub mod listen;
+pub mod metadata;
 pub mod power;
 pub mod process;
+pub mod process_api;
+pub mod pty;
 pub mod reaper;
+pub mod rfc3339;
 pub mod server;
+pub mod state;
 pub mod stream;
+pub mod upload;
+pub mod users;
 pub mod vsock;
+pub mod watch;
 
 /// One line on the console (stderr), prefixed so it stands out in a VM's boot log.
 #[macro_export]

@@ -2,8 +2,13 @@
 //!
 //! ```text
 //! sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts]
-//!                [--hostname NAME] [--keepalive-secs N] [--files-base DIR]
+//!                [--hostname NAME] [--keepalive-secs N] [--workdir DIR]
+//!                [--default-user NAME] [--etc-dir DIR] [--version]
 //! ```
+//! `--workdir` (alias `--files-base`) is the default working directory for empty paths;
+//! `--default-user` the user of requests that name none until `/init` sets one (envd: root);
+//! `--etc-dir` where `passwd` and `group` are read (tests); `--version` prints the envd
+//! version the agent implements.
 //! As PID 1 it first mounts /proc, /sys, /dev, ... (what is not mounted yet), brings `lo` up
 //! and sets the hostname. Without `--listen` it takes `sandcell.listen=` from the kernel
 //! command line, else `vsock:49983`. As PID 1, SIGTERM powers off like `POST /sandcell/poweroff`.
@@ -25,11 +30,14 @@ struct Args {
     no_init_mounts: bool,
     hostname: Option<String>,
     keepalive_secs: Option<u64>,
-    files_base: Option<PathBuf>,
+    workdir: Option<String>,
+    default_user: Option<String>,
+    etc_dir: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts] \
-                     [--hostname NAME] [--keepalive-secs N] [--files-base DIR]";
+                     [--hostname NAME] [--keepalive-secs N] [--workdir DIR] \
+                     [--default-user NAME] [--etc-dir DIR] [--version]";
 
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args::default();
@@ -55,7 +63,13 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
                         .map_err(|_| format!("--keepalive-secs {v:?} is not a number"))?,
                 );
             }
-            "--files-base" => args.files_base = Some(PathBuf::from(value()?)),
+            "--workdir" | "--files-base" => args.workdir = Some(value()?),
+            "--default-user" => args.default_user = Some(value()?),
+            "--etc-dir" => args.etc_dir = Some(PathBuf::from(value()?)),
+            "--version" => {
+                println!("{}", sandcell_agent::server::ENVD_VERSION);
+                std::process::exit(0);
+            }
             "-h" | "--help" => return Err(USAGE.to_owned()),
             // The kernel passes unknown undotted parameters to init as arguments: ignore them as
             // PID 1, refuse them elsewhere.
@@ -96,8 +110,14 @@ fn main() -> ExitCode {
     if let Some(secs) = args.keepalive_secs {
         config.keepalive = Duration::from_secs(secs.max(1));
     }
-    if let Some(base) = args.files_base {
-        config.files_base = base;
+    if args.workdir.is_some() {
+        config.default_workdir = args.workdir;
+    }
+    if let Some(user) = args.default_user {
+        config.default_user = user;
+    }
+    if let Some(dir) = args.etc_dir {
+        config.etc_dir = dir;
     }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -1,5 +1,6 @@
-//! The agent's HTTP/1.1 server: accept loop, routing and the handlers of the envd-shaped
-//! protocol described in [`sandcell_proto::agent`].
+//! The agent's HTTP/1.1 server: accept loop, access-token check, routing, and the small REST
+//! routes (`/health`, `/init`, `/envs`, power-off). The Connect services live in
+//! [`crate::process_api`], [`crate::fs_api`] and [`crate::watch`]; `/files` in [`crate::files`].
 
 use std::convert::Infallible;
 use std::io;
@@ -8,53 +9,67 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderValue};
+use hyper::header::{CACHE_CONTROL, CONNECTION, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use sandcell_proto::agent::{self as wire, ConnectError, envelope};
-use serde::de::DeserializeOwned;
+use sandcell_proto::agent::filesystem as fsw;
+use sandcell_proto::agent::process as pw;
+use sandcell_proto::agent::{self as wire, InitRequest};
 use tokio::sync::mpsc;
 
-use crate::body::{self, BoxBody, ChannelBody, ReaderBody};
-use crate::files::{self, FileError};
+use crate::body::BoxBody;
+use crate::connect::{self, ApiError, Reply, json_reply, status_only};
 use crate::listen::{Listener, Stream};
-use crate::process::{ProcessError, Processes};
+use crate::process::Processes;
 use crate::reaper::{ReapMode, Reaper};
-use crate::stream;
+use crate::state::{Defaults, ENVD_DEFAULT_USER, Shared, token_matches};
+use crate::users::UserDb;
+use crate::watch::Watchers;
+use crate::{files, fs_api, process_api, watch};
 
-/// Largest JSON request body (and Start envelope) accepted. File uploads are streamed and
+/// The envd version this agent implements, answered in `X-Envd-Version` on `/init` (where
+/// envd reports it to the orchestrator) and meant for the control plane's `envdVersion`.
+///
+/// The SDKs switch features on by this version: 0.1.4 recursive watch, 0.3.0 `stdin` on
+/// Start, 0.4.0 default user (no `user:` Authorization forced), 0.5.2 CloseStdin, 0.5.7
+/// octet-stream and gzip uploads, 0.6.2 file metadata (X-Metadata-* headers, xattrs),
+/// 0.6.3 `includeEntry` on watch events, 0.6.4 `allowNetworkMounts`. The agent implements all
+/// of them, and 0.6.4 is the newest version any SDK (Python `e2b` 2.63, npm `e2b` 2.51)
+/// gates on.
+pub const ENVD_VERSION: &str = "0.6.4";
+
+/// Largest JSON request body (and request envelope) accepted. File uploads are streamed and
 /// not limited by this.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
-/// Chunk size when streaming a file out.
-const FILE_CHUNK: usize = 64 * 1024;
-/// Envelopes queued per Start stream before the reader of the process's output waits.
-const STREAM_QUEUE: usize = 8;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Keepalive event interval on Start streams, unless the request's
-    /// `Keepalive-Ping-Interval` header (seconds) says otherwise.
+    /// Keepalive event interval on streams, unless the request's `Keepalive-Ping-Interval`
+    /// header (seconds) says otherwise.
     pub keepalive: Duration,
     pub max_json_body: usize,
     pub reap_mode: ReapMode,
-    /// Relative `/files` paths are resolved against this directory.
-    pub files_base: PathBuf,
+    /// Where `passwd` and `group` are read (`/etc`).
+    pub etc_dir: PathBuf,
+    /// The default user until `/init` names one (envd: root).
+    pub default_user: String,
+    /// The default working directory (for empty paths and cwds) until `/init` sets one.
+    pub default_workdir: Option<String>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            keepalive: Duration::from_secs(30),
+            // envd's default when the client sends no Keepalive-Ping-Interval.
+            keepalive: Duration::from_secs(90),
             max_json_body: MAX_JSON_BODY,
             reap_mode: ReapMode::for_this_process(),
-            files_base: PathBuf::from("/"),
+            etc_dir: PathBuf::from("/etc"),
+            default_user: ENVD_DEFAULT_USER.to_owned(),
+            default_workdir: None,
         }
     }
 }
@@ -66,9 +81,11 @@ pub enum ServeOutcome {
     PowerOffRequested,
 }
 
-struct State {
-    config: ServerConfig,
-    procs: Arc<Processes>,
+pub struct State {
+    pub config: ServerConfig,
+    pub procs: Arc<Processes>,
+    pub shared: Shared,
+    pub watchers: Watchers,
 }
 
 pub struct Server {
@@ -80,8 +97,16 @@ impl Server {
     pub fn new(config: ServerConfig) -> io::Result<Self> {
         let reaper = Reaper::start(config.reap_mode)?;
         let procs = Arc::new(Processes::new(reaper));
+        let mut defaults = Defaults::new(&config.default_user);
+        defaults.workdir = config.default_workdir.clone();
+        let shared = Shared::new(defaults, UserDb::new(&config.etc_dir));
         Ok(Server {
-            state: Arc::new(State { config, procs }),
+            state: Arc::new(State {
+                config,
+                procs,
+                shared,
+                watchers: Watchers::default(),
+            }),
         })
     }
 
@@ -125,287 +150,219 @@ async fn serve_connection(state: Arc<State>, conn: Stream, off_tx: mpsc::Sender<
     }
 }
 
+/// Routes envd lets through without the access token: health, `/files` (which checks the
+/// token itself, to allow signed URLs) and `/init` (which authenticates its own body).
+fn auth_exempt(method: &Method, path: &str) -> bool {
+    matches!(
+        (method, path),
+        (&Method::GET, wire::HEALTH_PATH)
+            | (&Method::GET, wire::FILES_PATH)
+            | (&Method::POST, wire::FILES_PATH)
+            | (&Method::POST, wire::INIT_PATH)
+    )
+}
+
+fn check_token(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
+    if auth_exempt(req.method(), req.uri().path()) {
+        return Ok(());
+    }
+    let Some(token) = state.shared.defaults().access_token.clone() else {
+        return Ok(());
+    };
+    let given = req
+        .headers()
+        .get(wire::ACCESS_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok());
+    if given.is_some_and(|g| token_matches(&token, g)) {
+        return Ok(());
+    }
+    Err(ApiError::rest(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized access, please provide a valid access token or method signing if supported",
+    ))
+}
+
+/// envd's authn middleware: a Basic-auth user name that does not exist is refused on every
+/// route but the health check.
+fn check_basic_user(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
+    if req.uri().path() == wire::HEALTH_PATH {
+        return Ok(());
+    }
+    match crate::state::basic_auth_user(req) {
+        Some(name) if state.shared.users.lookup(&name).is_err() => Err(ApiError::new(
+            "unauthenticated",
+            format!("invalid username: '{name}'"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 async fn route(state: &State, poweroff: &AtomicBool, req: Request<Incoming>) -> Response<BoxBody> {
+    let result = match check_token(state, &req).and_then(|()| check_basic_user(state, &req)) {
+        Ok(()) => dispatch(state, poweroff, req).await,
+        Err(e) => Err(e),
+    };
+    result.unwrap_or_else(ApiError::into_response)
+}
+
+async fn dispatch(state: &State, poweroff: &AtomicBool, req: Request<Incoming>) -> Reply {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
-    let result = match (method, path.as_str()) {
-        (Method::GET, wire::HEALTH_PATH) => Ok(status_only(StatusCode::NO_CONTENT)),
-        (Method::POST, wire::START_PATH) => start(state, req).await,
-        (Method::POST, wire::SEND_INPUT_PATH) => send_input(state, req).await,
-        (Method::POST, wire::CLOSE_STDIN_PATH) => close_stdin(state, req).await,
-        (Method::POST, wire::SEND_SIGNAL_PATH) => send_signal(state, req).await,
-        (Method::GET, wire::FILES_PATH) => read_file(state, req).await,
-        (Method::POST, wire::FILES_PATH) => write_file(state, req).await,
-        (Method::POST, wire::POWEROFF_PATH) => {
+    if method == Method::GET {
+        return match path.as_str() {
+            wire::HEALTH_PATH => Ok(no_store(status_only(StatusCode::NO_CONTENT))),
+            wire::FILES_PATH => files::download(state, req).await,
+            wire::ENVS_PATH => envs(state),
+            _ => Err(not_routed(&path)),
+        };
+    }
+    if method != Method::POST {
+        return Err(ApiError::with_status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "unimplemented",
+            format!("method {method} not allowed on {path}"),
+        ));
+    }
+    match path.as_str() {
+        wire::START_PATH => process_api::start(state, req).await,
+        pw::CONNECT_PATH => process_api::connect(state, req).await,
+        pw::LIST_PATH => process_api::list(state, req).await,
+        pw::UPDATE_PATH => process_api::update(state, req).await,
+        wire::SEND_INPUT_PATH => process_api::send_input(state, req).await,
+        pw::STREAM_INPUT_PATH => process_api::stream_input(state, req).await,
+        wire::CLOSE_STDIN_PATH => process_api::close_stdin(state, req).await,
+        wire::SEND_SIGNAL_PATH => process_api::send_signal(state, req).await,
+        fsw::STAT_PATH => fs_api::stat(state, req).await,
+        fsw::MAKE_DIR_PATH => fs_api::make_dir(state, req).await,
+        fsw::MOVE_PATH => fs_api::rename(state, req).await,
+        fsw::LIST_DIR_PATH => fs_api::list_dir(state, req).await,
+        fsw::REMOVE_PATH => fs_api::remove(state, req).await,
+        fsw::WATCH_DIR_PATH => watch::watch_dir(state, req).await,
+        fsw::CREATE_WATCHER_PATH => watch::create_watcher(state, req).await,
+        fsw::GET_WATCHER_EVENTS_PATH => watch::get_watcher_events(state, req).await,
+        fsw::REMOVE_WATCHER_PATH => watch::remove_watcher(state, req).await,
+        wire::FILES_PATH => files::upload(state, req).await,
+        wire::INIT_PATH => init(state, req).await,
+        wire::POWEROFF_PATH => {
             poweroff.store(true, Ordering::SeqCst);
             let mut resp = status_only(StatusCode::NO_CONTENT);
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
             Ok(resp)
         }
-        (
-            _,
-            wire::HEALTH_PATH
-            | wire::START_PATH
-            | wire::FILES_PATH
-            | wire::POWEROFF_PATH
-            | wire::SEND_INPUT_PATH
-            | wire::CLOSE_STDIN_PATH
-            | wire::SEND_SIGNAL_PATH,
-        ) => Err(ApiError::with_status(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "unimplemented",
-            format!("method not allowed on {path}"),
-        )),
-        _ => Err(ApiError::new("unimplemented", format!("no route {path}"))),
-    };
-    result.unwrap_or_else(ApiError::into_response)
-}
-
-/// An error answer: a Connect error body `{"code", "message"}` with an HTTP status.
-#[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    /// With the HTTP status Connect pairs with `code`.
-    fn new(code: &'static str, message: String) -> Self {
-        let status = match code {
-            "invalid_argument" | "failed_precondition" | "out_of_range" => StatusCode::BAD_REQUEST,
-            "not_found" | "unimplemented" => StatusCode::NOT_FOUND,
-            "permission_denied" => StatusCode::FORBIDDEN,
-            "resource_exhausted" => StatusCode::TOO_MANY_REQUESTS,
-            "unauthenticated" => StatusCode::UNAUTHORIZED,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError {
-            status,
-            code,
-            message,
-        }
-    }
-
-    fn with_status(status: StatusCode, code: &'static str, message: String) -> Self {
-        ApiError {
-            status,
-            code,
-            message,
-        }
-    }
-
-    fn bad_request(message: String) -> Self {
-        ApiError::new("invalid_argument", message)
-    }
-
-    fn unsupported_media_type(message: String) -> Self {
-        ApiError::with_status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "invalid_argument",
-            message,
-        )
-    }
-
-    fn too_large(message: String) -> Self {
-        ApiError::with_status(StatusCode::PAYLOAD_TOO_LARGE, "resource_exhausted", message)
-    }
-
-    fn into_response(self) -> Response<BoxBody> {
-        let error = ConnectError {
-            code: self.code.to_owned(),
-            message: self.message,
-        };
-        let mut resp = json_reply(serde_json::to_vec(&error).unwrap_or_default());
-        *resp.status_mut() = self.status;
-        resp
+        _ => Err(not_routed(&path)),
     }
 }
 
-impl From<ProcessError> for ApiError {
-    fn from(e: ProcessError) -> Self {
-        ApiError::new(e.code(), e.to_string())
-    }
+fn not_routed(path: &str) -> ApiError {
+    ApiError::with_status(
+        StatusCode::NOT_FOUND,
+        "unimplemented",
+        format!("no route {path}"),
+    )
 }
 
-impl From<FileError> for ApiError {
-    fn from(e: FileError) -> Self {
-        ApiError::new(e.code(), e.to_string())
-    }
-}
-
-type Reply = Result<Response<BoxBody>, ApiError>;
-
-fn status_only(status: StatusCode) -> Response<BoxBody> {
-    let mut resp = Response::new(body::empty());
-    *resp.status_mut() = status;
-    resp
-}
-
-fn with_content_type(mut resp: Response<BoxBody>, content_type: &'static str) -> Response<BoxBody> {
+fn no_store(mut resp: Response<BoxBody>) -> Response<BoxBody> {
     resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 
-fn json_reply(json: Vec<u8>) -> Response<BoxBody> {
-    with_content_type(Response::new(body::full(json)), "application/json")
+fn envs(state: &State) -> Reply {
+    let env = state.shared.defaults().env();
+    json_reply(&env).map(no_store)
 }
 
-fn content_type_is(req: &Request<Incoming>, want: &str) -> bool {
-    req.headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case(want))
-}
+/// How far the guest clock may lag or lead `/init`'s timestamp before it is set (envd's).
+const CLOCK_MAX_BEHIND: Duration = Duration::from_millis(50);
+const CLOCK_MAX_AHEAD: Duration = Duration::from_secs(5);
 
-/// Reads a whole request body of at most `limit` bytes.
-async fn bounded_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(format!(
-            "request body exceeds {limit} bytes"
-        ))),
-        Err(e) => Err(ApiError::bad_request(format!(
-            "reading the request body: {e}"
-        ))),
-    }
-}
-
-fn parse_json<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_request(format!("malformed {what}: {e}")))
-}
-
-/// Reads and parses a unary Connect request (`application/json`).
-async fn unary<T: DeserializeOwned>(
-    state: &State,
-    req: Request<Incoming>,
-    what: &str,
-) -> Result<T, ApiError> {
-    if req.headers().contains_key(CONTENT_TYPE) && !content_type_is(&req, "application/json") {
-        return Err(ApiError::unsupported_media_type(format!(
-            "{what} must be application/json"
-        )));
-    }
-    let bytes = bounded_body(req, state.config.max_json_body).await?;
-    parse_json(&bytes, what)
-}
-
-fn empty_reply() -> Response<BoxBody> {
-    json_reply(b"{}".to_vec())
-}
-
-async fn start(state: &State, req: Request<Incoming>) -> Reply {
-    if !content_type_is(&req, wire::CONNECT_JSON) {
-        return Err(ApiError::unsupported_media_type(format!(
-            "Start takes {}",
-            wire::CONNECT_JSON
-        )));
-    }
-    let keepalive = keepalive_of(&req).unwrap_or(state.config.keepalive);
-    let max = state.config.max_json_body;
-    let bytes = bounded_body(req, max + envelope::HEADER_LEN).await?;
-    let mut decoder = envelope::Decoder::new(max);
-    decoder.push(&bytes);
-    let message = match decoder.next() {
-        Ok(Some(env)) => env.message,
-        Ok(None) => {
-            return Err(ApiError::bad_request(
-                "the Start request envelope is truncated".to_owned(),
-            ));
-        }
-        Err(e @ envelope::DecodeError::TooLarge { .. }) => {
-            return Err(ApiError::too_large(e.to_string()));
-        }
-        Err(e) => return Err(ApiError::bad_request(e.to_string())),
+/// `POST /init`: env vars, access token, default user and workdir, clock. Without envd's
+/// metadata service the token rule is: the first `/init` sets it; later ones must repeat it.
+async fn init(state: &State, req: Request<Incoming>) -> Reply {
+    let bytes = connect::bounded_body(req, state.config.max_json_body).await?;
+    let body: InitRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
+        InitRequest::default()
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::rest(
+                StatusCode::BAD_REQUEST,
+                format!("Failed to decode request: {e}"),
+            )
+        })?
     };
-    let start_req: wire::StartRequest = parse_json(&message, "StartRequest")?;
-
-    let stream_body = match state.procs.start(&start_req) {
-        Ok(running) => {
-            let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-            tokio::spawn(stream::report(running, state.procs.clone(), tx, keepalive));
-            ChannelBody::new(rx).boxed_unsync()
-        }
-        // Connect streams report errors in the end-of-stream message, with HTTP 200.
-        Err(e) => body::full(stream::end_of_stream(Some(ConnectError {
-            code: e.code().to_owned(),
-            message: e.to_string(),
-        }))),
+    let timestamp = match body.timestamp.as_deref() {
+        Some(t) => Some(crate::rfc3339::parse_nanos(t).ok_or_else(|| {
+            ApiError::rest(StatusCode::BAD_REQUEST, format!("invalid timestamp {t:?}"))
+        })?),
+        None => None,
     };
-    Ok(with_content_type(
-        Response::new(stream_body),
-        wire::CONNECT_JSON,
-    ))
-}
-
-/// The SDK's `Keepalive-Ping-Interval` header, in seconds (bounded to something sane).
-fn keepalive_of(req: &Request<Incoming>) -> Option<Duration> {
-    let value = req
-        .headers()
-        .get("keepalive-ping-interval")?
-        .to_str()
-        .ok()?;
-    let secs: u64 = value.trim().parse().ok()?;
-    Some(Duration::from_secs(secs.clamp(1, 3600)))
-}
-
-async fn send_input(state: &State, req: Request<Incoming>) -> Reply {
-    let input: wire::SendInputRequest = unary(state, req, "SendInputRequest").await?;
-    let data = BASE64
-        .decode(input.input.stdin.as_bytes())
-        .map_err(|_| ApiError::bad_request("input.stdin is not base64".to_owned()))?;
-    state.procs.send_input(input.process.pid, &data).await?;
-    Ok(empty_reply())
-}
-
-async fn close_stdin(state: &State, req: Request<Incoming>) -> Reply {
-    let close: wire::CloseStdinRequest = unary(state, req, "CloseStdinRequest").await?;
-    state.procs.close_stdin(close.process.pid).await?;
-    Ok(empty_reply())
-}
-
-async fn send_signal(state: &State, req: Request<Incoming>) -> Reply {
-    let sig: wire::SendSignalRequest = unary(state, req, "SendSignalRequest").await?;
-    let signo = parse_signal(&sig.signal)
-        .ok_or_else(|| ApiError::bad_request(format!("unknown signal {:?}", sig.signal)))?;
-    state.procs.signal(sig.process.pid, signo)?;
-    Ok(empty_reply())
-}
-
-/// envd's enum names, or a plain signal number.
-fn parse_signal(name: &str) -> Option<i32> {
-    wire::signal_from_enum(name).or_else(|| name.parse().ok().filter(|n| (1..=64).contains(n)))
-}
-
-async fn read_file(state: &State, req: Request<Incoming>) -> Reply {
-    let path = files::path_from_query(req.uri().query(), &state.config.files_base)?;
-    let file = files::open_for_read(&path).await?;
-    let body = ReaderBody::new(file, FILE_CHUNK).boxed_unsync();
-    Ok(with_content_type(
-        Response::new(body),
-        "application/octet-stream",
-    ))
-}
-
-async fn write_file(state: &State, req: Request<Incoming>) -> Reply {
-    let path = files::path_from_query(req.uri().query(), &state.config.files_base)?;
-    if req.headers().contains_key(CONTENT_TYPE)
-        && !content_type_is(&req, "application/octet-stream")
     {
-        return Err(ApiError::unsupported_media_type(
-            "POST /files takes application/octet-stream (multipart is not supported yet)"
-                .to_owned(),
-        ));
+        let mut d = state.shared.defaults_mut();
+        if let Some(current) = &d.access_token {
+            let same = body
+                .access_token
+                .as_deref()
+                .is_some_and(|t| token_matches(current, t));
+            if !same {
+                let message = if body.access_token.is_some() {
+                    "access token validation failed"
+                } else {
+                    "access token reset not authorized"
+                };
+                return Err(ApiError::rest(StatusCode::UNAUTHORIZED, message));
+            }
+        }
+        // A replayed or reordered /init (older timestamp) changes nothing.
+        let newer = match (timestamp, d.last_init) {
+            (Some(t), Some(last)) => t > last,
+            _ => true,
+        };
+        if newer {
+            if let Some(t) = timestamp {
+                d.last_init = Some(t);
+                sync_clock(t);
+            }
+            if let Some(env) = body.env_vars {
+                d.user_env = env;
+            }
+            d.access_token = body.access_token.filter(|t| !t.is_empty());
+            if let Some(user) = body.default_user.filter(|u| !u.is_empty()) {
+                d.user = user;
+            }
+            if let Some(w) = body.default_workdir.filter(|w| !w.is_empty()) {
+                d.workdir = Some(w);
+            }
+        }
     }
-    if req.headers().contains_key(hyper::header::CONTENT_ENCODING) {
-        return Err(ApiError::unsupported_media_type(
-            "POST /files does not take a Content-Encoding".to_owned(),
-        ));
+    let mut resp = no_store(status_only(StatusCode::NO_CONTENT));
+    resp.headers_mut().insert(
+        wire::ENVD_VERSION_HEADER,
+        HeaderValue::from_static(ENVD_VERSION),
+    );
+    Ok(resp)
+}
+
+/// Sets CLOCK_REALTIME to `host_nanos` when the guest is off by more than envd's margins.
+/// Needs CAP_SYS_TIME (PID 1 of a VM has it); failure is logged, not fatal.
+fn sync_clock(host_nanos: i128) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    let behind = now < host_nanos - CLOCK_MAX_BEHIND.as_nanos() as i128;
+    let ahead = now > host_nanos + CLOCK_MAX_AHEAD.as_nanos() as i128;
+    if !(behind || ahead) {
+        return;
     }
-    let entry = files::write(&path, req.into_body()).await?;
-    Ok(json_reply(serde_json::to_vec(&[entry]).unwrap_or_default()))
+    let ts = libc::timespec {
+        tv_sec: host_nanos.div_euclid(1_000_000_000) as libc::time_t,
+        tv_nsec: host_nanos.rem_euclid(1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: clock_settime reads the timespec we pass, valid for the call.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } < 0 {
+        crate::log!(
+            "setting the clock from /init: {}",
+            io::Error::last_os_error()
+        );
+    }
 }

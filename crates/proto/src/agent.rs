@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub mod envelope;
+pub mod filesystem;
+pub mod process;
 
 pub const START_PATH: &str = "/process.Process/Start";
 pub const SEND_INPUT_PATH: &str = "/process.Process/SendInput";
@@ -24,6 +26,13 @@ pub const CLOSE_STDIN_PATH: &str = "/process.Process/CloseStdin";
 pub const SEND_SIGNAL_PATH: &str = "/process.Process/SendSignal";
 pub const FILES_PATH: &str = "/files";
 pub const HEALTH_PATH: &str = "/health";
+/// envd's `POST /init` ([`InitRequest`]) and `GET /envs` (a JSON map of the default env vars).
+pub const INIT_PATH: &str = "/init";
+pub const ENVS_PATH: &str = "/envs";
+/// The header carrying the access token set by `/init` (envd's name).
+pub const ACCESS_TOKEN_HEADER: &str = "X-Access-Token";
+/// The header `/init` answers with the envd version the agent implements.
+pub const ENVD_VERSION_HEADER: &str = "X-Envd-Version";
 pub const CONNECT_JSON: &str = "application/connect+json";
 /// Ours, not envd's: answer 204, then sync and power the VM off (the agent must be PID 1;
 /// otherwise the agent just exits).
@@ -46,7 +55,8 @@ pub struct ProcessConfig {
 pub struct StartRequest {
     pub process: ProcessConfig,
     /// When true the process's stdin stays open for `SendInput` until `CloseStdin`;
-    /// otherwise it reads from /dev/null (envd's semantics).
+    /// otherwise it reads from /dev/null (envd opens a pipe when the field is absent; every
+    /// SDK that knows the field sends it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -156,6 +166,36 @@ pub struct EntryInfo {
     #[serde(rename = "type")]
     pub kind: String,
     pub path: String,
+    /// The file's user metadata (envd >= 0.6.2), when it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// `POST /init`: what the control plane hands a fresh (or resumed) sandbox. Fields envd has
+/// that the agent ignores (volume mounts, CA bundle, hyperloop) are accepted and dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitRequest {
+    /// Replaces the env vars set by a previous `/init` (envd >= 0.6 semantics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
+    /// RFC 3339; the guest clock is set from it when it is off by more than envd's margins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_workdir: Option<String>,
+}
+
+/// envd's REST error body (`/files`, `/init`, auth failures): `{"code": 404, "message"}`,
+/// the code being the HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestError {
+    pub code: u16,
+    pub message: String,
 }
 
 /// A Connect error body: `{"code": "not_found", "message": "..."}`.
@@ -204,7 +244,10 @@ pub fn parse_signal_status(status: &str) -> Option<i32> {
     if let Some(n) = name.strip_prefix("signal ") {
         return n.parse().ok();
     }
-    SIGNAL_NAMES.iter().find(|(_, s)| *s == name).map(|(n, _)| *n)
+    SIGNAL_NAMES
+        .iter()
+        .find(|(_, s)| *s == name)
+        .map(|(n, _)| *n)
 }
 
 /// envd's signal enum name to a signal number.
@@ -233,10 +276,16 @@ mod tests {
 
     #[test]
     fn events_use_envd_json_shape() {
-        let ev = ProcessEvent { event: Event::Start(StartEvent { pid: 7 }) };
-        assert_eq!(serde_json::to_string(&ev).unwrap(), r#"{"event":{"start":{"pid":7}}}"#);
+        let ev = ProcessEvent {
+            event: Event::Start(StartEvent { pid: 7 }),
+        };
+        assert_eq!(
+            serde_json::to_string(&ev).unwrap(),
+            r#"{"event":{"start":{"pid":7}}}"#
+        );
         let end: ProcessEvent =
-            serde_json::from_str(r#"{"event":{"end":{"exitCode":-1,"status":"signal: killed"}}}"#).unwrap();
+            serde_json::from_str(r#"{"event":{"end":{"exitCode":-1,"status":"signal: killed"}}}"#)
+                .unwrap();
         match end.event {
             Event::End(e) => assert_eq!(e.shell_status(), 137),
             other => panic!("unexpected {other:?}"),

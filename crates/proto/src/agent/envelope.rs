@@ -16,7 +16,10 @@ impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DecodeError::TooLarge { len, max } => {
-                write!(f, "connect envelope of {len} bytes exceeds the {max}-byte limit")
+                write!(
+                    f,
+                    "connect envelope of {len} bytes exceeds the {max}-byte limit"
+                )
             }
             DecodeError::Compressed => write!(f, "compressed connect envelopes are not supported"),
         }
@@ -57,7 +60,10 @@ pub struct Decoder {
 
 impl Decoder {
     pub fn new(max_len: usize) -> Self {
-        Decoder { buf: Vec::new(), max_len }
+        Decoder {
+            buf: Vec::new(),
+            max_len,
+        }
     }
 
     pub fn push(&mut self, bytes: &[u8]) {
@@ -72,7 +78,10 @@ impl Decoder {
         let flags = self.buf[0];
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
         if len > self.max_len {
-            return Err(DecodeError::TooLarge { len, max: self.max_len });
+            return Err(DecodeError::TooLarge {
+                len,
+                max: self.max_len,
+            });
         }
         if flags & FLAG_COMPRESSED != 0 {
             return Err(DecodeError::Compressed);
