@@ -188,7 +188,12 @@ impl Vmm {
         if self.paused {
             return Ok(());
         }
-        self.broadcast(VcpuCommand::Pause, |e| matches!(e, VcpuEvent::Paused(_)))?;
+        if let Err(e) = self.broadcast(VcpuCommand::Pause, |e| matches!(e, VcpuEvent::Paused(_))) {
+            // Some vCPUs may have paused: let them run again rather than leave the VM half
+            // stopped while reporting it running.
+            let _ = self.broadcast(VcpuCommand::Resume, |e| matches!(e, VcpuEvent::Resumed(_)));
+            return Err(e);
+        }
         for d in &mut self.devices {
             if let Some(id) = d.id.take()
                 && let Err(e) = self.em.remove_subscriber(id)
