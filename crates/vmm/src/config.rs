@@ -190,8 +190,9 @@ pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
         if vsock.guest_cid < 3 || vsock.guest_cid == u32::MAX {
             return Err(ConfigError::GuestCid(vsock.guest_cid));
         }
-        // Guest-initiated connections go to `<uds_path>_<port>`: leave room for the suffix.
-        let longest = PathBuf::from(format!("{}_{}", vsock.uds_path.display(), u32::MAX));
+        // Guest-initiated connections go to `<uds_path>_<port>`: leave room for the suffix
+        // of any 16-bit port (the agent's is 49983).
+        let longest = PathBuf::from(format!("{}_{}", vsock.uds_path.display(), u16::MAX));
         socket_path("vsock uds_path", &longest)?;
     }
     if let Some(log) = &cfg.serial_log {
