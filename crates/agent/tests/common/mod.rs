@@ -3,6 +3,8 @@
 //! never send.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod envd;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
@@ -25,11 +27,16 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent binary and waits (at most ~20 s) until it answers /health.
     pub async fn spawn() -> Agent {
-        let dir = tempfile::tempdir().expect("creating a temp dir");
+        Agent::spawn_with(tempfile::tempdir().expect("creating a temp dir"), &[]).await
+    }
+
+    /// Starts the agent binary with extra arguments, its socket in `dir`.
+    pub async fn spawn_with(dir: tempfile::TempDir, args: &[String]) -> Agent {
         let sock = dir.path().join("agent.sock");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sandcell-agent"))
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
+            .args(args)
             .spawn()
             .expect("spawning sandcell-agent");
         let client = AgentClient::unix(&sock);

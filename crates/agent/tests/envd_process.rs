@@ -1,0 +1,405 @@
+//! envd's `process.Process` service against the real agent binary, spoken on the wire the way
+//! the E2B SDKs speak it: PTY with resize, Connect from a second client, List, StreamInput,
+//! users, timeouts.
+
+mod common;
+
+use common::envd::{
+    Collected, Envd, Item, USER_UID, b64, basic_auth, call, collect, read_until, require_root,
+    sh_request, start_pid, stream,
+};
+use serde_json::{Value, json};
+
+const START: &str = "/process.Process/Start";
+
+#[tokio::test]
+async fn a_pty_process_has_a_terminal_that_resizes() {
+    let envd = Envd::spawn(&[]).await;
+    let req = sh_request(
+        "tty; stty size; read line; echo \"line=$line\"; stty size",
+        json!({"pty": {"size": {"cols": 100, "rows": 30}}}),
+    );
+    let mut s = stream(envd.sock(), START, &[], req).await;
+    let pid = start_pid(&mut s).await;
+    let mut acc = Collected::default();
+    read_until(&mut s, &mut acc, "30 100").await;
+    let text = String::from_utf8_lossy(&acc.pty).into_owned();
+    assert!(text.starts_with("/dev/pts/"), "tty said {text:?}");
+    assert!(acc.stdout.is_empty() && acc.stderr.is_empty(), "{acc:?}");
+
+    let (status, body) = call(
+        envd.sock(),
+        "/process.Process/Update",
+        &[],
+        json!({"process": {"pid": pid}, "pty": {"size": {"cols": 120, "rows": 40}}}),
+    )
+    .await;
+    assert_eq!((status, &body), (200, &json!({})));
+    // Input goes to the terminal, which echoes it (cooked mode) and hands the line to `read`.
+    let (status, _) = call(
+        envd.sock(),
+        "/process.Process/SendInput",
+        &[],
+        json!({"process": {"pid": pid}, "input": {"pty": b64(b"hello\n")}}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The terminal turns \n into \r\n.
+    read_until(&mut s, &mut acc, "line=hello\r\n40 120").await;
+    let done = collect(&mut s, acc).await;
+    assert_eq!(done.end["exitCode"], json!(0), "{done:?}");
+
+    // stdin input and CloseStdin are refused for a PTY process, pty input for a pipe one.
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[],
+        sh_request("sleep 5", json!({"pty": {}})),
+    )
+    .await;
+    let pid = start_pid(&mut s).await;
+    let (status, body) = call(
+        envd.sock(),
+        "/process.Process/SendInput",
+        &[],
+        json!({"process": {"pid": pid}, "input": {"stdin": b64(b"x")}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("failed_precondition"))
+    );
+    let (status, _) = call(
+        envd.sock(),
+        "/process.Process/CloseStdin",
+        &[],
+        json!({"process": {"pid": pid}}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = call(
+        envd.sock(),
+        "/process.Process/SendSignal",
+        &[],
+        json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let done = collect(&mut s, Collected::default()).await;
+    assert_eq!(done.end["status"], json!("signal: killed"));
+}
+
+#[tokio::test]
+async fn a_second_client_connects_by_tag_and_both_see_later_output() {
+    let envd = Envd::spawn(&[]).await;
+    let req = sh_request(
+        "read a; echo got $a; read b; echo got $b",
+        json!({"stdin": true, "tag": "worker"}),
+    );
+    let mut first = stream(envd.sock(), START, &[], req).await;
+    let pid = start_pid(&mut first).await;
+
+    let (status, list) = call(envd.sock(), "/process.Process/List", &[], json!({})).await;
+    assert_eq!(status, 200);
+    let procs = list["processes"].as_array().expect("processes");
+    let me = procs
+        .iter()
+        .find(|p| p["pid"] == json!(pid))
+        .unwrap_or_else(|| panic!("pid {pid} not listed: {list}"));
+    assert_eq!(me["tag"], json!("worker"));
+    assert_eq!(me["config"]["cmd"], json!("/bin/sh"));
+    assert_eq!(
+        me["config"]["args"][1],
+        json!("read a; echo got $a; read b; echo got $b")
+    );
+
+    let mut second = stream(
+        envd.sock(),
+        "/process.Process/Connect",
+        &[],
+        json!({"process": {"tag": "worker"}}),
+    )
+    .await;
+    assert_eq!(start_pid(&mut second).await, pid);
+
+    let send = |line: &'static [u8]| {
+        call(
+            envd.sock(),
+            "/process.Process/SendInput",
+            &[],
+            json!({"process": {"pid": pid}, "input": {"stdin": b64(line)}}),
+        )
+    };
+    assert_eq!(send(b"one\n").await.0, 200);
+    let (mut a, mut b) = (Collected::default(), Collected::default());
+    read_until(&mut first, &mut a, "got one\n").await;
+    read_until(&mut second, &mut b, "got one\n").await;
+
+    // The first client leaves; the process and the second client carry on.
+    drop(first);
+    assert_eq!(send(b"two\n").await.0, 200);
+    let b = collect(&mut second, b).await;
+    assert_eq!(b.stdout, b"got one\ngot two\n");
+    assert_eq!(b.end["exitCode"], json!(0));
+    assert_eq!(b.end["exited"], json!(true));
+
+    // After the exit, Connect still reports the end (envd retains it), and List forgets it.
+    let mut late = stream(
+        envd.sock(),
+        "/process.Process/Connect",
+        &[],
+        json!({"process": {"pid": pid}}),
+    )
+    .await;
+    assert_eq!(start_pid(&mut late).await, pid);
+    let late = collect(&mut late, Collected::default()).await;
+    assert_eq!(late.end["exitCode"], json!(0));
+    let (_, list) = call(envd.sock(), "/process.Process/List", &[], json!({})).await;
+    assert!(
+        !list["processes"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["pid"] == json!(pid))),
+        "{list}"
+    );
+
+    // Unknown selectors are not_found, in the end-of-stream of a Connect.
+    let mut gone = stream(
+        envd.sock(),
+        "/process.Process/Connect",
+        &[],
+        json!({"process": {"tag": "nobody"}}),
+    )
+    .await;
+    match gone.next().await {
+        Item::End(Some(e)) => assert_eq!(e["code"], json!("not_found")),
+        other => panic!("expected a not_found end, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn stream_input_feeds_stdin_in_order() {
+    let envd = Envd::spawn(&[]).await;
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[],
+        sh_request("cat", json!({"stdin": true})),
+    )
+    .await;
+    let pid = start_pid(&mut s).await;
+
+    let mut wire = Vec::new();
+    for msg in [
+        json!({"start": {"process": {"pid": pid}}}),
+        json!({"data": {"input": {"stdin": b64(b"hello ")}}}),
+        json!({"keepalive": {}}),
+        json!({"data": {"input": {"stdin": b64(b"world")}}}),
+    ] {
+        wire.extend(sandcell_proto::agent::envelope::encode(
+            0,
+            msg.to_string().as_bytes(),
+        ));
+    }
+    let headers = vec![(
+        "content-type".to_owned(),
+        "application/connect+json".to_owned(),
+    )];
+    let resp = common::envd::send(
+        envd.sock(),
+        "POST",
+        "/process.Process/StreamInput",
+        &headers,
+        wire,
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let body = common::envd::read_all(resp).await;
+    let mut decoder = sandcell_proto::agent::envelope::Decoder::new(1024);
+    decoder.push(&body);
+    let reply = decoder.next().expect("envelope").expect("a reply message");
+    assert!(!reply.is_end());
+    assert_eq!(reply.message, b"{}");
+    let end = decoder
+        .next()
+        .expect("envelope")
+        .expect("the end of stream");
+    assert!(end.is_end() && end.message == b"{}", "{end:?}");
+
+    let (status, _) = call(
+        envd.sock(),
+        "/process.Process/CloseStdin",
+        &[],
+        json!({"process": {"pid": pid}}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let done = collect(&mut s, Collected::default()).await;
+    assert_eq!(done.stdout, b"hello world");
+
+    // Data for a process that does not exist: the error rides the end of the stream.
+    let wire = sandcell_proto::agent::envelope::encode(
+        0,
+        json!({"start": {"process": {"pid": 999_999_999u32}}})
+            .to_string()
+            .as_bytes(),
+    );
+    let resp = common::envd::send(
+        envd.sock(),
+        "POST",
+        "/process.Process/StreamInput",
+        &headers,
+        wire,
+    )
+    .await;
+    let body = common::envd::read_all(resp).await;
+    let mut decoder = sandcell_proto::agent::envelope::Decoder::new(1024);
+    decoder.push(&body);
+    let end = decoder
+        .next()
+        .expect("envelope")
+        .expect("the end of stream");
+    let err: Value = serde_json::from_slice(&end.message).expect("json");
+    assert_eq!(err["error"]["code"], json!("not_found"), "{err}");
+}
+
+#[tokio::test]
+async fn processes_run_as_the_requested_user() {
+    require_root();
+    let envd = Envd::spawn(&[]).await;
+    let script = "id -u; id -g; echo \"$HOME $USER $LOGNAME $PWD\"; pwd; echo \"E2B=$E2B_SANDBOX\"";
+    // As `user` (Basic auth, as the SDKs send it): their ids, identity and home.
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[basic_auth("user")],
+        sh_request(script, json!({})),
+    )
+    .await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    let home = envd.home.display().to_string();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{USER_UID}\n{USER_UID}\n{home} user user {home}\n{home}\nE2B=true\n"),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Without a user: envd's default, root (whose home is /root).
+    let mut s = stream(envd.sock(), START, &[], sh_request("id -u; pwd", json!({}))).await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    assert_eq!(out.stdout, b"0\n/root\n");
+
+    // A relative cwd is under the user's home; files they create are theirs.
+    std::fs::create_dir(envd.home.join("sub")).expect("mkdir");
+    std::os::unix::fs::chown(envd.home.join("sub"), Some(USER_UID), Some(USER_UID)).expect("chown");
+    let req =
+        json!({"process": {"cmd": "/bin/sh", "args": ["-c", "touch made; pwd"], "cwd": "sub"}});
+    let mut s = stream(envd.sock(), START, &[basic_auth("user")], req).await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{home}/sub\n")
+    );
+    let meta = std::fs::metadata(envd.home.join("sub/made")).expect("made");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), USER_UID);
+
+    // An unknown user is refused before anything runs.
+    let resp = common::envd::send(
+        envd.sock(),
+        "POST",
+        START,
+        &[
+            basic_auth("mallory"),
+            ("content-type".into(), "application/connect+json".into()),
+        ],
+        sandcell_proto::agent::envelope::encode(
+            0,
+            sh_request("true", json!({})).to_string().as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 401);
+    let err: Value = serde_json::from_slice(&common::envd::read_all(resp).await).expect("json");
+    assert_eq!(err["code"], json!("unauthenticated"));
+
+    // /init makes `user` the default (what E2B templates do).
+    let resp = common::envd::send(
+        envd.sock(),
+        "POST",
+        "/init",
+        &[("content-type".into(), "application/json".into())],
+        json!({"defaultUser": "user"}).to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 204);
+    // (`id -un` would ask the host's NSS, which knows uid 1000 by another name.)
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[],
+        sh_request("id -u; echo $USER", json!({})),
+    )
+    .await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{USER_UID}\nuser\n")
+    );
+}
+
+#[tokio::test]
+async fn connect_timeout_ms_kills_the_process() {
+    let envd = Envd::spawn(&[]).await;
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[("connect-timeout-ms".into(), "300".into())],
+        sh_request("sleep 30", json!({})),
+    )
+    .await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    assert_eq!(out.end["status"], json!("signal: killed"), "{out:?}");
+    assert_eq!(out.end["exitCode"], json!(-1));
+}
+
+#[tokio::test]
+async fn selectors_and_signals_are_checked() {
+    let envd = Envd::spawn(&[]).await;
+    for (path, msg) in [
+        (
+            "/process.Process/SendSignal",
+            json!({"process": {"tag": "none"}, "signal": 15}),
+        ),
+        (
+            "/process.Process/Update",
+            json!({"process": {"pid": 999_999_999u32}}),
+        ),
+        (
+            "/process.Process/CloseStdin",
+            json!({"process": {"tag": "none"}}),
+        ),
+    ] {
+        let (status, body) = call(envd.sock(), path, &[], msg).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (404, Some("not_found")),
+            "{path}"
+        );
+    }
+    let (status, body) = call(
+        envd.sock(),
+        "/process.Process/SendSignal",
+        &[],
+        json!({"process": {}, "signal": "SIGNAL_SIGTERM"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (501, Some("unimplemented"))
+    );
+}
