@@ -4,6 +4,8 @@
 //! sandcell run [--runtime auto|microvm|gvisor] [--vcpus N] [--memory MiB] [--kernel PATH]
 //!              [--image minimal|PATH] [--timeout SECS] [-e KEY=VALUE]... [--verbose] -- CMD [ARGS...]
 //! sandcell doctor [--json]
+//! sandcell serve [--listen ADDR:PORT] [--runtime auto|microvm|gvisor] [--domain DOMAIN]
+//! sandcell keys create [--name N] [--max-sandboxes N] [--json] | ls [--json] | revoke ID|NAME
 //! ```
 //! Global: `--data-dir D` (or `$SANDCELL_DATA_DIR`, default /var/lib/sandcell); the per-sandbox
 //! run dir is `$SANDCELL_RUN_DIR` (default /run/sandcell).
@@ -37,6 +39,13 @@ enum Command {
     /// Check what this host offers: KVM and its kind, runsc, cgroups, and which runtime
     /// `auto` picks and why.
     Doctor(DoctorArgs),
+    /// Run the daemon: E2B-compatible API and envd proxy (crates/server)
+    Serve(sandcell_server::ServeArgs),
+    /// Manage the daemon's API keys (works on <data-dir>/sandcell.db directly)
+    Keys {
+        #[command(subcommand)]
+        command: sandcell_server::KeysCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -106,6 +115,8 @@ fn main() {
         match cli.command {
             Command::Run(args) => run::run(dirs, args).await,
             Command::Doctor(args) => doctor::doctor(dirs, args).await,
+            Command::Serve(args) => sandcell_server::serve(dirs, args).await,
+            Command::Keys { command } => sandcell_server::keys(dirs, command).await,
         }
     });
     // Threads blocked on our stdin must not hold the exit up.

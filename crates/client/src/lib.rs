@@ -1,0 +1,1 @@
+//! A client of the Sandcell daemon (see `sandcell-server`).

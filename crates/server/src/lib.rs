@@ -1,0 +1,237 @@
+//! `sandcell serve`: the Sandcell daemon.
+//!
+//! One HTTP/1.1 port (default 127.0.0.1:3000) serves
+//! - the control API with E2B's routes and JSON (`api.rs`, described at `GET /openapi.json`),
+//!   authenticated by API keys (`keys.rs`), state in SQLite (`db.rs`);
+//! - the envd proxy (`proxy.rs`): requests with `E2b-Sandbox-Id`/`E2b-Sandbox-Port`, or a
+//!   Host `<port>-<sandboxID>.<domain>`, go to the sandbox's agent.
+//!
+//! So the stock E2B SDKs work with `E2B_API_URL=http://HOST:3000`,
+//! `E2B_SANDBOX_URL=http://HOST:3000` and `E2B_API_KEY=<key>` (the first start writes an
+//! admin key to `<data-dir>/admin.key`).
+
+pub mod api;
+pub mod db;
+pub mod error;
+pub mod extract;
+pub mod keys;
+pub mod keys_cli;
+pub mod lifecycle;
+pub mod models;
+pub mod proxy;
+pub mod util;
+
+pub use keys_cli::{KeysCommand, keys};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::header;
+use axum::routing::get;
+use db::Db;
+use error::Error;
+use lifecycle::Lifecycle;
+use sandcell_runtime::gvisor::GvisorRuntime;
+use sandcell_runtime::microvm::MicrovmRuntime;
+use sandcell_runtime::select::{self, RuntimeChoice};
+use sandcell_runtime::{Dirs, Image, Runtime, RuntimeKind};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// How long in-flight requests get to finish once the daemon is told to stop (after its
+/// sandboxes were killed, which ends their streams).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Options of `sandcell serve` (the data dir comes from the global `--data-dir`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address of the API and envd proxy
+    #[arg(long, default_value = "127.0.0.1:3000", value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// auto: a microVM if this host passes the (cached) self-test, else gVisor
+    #[arg(long, default_value = "auto", value_parser = parse_choice, value_name = "auto|microvm|gvisor")]
+    pub runtime: RuntimeChoice,
+    /// Public domain: sandbox hosts are `<port>-<sandboxID>.<domain>` (Host routing) and
+    /// the SDKs get it as the sandbox `domain`
+    #[arg(long, value_name = "DOMAIN")]
+    pub domain: Option<String>,
+}
+
+fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
+    s.parse()
+}
+
+/// What the handlers share.
+pub struct App {
+    pub db: Db,
+    pub lifecycle: Arc<Lifecycle>,
+    pub config: Config,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    pub domain: Option<String>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Sandcell API",
+        description = "E2B-compatible control API of the Sandcell daemon. Sandbox (envd) \
+            traffic goes to the same port with the E2b-Sandbox-Id and E2b-Sandbox-Port headers, \
+            or to the host <port>-<sandboxID>.<domain>."
+    ),
+    modifiers(&SecurityAddon),
+    components(schemas(error::ErrorBody))
+)]
+struct ApiDoc;
+
+struct SecurityAddon;
+
+impl utoipa::Modify for SecurityAddon {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "ApiKeyAuth",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
+
+/// The API routes and their OpenAPI description.
+pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(api::health))
+        .routes(routes!(api::create_v1, api::list_v1))
+        .routes(routes!(api::create_v2, api::list_v2))
+        .routes(routes!(api::get_sandbox, api::kill_sandbox))
+        .routes(routes!(api::set_timeout))
+        .routes(routes!(api::refresh))
+        .routes(routes!(api::connect_v2))
+        .routes(routes!(api::connect_v1))
+        .routes(routes!(api::list_templates))
+        .split_for_parts()
+}
+
+/// The whole service: API routes, `/openapi.json`, and the envd proxy in front of all.
+pub fn router(app: Arc<App>) -> Router {
+    let (routes, openapi) = routes();
+    let spec = openapi.to_json().unwrap_or_else(|_| "{}".into());
+    routes
+        .route(
+            "/openapi.json",
+            get(move || {
+                let spec = spec.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], spec) }
+            }),
+        )
+        .fallback(api::no_route)
+        .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY))
+        // Last = outermost: sees every request (routes and fallback) first.
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            proxy::route,
+        ))
+        .with_state(app)
+}
+
+async fn open_runtime(dirs: &Dirs, choice: RuntimeChoice) -> Result<Arc<dyn Runtime>, Error> {
+    // The self-test boots the image sandboxes use most.
+    let image = Image::resolve(&dirs.images(), "base")
+        .or_else(|_| Image::resolve(&dirs.images(), "minimal"))
+        .ok();
+    let selection = select::choose(choice, dirs, None, image.as_ref()).await;
+    eprintln!(
+        "sandcell serve: {} runtime: {}",
+        selection.runtime, selection.reason
+    );
+    Ok(match selection.runtime {
+        RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone()).await?),
+        RuntimeKind::Microvm => Arc::new(MicrovmRuntime::new(dirs.clone())?),
+    })
+}
+
+/// Runs the daemon until SIGINT or SIGTERM.
+pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
+    let db = keys::open_db(&dirs.data).await?;
+    if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
+        eprintln!(
+            "sandcell serve: created the admin API key in {}",
+            file.display()
+        );
+    }
+    let runtime = open_runtime(&dirs, args.runtime).await?;
+    let lifecycle = Arc::new(Lifecycle::new(db.clone(), runtime, dirs.clone()));
+    let lost = lifecycle.reconcile().await?;
+    if !lost.is_empty() {
+        eprintln!(
+            "sandcell serve: {} sandbox(es) did not survive the previous daemon and were marked error: {}",
+            lost.len(),
+            lost.join(", ")
+        );
+    }
+    let reaper = tokio::spawn(lifecycle.clone().reap_forever());
+    let app = Arc::new(App {
+        db: db.clone(),
+        lifecycle: lifecycle.clone(),
+        config: Config {
+            domain: args.domain.clone(),
+        },
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(Error::io(format!("listening on {}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(Error::io("reading the listening address"))?;
+    // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
+    println!("sandcell serve: listening on http://{addr}");
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        axum::serve(listener, router(app))
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.await;
+            })
+            .into_future(),
+    );
+    let signal = stop_signal().await;
+    eprintln!("sandcell serve: {signal}: killing the sandboxes and stopping");
+    reaper.abort();
+    lifecycle.shutdown().await;
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
+    db.close().await;
+    Ok(())
+}
+
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the daemon runs until killed.
+        std::future::pending::<()>().await;
+        return "unreachable";
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// `sandcell serve`: runs the daemon; the exit status.
+pub async fn serve(dirs: Dirs, args: ServeArgs) -> i32 {
+    match run(dirs, args).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sandcell serve: {e}");
+            1
+        }
+    }
+}
