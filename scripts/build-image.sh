@@ -2,15 +2,20 @@
 # Builds a Sandcell root image: a root tree and an ext4 image of it, without root and
 # without mounting anything.
 #
-#   scripts/build-image.sh minimal [--agent PATH]
+#   scripts/build-image.sh minimal|base [--agent PATH]
 #
 # minimal = Debian's static busybox with its applet symlinks, the files under
 # images/minimal/files/ (passwd, group, hosts, ...), the empty mount points the agent
 # expects, and the guest agent at /sbin/sandcell-agent (also /sbin/init).
 #
+# base = E2B's default template: Debian bookworm (debootstrap minbase) with the packages in
+# images/base/packages and the `user` account, made (as root) by images/base/debootstrap.sh
+# and cached apart by its own key; then the files under images/base/files/ and the agent are
+# added here. Ownership and setuid bits come from that root-made tree as they are.
+#
 # The result is cached under ${SANDCELL_CACHE:-~/.cache/sandcell}/images/<hash>/ where
-# <hash> covers this script, the busybox binary, the agent binary and every file under
-# images/<name>/; it holds rootfs.ext4 and the unpacked tree rootfs/ (the gvisor runtime uses
+# <hash> covers this script, the busybox binary (minimal) or the debootstrap stage's key
+# (base), the agent binary and every file under images/<name>/; it holds rootfs.ext4 and the unpacked tree rootfs/ (the gvisor runtime uses
 # the tree). Progress goes to stderr; the last line on stdout is the output directory.
 #
 # Ownership: `mkfs.ext4 -d` copies the uid/gid of the source files, which belong to whoever
@@ -23,9 +28,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${SANDCELL_CACHE:-$HOME/.cache/sandcell}
 busybox=${BUSYBOX:-/bin/busybox}
 agent=$root/target/x86_64-unknown-linux-gnu/release/sandcell-agent
+cached_only=
 user_uid=1000
 
-usage() { echo "usage: $0 minimal [--agent PATH]" >&2; exit 2; }
+usage() { echo "usage: $0 minimal|base [--agent PATH] [--cached]" >&2; exit 2; }
 log() { echo "build-image: $*" >&2; }
 die() { echo "build-image: $*" >&2; exit 1; }
 
@@ -35,21 +41,28 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --agent) [ $# -ge 2 ] || usage; agent=$2; shift 2 ;;
     --agent=*) agent=${1#--agent=}; shift ;;
+    # Only look: print the output dir if this image is built for these inputs, else exit 3.
+    --cached) cached_only=1; shift ;;
     *) usage ;;
   esac
 done
 
 recipe=$root/images/$name
-[ "$name" = minimal ] && [ -d "$recipe/files" ] || die "unknown image '$name' (known: minimal)"
+case "$name" in
+  minimal|base) [ -d "$recipe/files" ] || die "recipe $recipe/files is missing" ;;
+  *) die "unknown image '$name' (known: minimal, base)" ;;
+esac
 # A static ELF: ldd says so (it cannot load it); scripts are "not a dynamic executable" too,
 # hence the magic check.
 is_static_elf() {
   local out; out=$(LC_ALL=C ldd "$1" 2>&1 || true)
   [ "$(head -c 4 "$1" | tail -c 3)" = ELF ] && echo "$out" | grep -Eq 'not a dynamic executable|statically linked'
 }
+if [ "$name" = minimal ]; then
 [ -x "$busybox" ] || die "$busybox not found; install Debian's busybox-static"
 is_static_elf "$busybox" \
   || die "$busybox is not statically linked; install busybox-static (not busybox)"
+fi
 [ -f "$agent" ] || die "agent binary $agent not found; build it with:
   RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build --release --target x86_64-unknown-linux-gnu -p sandcell-agent
 or pass --agent PATH"
@@ -60,21 +73,48 @@ for tool in mkfs.ext4 debugfs sha256sum; do
 done
 
 # The key: this script, the two binaries, and the recipe files with their relative names.
+if [ "$name" = base ]; then
+# base: the debootstrap stage's key (suite, mirror, packages, its scripts) stands in for
+# busybox.
+stage_key=$("$recipe/debootstrap.sh" --key)
+key=$( {
+  sha256sum "$0" "$agent" | cut -d' ' -f1
+  echo "debootstrap-stage=$stage_key"
+  (cd "$recipe" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+} | sha256sum | cut -c1-16)
+else
 key=$( {
   sha256sum "$0" "$busybox" "$agent" | cut -d' ' -f1
   (cd "$recipe" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 } | sha256sum | cut -c1-16)
+fi
 out=$cache/images/$key
 if [ -f "$out/rootfs.ext4" ] && [ -d "$out/rootfs" ]; then
   log "$name: cached ($out)"
   echo "$out"
   exit 0
 fi
+[ -z "$cached_only" ] || { log "$name: not built for these inputs (would be $out)"; exit 3; }
 
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp"
 tree=$out.tmp/rootfs
 log "$name: assembling the root tree"
+mkfs_opts=()
+if [ "$name" = base ]; then
+  [ "$(id -u)" = 0 ] || die "base: needs root (root-owned, setuid files; debootstrap)"
+  stage=$("$recipe/debootstrap.sh" | tail -n 1)
+  # A copy, never links: nothing done to this tree may reach the cached stage.
+  cp -a "$stage/rootfs" "$tree"
+  cp -R "$recipe/files/." "$tree/"
+  chmod 0644 "$tree/etc/hostname" "$tree/etc/hosts" "$tree/etc/resolv.conf" "$tree/etc/pip.conf"
+  chmod 0440 "$tree/etc/sudoers.d/user"
+  install -m 0755 "$agent" "$tree/sbin/sandcell-agent"
+  [ -e "$tree/sbin/init" ] || ln -s sandcell-agent "$tree/sbin/init"
+  # No blocks reserved for root: the headroom is for whoever installs things.
+  mkfs_opts=(-m 0)
+else
+# minimal: busybox, its applet links, the recipe files, the agent.
 
 mkdir -p "$tree"
 for d in bin sbin usr/bin usr/sbin usr/local/bin etc root home dev proc sys tmp run mnt var/tmp var/log; do
@@ -111,6 +151,7 @@ if [ "$(id -u)" = 0 ]; then
   chown -R -h 0:0 "$tree"
   chown -h "$user_uid:$user_uid" "$tree/home/user"
 fi
+fi
 
 # Fixed timestamps: with them (and the fixed clock, UUID and hash seed below) the same
 # inputs give a byte-identical image.
@@ -121,6 +162,13 @@ find "$tree" -exec touch -h -d @1700000000 {} +
 content_kib=$(du -sk --apparent-size "$tree" | cut -f1)
 size_mib=$(( (content_kib * 3 / 2) / 1024 + 16 ))
 [ "$size_mib" -ge 64 ] || size_mib=64
+if [ "$name" = base ]; then
+  # Blocks in use (small files take whole blocks), then room to pip/apt install things:
+  # a quarter more, at least 512 MiB, plus the inode tables and journal.
+  used_mib=$(( $(du -sk "$tree" | cut -f1) / 1024 ))
+  free_mib=$(( used_mib / 4 )); [ "$free_mib" -ge 512 ] || free_mib=512
+  size_mib=$(( used_mib + free_mib + used_mib / 16 + 64 ))
+fi
 log "$name: making a ${size_mib} MiB ext4 image (${content_kib} KiB of content)"
 img=$out.tmp/rootfs.ext4
 rm -f "$img"
@@ -129,13 +177,16 @@ rm -f "$img"
 E2FSPROGS_FAKE_TIME=1700000000 mkfs.ext4 -q -F -t ext4 -L "$name" \
   -U 5a9dce11-0000-4000-8000-000000000001 \
   -E root_owner=0:0,hash_seed=5a9dce11-0000-4000-8000-000000000002 \
-  -d "$tree" "$img" "${size_mib}M" >"$out.tmp/mkfs.log" 2>&1 \
+  ${mkfs_opts[@]+"${mkfs_opts[@]}"} -d "$tree" "$img" "${size_mib}M" >"$out.tmp/mkfs.log" 2>&1 \
   || { cat "$out.tmp/mkfs.log" >&2; die "mkfs.ext4 failed on $img"; }
 
 # Ownership inside the image, independent of who built it; and the change/creation times,
 # which mkfs copies from the tree (ctime: no unprivileged tool can set it; atime: reading the
 # tree moves it).
 cmds=$out.tmp/debugfs.cmds
+# base: the tree was made by root with the ownership it needs (shadow, sudo, /home/user),
+# which mkfs copied; only minimal, which may be built by anyone, is rewritten here.
+if [ "$name" = minimal ]; then
 (cd "$tree" && find . -mindepth 1 -print) | sed 's|^\.||' | while IFS= read -r path; do
   printf 'sif "%s" uid 0\nsif "%s" gid 0\n' "$path" "$path"
   printf 'sif "%s" ctime @1700000000\nsif "%s" crtime @1700000000\nsif "%s" atime @1700000000\n' "$path" "$path" "$path"
@@ -146,6 +197,7 @@ E2FSPROGS_FAKE_TIME=1700000000 debugfs -w -f "$cmds" "$img" >"$out.tmp/debugfs.l
 if grep -qiE 'error|not found|cannot' "$out.tmp/debugfs.log"; then
   grep -iE 'error|not found|cannot' "$out.tmp/debugfs.log" | head -n 5 >&2
   die "debugfs could not set ownership in $img"
+fi
 fi
 e2fsck -fn "$img" >"$out.tmp/e2fsck.log" 2>&1 || { cat "$out.tmp/e2fsck.log" >&2; die "e2fsck found errors in $img"; }
 rm -f "$cmds" "$out.tmp/mkfs.log" "$out.tmp/debugfs.log" "$out.tmp/e2fsck.log"
