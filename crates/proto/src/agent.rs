@@ -1,17 +1,23 @@
-//! The guest agent's protocol, shaped after E2B's envd so that "The daemon" can forward SDK
-//! requests unchanged.
+//! The guest agent's protocol: E2B's envd, faithfully enough that "The daemon" forwards the
+//! SDKs' requests unchanged.
 //!
-//! - `POST /process.Process/Start`: Connect server streaming, `Content-Type:
-//!   application/connect+json`. The request body is one [`envelope`] holding a
-//!   [`StartRequest`]; the response is a stream of envelopes holding [`ProcessEvent`]s, closed by
-//!   an end-of-stream envelope (flag [`envelope::FLAG_END_STREAM`]).
-//! - `POST /process.Process/SendInput`, `/CloseStdin`, `/SendSignal`: Connect unary, plain
-//!   `application/json` bodies ([`SendInputRequest`], ...), answer `{}`.
-//! - `GET /files?path=P` streams a file; `POST /files?path=P` with an
-//!   `application/octet-stream` body writes one (parents created).
-//! - `GET /health`: 204 when the agent is ready.
+//! - Connect server streams (`application/connect+json`, one request [`envelope`], answer a
+//!   stream of envelopes closed by an end-of-stream one, [`envelope::FLAG_END_STREAM`]):
+//!   `process.Process/Start` ([`process::StartRequest`]) and `/Connect` answer
+//!   [`ProcessEvent`]s; `filesystem.Filesystem/WatchDir` answers
+//!   [`filesystem::WatchDirResponse`]s. `process.Process/StreamInput` is a client stream.
+//! - Connect unary calls (`application/json`): `process.Process/{List, Update, SendInput,
+//!   SendSignal, CloseStdin}` ([`process`]) and `filesystem.Filesystem/{Stat, MakeDir, Move,
+//!   ListDir, Remove, CreateWatcher, GetWatcherEvents, RemoveWatcher}` ([`filesystem`]).
+//!   Errors: an HTTP status and [`ConnectError`].
+//! - REST: `GET /files?path=&username=` streams a file, `POST /files` writes one or more
+//!   (octet-stream or multipart, optionally gzip) answering [`EntryInfo`]s; `GET /health`
+//!   (204), `GET /envs`, `POST /init` ([`InitRequest`]). Errors: [`RestError`].
+//! - Users: `Authorization: Basic base64(user:)` on RPCs, `username` on `/files`.
+//! - Ours: `POST /sandcell/poweroff`.
 //!
-//! Bytes travel base64-encoded, as protobuf's JSON mapping does for `bytes` fields.
+//! Bytes travel base64-encoded, as protobuf's JSON mapping does for `bytes` fields. The
+//! [`StartRequest`] and selector types at this level are the subset our own client sends.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
