@@ -10,7 +10,7 @@ HOST_TRIPLE := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(HOST_TRIPLE)/release/sandcell-agent
 export SANDCELL_DATA_DIR := $(DATA_DIR)
 
-.PHONY: run test test-unit test-microvm test-nested test-gvisor deps build build-release agent \
+.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images deps build build-release agent \
         kernel images install bench fmt lint clean
 
 ## make run: set everything up on a fresh machine, then run a demo command in a sandbox.
@@ -20,9 +20,10 @@ run: deps build-release install
 	@echo "==> sandcell run -- sh -c 'echo hello from a sandbox; uname -a; id'"
 	@target/release/sandcell run --verbose -- sh -c 'echo hello from a sandbox; uname -a; id'
 
-## make test: every test: unit, payloads on /dev/kvm, the gvisor suite, the nested-KVM harness.
+## make test: every test: unit, payloads on /dev/kvm, the gvisor suite, images, the nested-KVM harness.
 test: build agent install
 	$(CARGO) nextest run --workspace --no-fail-fast
+	$(MAKE) test-images
 	$(MAKE) test-nested
 
 ## make test-microvm: the VMM's payload tests (native /dev/kvm) and the nested-KVM harness.
@@ -32,6 +33,9 @@ test-microvm: build agent install
 
 test-nested: build agent install
 	tests/nested/run.sh
+
+test-images: build install
+	tests/images/base.sh
 
 test-gvisor: build agent install
 	$(CARGO) nextest run -p sandcell-runtime -p sandcell-cli --no-fail-fast
