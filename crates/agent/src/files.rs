@@ -3,17 +3,16 @@
 //! (field `file`, one or more files), optionally gzip-encoded; downloads gzip-encoded when the
 //! client prefers it. Errors are envd's REST ones (`{"code": 404, "message"}`).
 //!
-//! Files are streamed, never held whole in memory. An upload goes to a temporary file next to
-//! the target (owned by the user, with the old file's permission bits), renamed into place
-//! when complete, so a reader never sees half a file and an aborted upload leaves nothing.
+//! Files are streamed, never held whole in memory. An upload is written in place like envd's
+//! (`O_TRUNC`, existing mode kept, owner set to the user): watchers then see `CREATE`/`WRITE`
+//! on the file's own name, which SDK code relies on. The price, as with envd: a reader may
+//! see a partly written file, and a failed upload leaves a truncated one.
 //! Not supported: Range/conditional downloads (the whole file is sent), signed URLs.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -437,9 +436,7 @@ fn io_error(what: &str, path: &Path, e: &io::Error) -> ApiError {
     rest(status, format!("{what} '{}': {e}", path.display()))
 }
 
-static UPLOADS: AtomicU64 = AtomicU64::new(0);
-
-/// Streams `src` into `target` as `user`, through a temporary file renamed into place.
+/// Streams `src` into `target` as `user`, in place (envd's `processFile`).
 async fn write_file(
     target: &Path,
     user: &User,
@@ -457,9 +454,9 @@ async fn write_file(
         .to_owned();
     let parent = target.parent().unwrap_or(Path::new("/")).to_owned();
     let (uid, gid) = (user.uid, user.gid);
-    let (dirs_parent, probe) = (parent.clone(), target.to_owned());
-    let old_mode = blocking(move || {
-        ensure_dirs(&dirs_parent, uid, gid).map_err(|e| {
+    let probe = target.to_owned();
+    blocking(move || {
+        ensure_dirs(&parent, uid, gid).map_err(|e| {
             rest(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("error ensuring directories: {e}"),
@@ -470,57 +467,42 @@ async fn write_file(
                 StatusCode::BAD_REQUEST,
                 format!("path is a directory: {}", probe.display()),
             )),
-            Ok(m) => Ok(Some(m.permissions().mode() & 0o7777)),
-            Err(_) => Ok(None),
+            _ => Ok(()),
         }
     })
     .await?;
 
-    let n = UPLOADS.fetch_add(1, Ordering::Relaxed);
-    let tmp = parent.join(format!(
-        ".{}.sandcell-upload-{}-{n}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
     let mut file = OpenOptions::new()
         .write(true)
-        .create_new(true)
-        .open(&tmp)
+        .create(true)
+        .truncate(true)
+        .open(target)
         .await
-        .map_err(|e| io_error("error opening file", &tmp, &e))?;
-    let result = async {
-        let fd = file.as_raw_fd();
-        // SAFETY: fchown/fchmod on the descriptor `file` keeps open.
-        unsafe {
-            if libc::fchown(fd, uid, gid) < 0 {
-                let e = io::Error::last_os_error();
-                return Err(io_error("error changing file ownership", &tmp, &e));
-            }
-            if let Some(mode) = old_mode {
-                libc::fchmod(fd, mode);
-            }
-        }
-        while let Some(chunk) = src.next().await.map_err(upload_error)? {
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| io_error("error writing file", target, &e))?;
-        }
-        // tokio's File finishes writes in the background: flush so errors surface here.
-        file.flush()
+        .map_err(|e| io_error("error opening file", target, &e))?;
+    // SAFETY: fchown on the descriptor `file` keeps open.
+    if unsafe { libc::fchown(file.as_raw_fd(), uid, gid) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io_error("error changing file ownership", target, &e));
+    }
+    while let Some(chunk) = src.next().await.map_err(upload_error)? {
+        file.write_all(&chunk)
             .await
             .map_err(|e| io_error("error writing file", target, &e))?;
-        metadata::write(file.as_raw_fd(), meta)
-            .map_err(|e| io_error("error writing file metadata", target, &e))?;
-        tokio::fs::rename(&tmp, target)
-            .await
-            .map_err(|e| io_error("error renaming the upload to", target, &e))
     }
-    .await;
-    if result.is_err() {
-        // Best effort: the upload failed; a leftover temp file is only litter.
-        let _ = tokio::fs::remove_file(&tmp).await;
+    // tokio's File finishes writes in the background: flush so errors surface here.
+    file.flush()
+        .await
+        .map_err(|e| io_error("error writing file", target, &e))?;
+    // Always rewritten, so an upload without metadata clears the old (envd).
+    let stored = metadata::write(file.as_raw_fd(), meta)
+        .map_err(|e| io_error("error writing file metadata", target, &e))?;
+    if !stored && !meta.is_empty() {
+        crate::log!(
+            "{}: the filesystem has no xattrs; metadata not stored",
+            target.display()
+        );
     }
-    result?;
+    drop(file);
     let persisted = metadata::read(target).unwrap_or_default();
     Ok(EntryInfo {
         name: name.to_string_lossy().into_owned(),
