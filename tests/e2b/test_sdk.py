@@ -1,0 +1,202 @@
+"""The registry `e2b` Python SDK, unmodified, against a real `sandcell serve`.
+
+Run through tests/e2b/run.sh, which starts the daemon on loopback with a temp data dir and
+sets E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, plus:
+  SANDCELL_TEMPLATE        template with /bin/bash (the SDK runs commands with `bash -l -c`)
+  SANDCELL_LIMITED_KEY     a key created with `sandcell keys create --max-sandboxes 1`
+  SANDCELL_OTHER_KEY       another key (isolation)
+"""
+
+import os
+import time
+
+import httpx
+import pytest
+
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    RateLimitException,
+    Sandbox,
+    SandboxQuery,
+)
+
+TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
+API_URL = os.environ["E2B_API_URL"]
+API_KEY = os.environ["E2B_API_KEY"]
+
+
+@pytest.fixture
+def sbx():
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=120)
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def test_create_returns_a_running_sandbox_with_envd_info():
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=60, metadata={"suite": "create"})
+    try:
+        info = sandbox.get_info()
+        assert info.sandbox_id == sandbox.sandbox_id
+        assert info.template_id == TEMPLATE
+        assert info.metadata == {"suite": "create"}
+        assert info.state.value == "running"
+        assert sandbox.is_running()
+    finally:
+        assert sandbox.kill() is True
+
+
+def test_commands_run_stdout_stderr_exit_codes_and_env():
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=120, envs={"FOO": "from-create"})
+    try:
+        r = sandbox.commands.run("echo hi")
+        assert r.stdout == "hi\n"
+        assert r.exit_code == 0
+        r = sandbox.commands.run("echo $FOO; echo err >&2")
+        assert r.stdout == "from-create\n"
+        assert r.stderr == "err\n"
+        r = sandbox.commands.run("echo $BAR", envs={"BAR": "per-command"})
+        assert r.stdout == "per-command\n"
+        with pytest.raises(CommandExitException) as exc:
+            sandbox.commands.run("exit 3")
+        assert exc.value.exit_code == 3
+    finally:
+        sandbox.kill()
+
+
+def test_files_write_read_list_exists(sbx):
+    sbx.files.write("/tmp/sdk/hello.txt", "hello file")
+    assert sbx.files.read("/tmp/sdk/hello.txt") == "hello file"
+    blob = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    sbx.files.write("/tmp/sdk/blob.bin", blob)
+    assert sbx.files.read("/tmp/sdk/blob.bin", format="bytes") == blob
+    names = sorted(e.name for e in sbx.files.list("/tmp/sdk"))
+    assert names == ["blob.bin", "hello.txt"]
+    assert sbx.files.exists("/tmp/sdk/hello.txt")
+    assert not sbx.files.exists("/tmp/sdk/nope")
+    # Written through /files, seen by processes.
+    assert sbx.commands.run("cat /tmp/sdk/hello.txt").stdout == "hello file"
+
+
+def test_list_filters_by_metadata_and_paginates():
+    a = Sandbox.create(template=TEMPLATE, timeout=60, metadata={"suite": "list", "n": "1"})
+    b = Sandbox.create(template=TEMPLATE, timeout=60, metadata={"suite": "list", "n": "2"})
+    try:
+        found = Sandbox.list(query=SandboxQuery(metadata={"suite": "list"})).next_items()
+        assert sorted(s.sandbox_id for s in found) == sorted([a.sandbox_id, b.sandbox_id])
+        one = Sandbox.list(query=SandboxQuery(metadata={"suite": "list", "n": "2"})).next_items()
+        assert [s.sandbox_id for s in one] == [b.sandbox_id]
+        pages = Sandbox.list(query=SandboxQuery(metadata={"suite": "list"}), limit=1)
+        first = pages.next_items()
+        assert pages.has_next
+        second = pages.next_items()
+        assert len(first) == 1 and len(second) == 1
+        assert {first[0].sandbox_id, second[0].sandbox_id} == {a.sandbox_id, b.sandbox_id}
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_set_timeout_and_connect_extend_the_end(sbx):
+    before = sbx.get_info().end_at
+    sbx.set_timeout(600)
+    after = sbx.get_info().end_at
+    assert after > before
+    again = Sandbox.connect(sbx.sandbox_id, timeout=900)
+    assert again.sandbox_id == sbx.sandbox_id
+    assert again.commands.run("echo again").stdout == "again\n"
+    assert sbx.get_info().end_at > after
+
+
+def test_timeout_kills_the_sandbox():
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=2)
+    deadline = time.time() + 30
+    while time.time() < deadline and sandbox.is_running():
+        time.sleep(0.5)
+    assert not sandbox.is_running()
+    with pytest.raises(NotFoundException):
+        sandbox.get_info()
+
+
+def test_kill_removes_it_from_the_list():
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=60)
+    sid = sandbox.sandbox_id
+    assert Sandbox.kill(sid) is True
+    assert sid not in [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert Sandbox.kill(sid) is False
+
+
+def test_bad_key_is_401():
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(template=TEMPLATE, api_key="e2b_" + "0" * 40)
+    r = httpx.get(f"{API_URL}/v2/sandboxes", headers={"X-API-KEY": "e2b_00"})
+    assert r.status_code == 401
+    assert r.json()["code"] == 401 and r.json()["message"]
+
+
+def test_unknown_sandbox_is_404():
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info("sc-0000000000000000")
+    with pytest.raises(NotFoundException):
+        Sandbox.connect("sc-0000000000000000")
+    assert Sandbox.kill("sc-0000000000000000") is False
+
+
+def test_bad_body_is_400():
+    r = httpx.post(
+        f"{API_URL}/v2/sandboxes",
+        headers={"X-API-KEY": API_KEY, "Content-Type": "application/json"},
+        content=b"{not json",
+    )
+    assert r.status_code == 400
+    body = r.json()
+    assert body["code"] == 400 and body["message"]
+    r = httpx.post(
+        f"{API_URL}/v2/sandboxes",
+        headers={"X-API-KEY": API_KEY},
+        json={"templateID": TEMPLATE, "timeout": -1},
+    )
+    assert r.status_code == 400
+
+
+def test_over_quota_is_429():
+    key = os.environ["SANDCELL_LIMITED_KEY"]
+    first = Sandbox.create(template=TEMPLATE, timeout=60, api_key=key)
+    try:
+        with pytest.raises(RateLimitException):
+            Sandbox.create(template=TEMPLATE, timeout=60, api_key=key)
+    finally:
+        first.kill()
+    # The slot is free again.
+    Sandbox.create(template=TEMPLATE, timeout=60, api_key=key).kill()
+
+
+def test_keys_see_only_their_own_sandboxes(sbx):
+    other = os.environ["SANDCELL_OTHER_KEY"]
+    assert sbx.sandbox_id not in [
+        s.sandbox_id for s in Sandbox.list(api_key=other).next_items()
+    ]
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sbx.sandbox_id, api_key=other)
+    assert Sandbox.kill(sbx.sandbox_id, api_key=other) is False
+    assert sbx.is_running()
+
+
+def test_envd_traffic_needs_the_access_token(sbx):
+    r = httpx.get(
+        f"{API_URL}/health",
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"},
+    )
+    assert r.status_code == 401
+    r = httpx.get(
+        f"{API_URL}/health",
+        headers={
+            "E2b-Sandbox-Id": sbx.sandbox_id,
+            "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": sbx._envd_access_token,
+        },
+    )
+    assert r.is_success
