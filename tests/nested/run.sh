@@ -51,10 +51,11 @@ build_static() { # PACKAGE BIN ENV_OVERRIDE -> prints the binary's path, or noth
   if [ -n "$override" ]; then echo "$override"; return; fi
   log "cargo build --release --target $triple -p $1 (static)"
   if (cd "$root" && RUSTFLAGS="-C target-feature=+crt-static" nice cargo build --quiet --release \
-        --target "$triple" -p "$1" --bin "$2" >&2); then
+        --target "$triple" -p "$1" --bin "$2" 2>"$outdir/build-$1.err"); then
     echo "$bin_dir/$2"
   else
-    log "WARNING: $1 does not build; the tests that need $2 will fail"
+    log "WARNING: $1 does not build; the tests that need $2 will fail. First errors:"
+    grep -A8 -m3 '^error' "$outdir/build-$1.err" >&2 || tail -n 20 "$outdir/build-$1.err" >&2
   fi
 }
 agent=$(build_static sandcell-agent sandcell-agent "${SANDCELL_NESTED_AGENT:-}")
