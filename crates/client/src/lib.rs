@@ -1,1 +1,316 @@
-//! A client of the Sandcell daemon (see `sandcell-server`).
+//! A Rust client of the Sandcell daemon (`sandcell serve`): its E2B-compatible control API
+//! and, through the same port, the envd (agent) API of a sandbox.
+//!
+//! Plain HTTP/1.1 over TCP, one connection per request (the daemon is local or behind a
+//! TLS-terminating proxy; no TLS here). Response bodies of envd calls stream
+//! ([`Client::envd`]); control API answers are small and read whole, bounded.
+
+mod models;
+
+pub use models::*;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The largest control-API answer read.
+const MAX_API_BODY: usize = 16 * 1024 * 1024;
+/// envd's port in every sandbox.
+pub const ENVD_PORT: u16 = 49983;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid daemon URL {url:?}: {problem}")]
+    Url { url: String, problem: String },
+    #[error("connecting to the daemon at {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP with the daemon at {addr}: {source}")]
+    Http {
+        addr: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("reading the daemon's answer: {0}")]
+    Body(String),
+    /// The daemon answered with an error (`{"code","message"}`).
+    #[error("{status}: {message}")]
+    Api { status: StatusCode, message: String },
+    #[error("unexpected answer to {what}: {problem}")]
+    Decode { what: String, problem: String },
+}
+
+impl ClientError {
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A raw answer, body read whole.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    pub status: StatusCode,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// `host:port`
+    addr: String,
+    api_key: Option<String>,
+}
+
+impl Client {
+    /// `url` is `http://host:port` (a trailing `/` is fine).
+    pub fn new(url: &str, api_key: Option<String>) -> Result<Client, ClientError> {
+        let bad = |problem: &str| ClientError::Url {
+            url: url.to_string(),
+            problem: problem.to_string(),
+        };
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("only http:// is supported"))?;
+        let addr = rest.trim_end_matches('/');
+        if addr.is_empty() || addr.contains('/') {
+            return Err(bad("expected http://host:port"));
+        }
+        Ok(Client {
+            addr: addr.to_string(),
+            api_key,
+        })
+    }
+
+    pub fn with_api_key(&self, api_key: Option<String>) -> Client {
+        Client {
+            addr: self.addr.clone(),
+            api_key,
+        }
+    }
+
+    /// Sends `req` (its Host is set here) and returns the answer, body still streaming.
+    pub async fn send<B>(&self, mut req: Request<B>) -> Result<Response<Incoming>, ClientError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let stream = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .map_err(|source| ClientError::Connect {
+                addr: self.addr.clone(),
+                source,
+            })?;
+        let http = |source| ClientError::Http {
+            addr: self.addr.clone(),
+            source,
+        };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(http)?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        if !req.headers().contains_key(HOST)
+            && let Ok(host) = HeaderValue::from_str(&self.addr)
+        {
+            req.headers_mut().insert(HOST, host);
+        }
+        sender.send_request(req).await.map_err(http)
+    }
+
+    /// A control-API request with the API key; the answer read whole.
+    pub async fn api(
+        &self,
+        method: Method,
+        path: &str,
+        json: Option<&serde_json::Value>,
+    ) -> Result<RawResponse, ClientError> {
+        let mut builder = Request::builder().method(method).uri(path);
+        if let Some(key) = &self.api_key {
+            builder = builder.header("X-API-KEY", key);
+        }
+        let body = match json {
+            Some(v) => {
+                builder = builder.header(CONTENT_TYPE, "application/json");
+                Bytes::from(serde_json::to_vec(v).map_err(|e| ClientError::Decode {
+                    what: path.to_string(),
+                    problem: e.to_string(),
+                })?)
+            }
+            None => Bytes::new(),
+        };
+        let req = builder
+            .header(CONTENT_LENGTH, body.len())
+            .body(Full::new(body))
+            .map_err(|e| ClientError::Url {
+                url: path.to_string(),
+                problem: e.to_string(),
+            })?;
+        read_whole(self.send(req).await?).await
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        json: Option<&serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let resp = checked(self.api(method, path, json).await?)?;
+        serde_json::from_slice(&resp.body).map_err(|e| ClientError::Decode {
+            what: path.to_string(),
+            problem: e.to_string(),
+        })
+    }
+
+    async fn call_no_content(
+        &self,
+        method: Method,
+        path: &str,
+        json: Option<&serde_json::Value>,
+    ) -> Result<(), ClientError> {
+        checked(self.api(method, path, json).await?).map(|_| ())
+    }
+
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.call(Method::GET, "/health", None).await
+    }
+
+    pub async fn create_sandbox(&self, req: &NewSandbox) -> Result<Sandbox, ClientError> {
+        self.call(Method::POST, "/v2/sandboxes", Some(&to_json(req)?))
+            .await
+    }
+
+    /// All running sandboxes of the key (`GET /v2/sandboxes`, every page).
+    pub async fn list_sandboxes(&self) -> Result<Vec<ListedSandbox>, ClientError> {
+        let mut all = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let path = match &token {
+                Some(t) => format!("/v2/sandboxes?nextToken={t}"),
+                None => "/v2/sandboxes".to_string(),
+            };
+            let resp = checked(self.api(Method::GET, &path, None).await?)?;
+            let page: Vec<ListedSandbox> =
+                serde_json::from_slice(&resp.body).map_err(|e| ClientError::Decode {
+                    what: path.clone(),
+                    problem: e.to_string(),
+                })?;
+            all.extend(page);
+            token = resp
+                .headers
+                .get("x-next-token")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            if token.is_none() {
+                return Ok(all);
+            }
+        }
+    }
+
+    pub async fn get_sandbox(&self, id: &str) -> Result<SandboxDetail, ClientError> {
+        self.call(Method::GET, &format!("/sandboxes/{id}"), None)
+            .await
+    }
+
+    pub async fn kill_sandbox(&self, id: &str) -> Result<(), ClientError> {
+        self.call_no_content(Method::DELETE, &format!("/sandboxes/{id}"), None)
+            .await
+    }
+
+    pub async fn set_timeout(&self, id: &str, seconds: u64) -> Result<(), ClientError> {
+        let body = serde_json::json!({ "timeout": seconds });
+        self.call_no_content(
+            Method::POST,
+            &format!("/sandboxes/{id}/timeout"),
+            Some(&body),
+        )
+        .await
+    }
+
+    pub async fn list_templates(&self) -> Result<Vec<Template>, ClientError> {
+        self.call(Method::GET, "/templates", None).await
+    }
+
+    /// A request to the envd API of sandbox `sandbox` (through the daemon's proxy, routed by
+    /// the `E2b-Sandbox-Id` and `E2b-Sandbox-Port` headers); the answer streams.
+    pub async fn envd(
+        &self,
+        sandbox: &Sandbox,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let (mut parts, body) = req.into_parts();
+        let set = |parts: &mut hyper::http::request::Parts, name: &'static str, value: &str| {
+            if let Ok(v) = HeaderValue::from_str(value) {
+                parts.headers.insert(name, v);
+            }
+        };
+        set(&mut parts, "e2b-sandbox-id", &sandbox.sandbox_id);
+        set(&mut parts, "e2b-sandbox-port", &ENVD_PORT.to_string());
+        if let Some(token) = &sandbox.envd_access_token {
+            set(&mut parts, "x-access-token", token);
+        }
+        self.send(Request::from_parts(parts, body)).await
+    }
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<serde_json::Value, ClientError> {
+    serde_json::to_value(v).map_err(|e| ClientError::Decode {
+        what: "request body".into(),
+        problem: e.to_string(),
+    })
+}
+
+/// Reads a whole (bounded) answer.
+pub async fn read_whole(resp: Response<Incoming>) -> Result<RawResponse, ClientError> {
+    let (parts, body) = resp.into_parts();
+    let body = Limited::new(body, MAX_API_BODY)
+        .collect()
+        .await
+        .map_err(|e| ClientError::Body(e.to_string()))?
+        .to_bytes();
+    Ok(RawResponse {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
+}
+
+/// Turns an error status into [`ClientError::Api`] with the daemon's message.
+pub fn checked(resp: RawResponse) -> Result<RawResponse, ClientError> {
+    if resp.status.is_success() {
+        return Ok(resp);
+    }
+    let message = serde_json::from_slice::<ErrorBody>(&resp.body)
+        .map(|e| e.message)
+        .unwrap_or_else(|_| String::from_utf8_lossy(&resp.body).into_owned());
+    Err(ClientError::Api {
+        status: resp.status,
+        message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_http_host_port() {
+        assert!(Client::new("http://127.0.0.1:3000/", None).is_ok());
+        assert!(Client::new("https://x:1", None).is_err());
+        assert!(Client::new("http://x:1/api", None).is_err());
+        assert!(Client::new("http://", None).is_err());
+    }
+}

@@ -76,10 +76,13 @@ async fn create(
     req: NewSandbox,
     secure_by_default: bool,
 ) -> ApiResult<(StatusCode, Json<Sandbox>)> {
-    let row = app
-        .lifecycle
-        .create(&caller.0, req, secure_by_default)
-        .await?;
+    // In its own task: a client that goes away mid-create must not leave a half-made
+    // sandbox behind (the finished one is reaped at its timeout).
+    let lifecycle = app.lifecycle.clone();
+    let row =
+        tokio::spawn(async move { lifecycle.create(&caller.0, req, secure_by_default).await })
+            .await
+            .map_err(|e| ApiError::internal(format!("creating the sandbox: {e}")))??;
     Ok((StatusCode::CREATED, Json(sandbox_json(&app, &row))))
 }
 
@@ -349,7 +352,14 @@ pub async fn kill_sandbox(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     running_of(&app, &caller, &id).await?;
-    if app.lifecycle.kill(&id, "killed through the API").await? {
+    // In its own task, so that a client going away cannot stop a kill halfway.
+    let lifecycle = app.lifecycle.clone();
+    let task_id = id.clone();
+    let killed =
+        tokio::spawn(async move { lifecycle.kill(&task_id, "killed through the API").await })
+            .await
+            .map_err(|e| ApiError::internal(format!("killing the sandbox: {e}")))??;
+    if killed {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::sandbox_not_found(&id))
