@@ -1,6 +1,8 @@
 //! `sandcell-vmm`: boot configuration, control protocol, exit statuses.
 //!
-//! The VMM is started as `sandcell-vmm --config <file.json>` (or `--config-json '<json>'`).
+//! The VMM is started as `sandcell-vmm --config <file.json>` (or `--config-json '<json>'`),
+//! from a snapshot (`--restore STATE --mem MEM`), or idle, waiting for a `restore` request
+//! (`--wait-restore --control-socket PATH`).
 //! Its control socket speaks newline-delimited JSON: one [`ControlRequest`] per line in, one
 //! [`ControlResponse`] per line out, in order.
 
@@ -50,6 +52,11 @@ pub struct DiskConfig {
     /// The writable layer. Created if missing. When absent the disk is read-only.
     #[serde(default)]
     pub overlay: Option<PathBuf>,
+    /// Immutable copy-on-write layers between the base and `overlay`, oldest first (each
+    /// one a frozen SCOVL layer file; see `sandcell-vmm`'s block/layers.rs). Reads look
+    /// from the top down: overlay, the last layer, ..., the first layer, the base.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +78,60 @@ pub enum ControlRequest {
     Resume,
     /// Stop the VM now (no guest cooperation) and exit with [`ExitStatus::Stopped`].
     Shutdown,
+    /// Save the VM into a state file and a memory image. A running VM is paused for the
+    /// save and afterwards returns to the state it was in (a paused one stays paused).
+    Snapshot {
+        /// The state file (vCPUs, VM, devices), written whole, tens of KiB.
+        state_path: PathBuf,
+        /// The memory image. `full`: a file with all of guest memory (sparse where the
+        /// guest never wrote). `fork`: a symlink to the frozen memory of this VMM process
+        /// (`/proc/<pid>/fd/<n>`), valid while this process lives.
+        mem_path: PathBuf,
+        #[serde(default)]
+        mode: SnapshotMode,
+        /// Freeze the disk's writable top layer (O(1): it becomes an immutable layer of
+        /// the snapshot) and continue this VM on a new empty top layer at this path.
+        /// Restores of the snapshot then need their own top (`disk_overlay` override).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disk_new_top: Option<PathBuf>,
+    },
+    /// Only in a VMM started with `--wait-restore`: become the VM saved in `state_path`
+    /// and `mem_path` (mapped copy-on-write, shared with every other restore of it).
+    Restore {
+        state_path: PathBuf,
+        mem_path: PathBuf,
+        #[serde(default)]
+        overrides: RestoreOverrides,
+        /// Leave the vCPUs paused after the restore (a `resume` starts them).
+        #[serde(default)]
+        paused: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotMode {
+    /// Write all of guest memory out to `mem_path`.
+    #[default]
+    Full,
+    /// Freeze guest memory in place (no copy): this VM continues copy-on-write over the
+    /// frozen image, and `mem_path` points at it. For restoring forks while this VMM runs.
+    Fork,
+}
+
+/// What a restored VM changes from the saved one (per-clone resources).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreOverrides {
+    /// The vsock's host-side Unix socket path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_uds_path: Option<PathBuf>,
+    /// The disk's writable top layer (created empty if missing) over the saved layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_overlay: Option<PathBuf>,
+    /// The file that receives serial console output (default: the saved one, or stdout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_log: Option<PathBuf>,
 }
 
 /// One response line on the control socket.
@@ -87,6 +148,8 @@ pub enum VmState {
     Running,
     Paused,
     Stopping,
+    /// A `--wait-restore` VMM that has no VM yet.
+    Waiting,
 }
 
 /// The VMM's process exit statuses. Each way a VM can end has its own, so that a supervisor

@@ -19,11 +19,9 @@ const MAX_SOCKET_PATH: usize = 107;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]")]
+    #[error("{USAGE}")]
     Usage,
-    #[error(
-        "unknown argument {0:?}; usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]"
-    )]
+    #[error("unknown argument {0:?}; {USAGE}")]
     UnknownArgument(String),
     #[error("reading the configuration file {path}: {source}")]
     Read {
@@ -70,7 +68,139 @@ pub struct Args {
     pub debug_devices: bool,
 }
 
-/// Parses `argv[1..]`. The configuration is parsed but not yet validated.
+/// Every way `sandcell-vmm` can be started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Boot a VM from its configuration.
+    Boot(Args),
+    /// Restore a VM from a snapshot.
+    Restore {
+        spec: crate::builder::RestoreSpec,
+        control_socket: Option<PathBuf>,
+    },
+    /// Start idle, bind the control socket, and wait for a `restore` request.
+    WaitRestore { control_socket: PathBuf },
+    /// `sandcell-vmm flatten`: merge a layer chain into one layer and exit.
+    Flatten {
+        base: PathBuf,
+        layers: Vec<PathBuf>,
+        out: PathBuf,
+    },
+}
+
+pub const USAGE: &str =
+    "usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]
+       sandcell-vmm --restore STATE --mem MEM [--control-socket PATH] [--paused]
+                    [--vsock-uds PATH] [--disk-overlay PATH] [--serial-log PATH]
+                    [--overrides-json JSON]
+       sandcell-vmm --wait-restore --control-socket PATH
+       sandcell-vmm flatten --base IMAGE [--layer LAYER]... --out LAYER";
+
+/// Parses `argv[1..]` into a [`Command`]. Nothing is validated yet.
+pub fn parse_command<I: IntoIterator<Item = String>>(args: I) -> Result<Command, ConfigError> {
+    let args: Vec<String> = args.into_iter().collect();
+    if args.first().is_some_and(|a| a == "flatten") {
+        return parse_flatten(&args[1..]);
+    }
+    if !args
+        .iter()
+        .any(|a| a == "--restore" || a == "--wait-restore")
+    {
+        return parse_args(args).map(Command::Boot);
+    }
+    let mut it = args.into_iter();
+    let mut state = None;
+    let mut mem = None;
+    let mut wait = false;
+    let mut paused = false;
+    let mut control_socket = None;
+    let mut overrides = sandcell_proto::vmm::RestoreOverrides::default();
+    let value = |it: &mut std::vec::IntoIter<String>| it.next().ok_or(ConfigError::Usage);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--restore" => state = Some(PathBuf::from(value(&mut it)?)),
+            "--mem" => mem = Some(PathBuf::from(value(&mut it)?)),
+            "--wait-restore" => wait = true,
+            "--paused" => paused = true,
+            "--control-socket" => control_socket = Some(PathBuf::from(value(&mut it)?)),
+            "--vsock-uds" => overrides.vsock_uds_path = Some(value(&mut it)?.into()),
+            "--disk-overlay" => overrides.disk_overlay = Some(value(&mut it)?.into()),
+            "--serial-log" => overrides.serial_log = Some(value(&mut it)?.into()),
+            "--overrides-json" => {
+                overrides = serde_json::from_str(&value(&mut it)?).map_err(ConfigError::Parse)?;
+            }
+            _ => return Err(ConfigError::UnknownArgument(arg)),
+        }
+    }
+    match (wait, state, mem, control_socket) {
+        (true, None, None, Some(control_socket)) if !paused => {
+            Ok(Command::WaitRestore { control_socket })
+        }
+        (false, Some(state_path), Some(mem_path), control_socket) => Ok(Command::Restore {
+            spec: crate::builder::RestoreSpec {
+                state_path,
+                mem_path,
+                overrides,
+                paused,
+            },
+            control_socket,
+        }),
+        _ => Err(ConfigError::Usage),
+    }
+}
+
+fn parse_flatten(args: &[String]) -> Result<Command, ConfigError> {
+    let mut it = args.iter();
+    let (mut base, mut out, mut layers) = (None, None, Vec::new());
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().map(PathBuf::from).ok_or(ConfigError::Usage);
+        match arg.as_str() {
+            "--base" => base = Some(value()?),
+            "--layer" => layers.push(value()?),
+            "--out" => out = Some(value()?),
+            _ => return Err(ConfigError::UnknownArgument(arg.clone())),
+        }
+    }
+    match (base, out) {
+        (Some(base), Some(out)) => Ok(Command::Flatten { base, layers, out }),
+        _ => Err(ConfigError::Usage),
+    }
+}
+
+/// A `--wait-restore` VMM's control socket path.
+pub fn validate_restore_socket(path: &Path) -> Result<(), ConfigError> {
+    socket_path("control_socket", path)
+}
+
+/// Checks a restore's paths before anything is opened.
+pub fn validate_restore(
+    spec: &crate::builder::RestoreSpec,
+    control_socket: Option<&Path>,
+) -> Result<(), ConfigError> {
+    readable_file("snapshot state file", &spec.state_path)?;
+    readable_file("snapshot memory file", &spec.mem_path)?;
+    let o = &spec.overrides;
+    if let Some(uds) = &o.vsock_uds_path {
+        let longest = PathBuf::from(format!("{}_{}", uds.display(), u16::MAX));
+        socket_path("vsock uds_path", &longest)?;
+    }
+    if let Some(overlay) = &o.disk_overlay {
+        if overlay.exists() {
+            readable_file("disk overlay", overlay)?;
+        } else {
+            creatable("disk overlay", overlay)?;
+        }
+    }
+    if let Some(log) = &o.serial_log {
+        creatable("serial_log", log)?;
+    }
+    if let Some(sock) = control_socket {
+        socket_path("control_socket", sock)?;
+    }
+    Ok(())
+}
+
+/// Parses `argv[1..]` of a boot. The configuration is parsed but not yet validated.
 pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ConfigError> {
     let mut it = args.into_iter();
     let mut config = None;
@@ -178,6 +308,9 @@ pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
     }
     if let Some(disk) = &cfg.disk {
         readable_file("disk base image", &disk.base)?;
+        for layer in &disk.layers {
+            readable_file("disk layer", layer)?;
+        }
         if let Some(overlay) = &disk.overlay {
             if overlay.exists() {
                 readable_file("disk overlay", overlay)?;
@@ -276,6 +409,7 @@ mod tests {
             disk: Some(DiskConfig {
                 base: d.path().join("base.img"),
                 overlay: None,
+                layers: Vec::new(),
             }),
             ..base(d.path())
         };

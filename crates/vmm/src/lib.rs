@@ -10,6 +10,7 @@
 //! - [`arch`]: x86_64 layout and boot state; [`memory`]: guest RAM; [`loader`]: kernel.
 //! - [`bus`], [`devices`]: port and MMIO dispatch and the emulated devices.
 //! - [`control`]: the control socket; [`exit`]: how the VM ends.
+//! - [`machine`]: what a running VM is made of; [`snapshot`]: save, restore, fork images.
 
 #[macro_use]
 pub mod logger;
@@ -23,5 +24,8 @@ pub mod devices;
 pub mod exit;
 pub mod kvm;
 pub mod loader;
+pub mod machine;
 pub mod memory;
+pub mod pool;
+pub mod snapshot;
 pub mod vmm;

@@ -1,45 +1,84 @@
 //! `sandcell-vmm --config FILE.json | --config-json JSON [--debug-devices]`
+//! `sandcell-vmm --restore STATE --mem MEM [overrides]`
+//! `sandcell-vmm --wait-restore --control-socket PATH`
+//! `sandcell-vmm flatten --base IMAGE [--layer LAYER]... --out LAYER`
 //!
-//! Boots one VM and exits with a `sandcell_proto::vmm::ExitStatus` code that says how it
-//! ended; the reason is on stderr.
+//! Runs one VM and exits with a `sandcell_proto::vmm::ExitStatus` code that says how it
+//! ended; the reason is on stderr. A refused configuration or snapshot exits BadConfig.
 
 use sandcell_proto::vmm::ExitStatus;
-use sandcell_vmm::{builder, config, logger};
+use sandcell_vmm::builder::{self, BuildError};
+use sandcell_vmm::config::{self, Command};
+use sandcell_vmm::vmm::Vmm;
+use sandcell_vmm::{logger, pool};
 
 fn main() {
     logger::init_from_env();
-    let args = match config::parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
+    let command = match config::parse_command(std::env::args().skip(1)) {
+        Ok(c) => c,
         Err(e) => exit(ExitStatus::BadConfig, &e.to_string()),
     };
-    if let Err(e) = config::validate(&args.config) {
-        exit(
-            ExitStatus::BadConfig,
-            &format!("invalid VM configuration: {e}"),
-        );
-    }
-    let opts = builder::BuildOptions {
-        debug_devices: args.debug_devices,
+    let vmm = match command {
+        Command::Boot(args) => {
+            if let Err(e) = config::validate(&args.config) {
+                exit(
+                    ExitStatus::BadConfig,
+                    &format!("invalid VM configuration: {e}"),
+                );
+            }
+            let opts = builder::BuildOptions {
+                debug_devices: args.debug_devices,
+            };
+            built(builder::build(&args.config, opts), "setting up the VM")
+        }
+        Command::Restore {
+            spec,
+            control_socket,
+        } => {
+            if let Err(e) = config::validate_restore(&spec, control_socket.as_deref()) {
+                exit(ExitStatus::BadConfig, &format!("invalid restore: {e}"));
+            }
+            let vmm = builder::prelude(control_socket.as_deref())
+                .and_then(|p| builder::restore(p, &spec));
+            built(vmm, "restoring the VM")
+        }
+        Command::WaitRestore { control_socket } => {
+            if let Err(e) = config::validate_restore_socket(&control_socket) {
+                exit(ExitStatus::BadConfig, &e.to_string());
+            }
+            match pool::wait_for_restore(&control_socket) {
+                Ok(vmm) => vmm,
+                Err((status, message)) => exit(status, &message),
+            }
+        }
+        Command::Flatten { base, layers, out } => {
+            match sandcell_vmm::devices::virtio::block::overlay::flatten(&base, &layers, &out) {
+                Ok(()) => std::process::exit(0),
+                Err(e) => exit(ExitStatus::BadConfig, &format!("flatten: {e}")),
+            }
+        }
     };
-    let vmm = match builder::build(&args.config, opts) {
-        Ok(v) => v,
-        Err(e) => exit(
-            ExitStatus::VmmError,
-            &format!("setting up the VM failed: {e}"),
-        ),
-    };
+    let serial_logged = vmm.has_serial_log();
     let outcome = vmm.run();
     let failed = !matches!(
         outcome.status,
         ExitStatus::PowerOff | ExitStatus::Stopped | ExitStatus::Reboot
     );
-    if failed && args.config.serial_log.is_some() && !outcome.console_tail.is_empty() {
+    if failed && serial_logged && !outcome.console_tail.is_empty() {
         eprintln!(
             "sandcell-vmm: last console output:\n{}",
             outcome.console_tail
         );
     }
     exit(outcome.status, &outcome.message);
+}
+
+fn built(vmm: Result<Vmm, BuildError>, what: &str) -> Vmm {
+    match vmm {
+        Ok(v) => v,
+        Err(e) if e.is_bad_input() => exit(ExitStatus::BadConfig, &format!("{what} failed: {e}")),
+        Err(e) => exit(ExitStatus::VmmError, &format!("{what} failed: {e}")),
+    }
 }
 
 fn exit(status: ExitStatus, message: &str) -> ! {

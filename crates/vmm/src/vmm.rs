@@ -22,8 +22,8 @@ use crate::control::ControlServer;
 use crate::devices::serial::ConsoleWatch;
 use crate::exit::ExitLatch;
 use crate::kvm::vcpu::{VcpuCommand, VcpuEvent, VcpuHandle};
-use crate::kvm::vm::Vm;
-use crate::memory::GuestMemory;
+use crate::machine::Machine;
+use crate::snapshot::save::SnapshotParams;
 
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 pub type Manager = EventManager<Subscriber>;
@@ -92,9 +92,9 @@ pub struct Vmm {
     pub(crate) vcpu_events: Receiver<VcpuEvent>,
     pub(crate) devices: Vec<DeviceSubscriber>,
     pub(crate) paused: bool,
-    // Kept alive until the vCPU threads are joined: the memory slots point into `memory`.
-    pub(crate) _memory: GuestMemory,
-    pub(crate) _vm: Vm,
+    // Last: kept alive until the vCPU threads are joined (the memory slots point into its
+    // guest memory).
+    pub(crate) machine: Machine,
 }
 
 /// How the VM ended.
@@ -138,6 +138,11 @@ impl Vmm {
         }
     }
 
+    /// Whether console output goes to a file (then the tail is worth printing on failure).
+    pub fn has_serial_log(&self) -> bool {
+        self.machine.serial_log.is_some()
+    }
+
     fn state(&self) -> VmState {
         if self.latch.is_set() {
             VmState::Stopping
@@ -153,6 +158,17 @@ impl Vmm {
             return;
         };
         let requests = lock(&control).take_requests();
+        self.answer(requests);
+    }
+
+    /// Executes `requests` in order and answers each on its connection.
+    pub fn answer(
+        &mut self,
+        requests: Vec<(crate::control::ConnId, Result<ControlRequest, String>)>,
+    ) {
+        let Some(control) = self.control.clone() else {
+            return;
+        };
         for (id, req) in requests {
             let resp = match req {
                 Ok(req) => self.handle(req),
@@ -172,6 +188,26 @@ impl Vmm {
                     .request(ExitStatus::Stopped, "stopped through the control socket");
                 Ok(())
             }
+            ControlRequest::Snapshot {
+                state_path,
+                mem_path,
+                mode,
+                disk_new_top,
+            } => {
+                if self.latch.is_set() {
+                    Err("the VM is stopping".into())
+                } else {
+                    self.snapshot(SnapshotParams {
+                        state_path: &state_path,
+                        mem_path: &mem_path,
+                        mode,
+                        disk_new_top: disk_new_top.as_deref(),
+                    })
+                }
+            }
+            ControlRequest::Restore { .. } => {
+                Err("this VMM already runs a VM; restore goes to a --wait-restore VMM".into())
+            }
         };
         match result {
             Ok(()) => ControlResponse::Ok {
@@ -181,7 +217,7 @@ impl Vmm {
         }
     }
 
-    fn pause(&mut self) -> Result<(), String> {
+    pub(crate) fn pause(&mut self) -> Result<(), String> {
         if self.latch.is_set() {
             return Err("the VM is stopping".into());
         }
@@ -205,7 +241,7 @@ impl Vmm {
         Ok(())
     }
 
-    fn resume(&mut self) -> Result<(), String> {
+    pub(crate) fn resume(&mut self) -> Result<(), String> {
         if self.latch.is_set() {
             return Err("the VM is stopping".into());
         }
@@ -232,7 +268,7 @@ impl Vmm {
         // Answers left over from an earlier timed-out request must not count now.
         while self.vcpu_events.try_recv().is_ok() {}
         for v in &self.vcpus {
-            v.command(cmd);
+            v.command(cmd.clone());
         }
         let deadline = Instant::now() + PAUSE_TIMEOUT;
         let mut pending = self.vcpus.len();

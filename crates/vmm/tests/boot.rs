@@ -168,6 +168,7 @@ fn zero_page_carries_the_command_line_and_virtio_devices_answer_on_mmio() {
         disk: Some(sandcell_proto::vmm::DiskConfig {
             base,
             overlay: Some(dir.path().join("overlay")),
+            layers: Vec::new(),
         }),
         rng: true,
         vsock: Some(sandcell_proto::vmm::VsockConfig {

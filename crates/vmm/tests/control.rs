@@ -178,6 +178,7 @@ fn pause_and_resume_with_virtio_devices_and_halted_vcpus() {
         disk: Some(sandcell_proto::vmm::DiskConfig {
             base,
             overlay: None,
+            layers: Vec::new(),
         }),
         rng: true,
         vsock: Some(sandcell_proto::vmm::VsockConfig {

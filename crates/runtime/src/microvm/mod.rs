@@ -174,6 +174,7 @@ impl Runtime for MicrovmRuntime {
             disk: Some(DiskConfig {
                 base,
                 overlay: Some(paths.overlay.clone()),
+                layers: Vec::new(),
             }),
             vsock: Some(VsockConfig {
                 guest_cid: GUEST_CID,

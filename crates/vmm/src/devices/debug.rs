@@ -14,6 +14,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::bus::BusDevice;
 use crate::memory::GuestMemory;
+use crate::snapshot::Persist;
 
 pub const DEBUG_PORT_BASE: u64 = 0x0520;
 pub const DEBUG_LEN: u64 = 12;
@@ -34,6 +35,33 @@ impl DebugDevice {
             scratch: 0,
             address: 0,
         }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DebugState {
+    pub scratch: u32,
+    pub address: u32,
+}
+
+impl Persist for DebugDevice {
+    type State = DebugState;
+    type Args = GuestMemory;
+    type Error = std::convert::Infallible;
+
+    fn save(&self) -> DebugState {
+        DebugState {
+            scratch: self.scratch,
+            address: self.address,
+        }
+    }
+
+    fn restore(mem: GuestMemory, s: &DebugState) -> Result<Self, Self::Error> {
+        Ok(DebugDevice {
+            mem,
+            scratch: s.scratch,
+            address: s.address,
+        })
     }
 }
 

@@ -19,6 +19,7 @@ use vm_superio::serial::NoEvents;
 
 use super::IrqTrigger;
 use crate::bus::BusDevice;
+use crate::snapshot::{DeviceStateError, Persist};
 
 pub const COM1_BASE: u64 = 0x3f8;
 pub const COM1_LEN: u64 = 8;
@@ -155,6 +156,64 @@ impl BusDevice for SerialConsole {
                 crate::log_debug!("serial write at offset {offset} failed: {e:?}");
             }
         }
+    }
+}
+
+/// The 16550's registers and receive FIFO (a serde mirror of vm-superio's SerialState).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialState {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub in_buffer: Vec<u8>,
+}
+
+impl Persist for SerialConsole {
+    type State = SerialState;
+    type Args = (IrqTrigger, ConsoleSink);
+    type Error = DeviceStateError;
+
+    fn save(&self) -> SerialState {
+        let s = self.uart.state();
+        SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// Re-raises a pending interrupt (vm-superio does), so the caller restores this after
+    /// the irqchip state, which would otherwise overwrite it.
+    fn restore((irq, sink): Self::Args, s: &SerialState) -> Result<Self, DeviceStateError> {
+        let state = vm_superio::serial::SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        };
+        // from_state checks the FIFO length.
+        let uart = Serial::from_state(&state, irq, NoEvents, sink)
+            .map_err(|e| DeviceStateError::new("serial", format!("{e:?}")))?;
+        Ok(SerialConsole { uart })
     }
 }
 

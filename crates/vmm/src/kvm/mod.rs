@@ -1,4 +1,5 @@
 //! KVM: the VM file descriptor and the vCPU threads.
 
 pub mod vcpu;
+pub mod vcpu_state;
 pub mod vm;

@@ -22,21 +22,25 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use sandcell_proto::vmm::ExitStatus;
 use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
 
+use super::vcpu_state::{self, SaveContext, VcpuState};
 use crate::bus::Bus;
 use crate::devices::serial::ConsoleWatch;
 use crate::exit::ExitLatch;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum VcpuCommand {
     Pause,
     Resume,
     Finish,
+    /// Read this vCPU's KVM state (only while paused; see kvm::vcpu_state).
+    Save(Arc<SaveContext>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum VcpuEvent {
     Paused(u8),
     Resumed(u8),
+    Saved(u8, Box<Result<VcpuState, String>>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +129,14 @@ impl VcpuHandle {
     }
 }
 
-pub fn spawn(index: u8, fd: VcpuFd, shared: VcpuShared) -> Result<VcpuHandle, VcpuError> {
+/// Starts the thread of vCPU `index`. With `start_paused` (a restore that stays paused)
+/// it waits for a Resume before running guest code.
+pub fn spawn(
+    index: u8,
+    fd: VcpuFd,
+    shared: VcpuShared,
+    start_paused: bool,
+) -> Result<VcpuHandle, VcpuError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name(format!("vcpu{index}"))
@@ -136,7 +147,7 @@ pub fn spawn(index: u8, fd: VcpuFd, shared: VcpuShared) -> Result<VcpuHandle, Vc
                 shared,
                 commands: rx,
             }
-            .run()
+            .run(start_paused)
         })
         .map_err(|source| VcpuError::Spawn { index, source })?;
     Ok(VcpuHandle {
@@ -163,10 +174,12 @@ enum Next {
 }
 
 impl Vcpu {
-    fn run(mut self) {
+    fn run(mut self, start_paused: bool) {
         let run_ptr: *mut kvm_run = self.fd.get_kvm_run();
         KVM_RUN.with(|p| p.set(run_ptr));
-        self.run_loop();
+        if !start_paused || self.parked() {
+            self.run_loop();
+        }
         KVM_RUN.with(|p| p.set(std::ptr::null_mut()));
     }
 
@@ -183,6 +196,7 @@ impl Vcpu {
                 Ok(VcpuCommand::Resume) => {
                     let _ = self.shared.events.send(VcpuEvent::Resumed(self.index));
                 }
+                Ok(VcpuCommand::Save(_)) => self.refuse_save(),
                 Ok(VcpuCommand::Finish) | Err(TryRecvError::Disconnected) => return,
                 Err(TryRecvError::Empty) => {}
             }
@@ -216,18 +230,43 @@ impl Vcpu {
             return false;
         }
         let _ = self.shared.events.send(VcpuEvent::Paused(self.index));
+        self.parked()
+    }
+
+    /// Paused: answer commands until Resume (true) or Finish (false). On Resume, tell a
+    /// kvmclock guest it was stopped (KVM_KVMCLOCK_CTRL sets PVCLOCK_GUEST_STOPPED, so its
+    /// soft-lockup watchdog ignores the gap). It is done here, just before running again,
+    /// and not at pause time: a flag set at pause would be written into a snapshot's
+    /// memory and never cleared in the restored guest.
+    fn parked(&mut self) -> bool {
         loop {
             match self.commands.recv() {
                 Ok(VcpuCommand::Resume) => {
+                    let _ = self.fd.kvmclock_ctrl();
                     let _ = self.shared.events.send(VcpuEvent::Resumed(self.index));
                     return true;
                 }
                 Ok(VcpuCommand::Pause) => {
                     let _ = self.shared.events.send(VcpuEvent::Paused(self.index));
                 }
+                Ok(VcpuCommand::Save(ctx)) => {
+                    let state =
+                        vcpu_state::save(&self.fd, self.index, &ctx).map_err(|e| e.to_string());
+                    let _ = self
+                        .shared
+                        .events
+                        .send(VcpuEvent::Saved(self.index, Box::new(state)));
+                }
                 Ok(VcpuCommand::Finish) | Err(_) => return false,
             }
         }
+    }
+
+    fn refuse_save(&self) {
+        let _ = self.shared.events.send(VcpuEvent::Saved(
+            self.index,
+            Box::new(Err(format!("vCPU {} is not paused", self.index))),
+        ));
     }
 
     /// The VM is ending: never run guest code again, answer commands until Finish.
@@ -236,6 +275,9 @@ impl Vcpu {
             let ev = match cmd {
                 VcpuCommand::Pause => VcpuEvent::Paused(self.index),
                 VcpuCommand::Resume => VcpuEvent::Resumed(self.index),
+                VcpuCommand::Save(_) => {
+                    VcpuEvent::Saved(self.index, Box::new(Err("the VM is stopping".to_string())))
+                }
                 VcpuCommand::Finish => return,
             };
             let _ = self.shared.events.send(ev);

@@ -4,10 +4,12 @@
 use std::path::Path;
 
 use kvm_bindings::{
-    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config,
-    kvm_userspace_memory_region,
+    CpuId, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_clock_data, kvm_irqchip, kvm_pit_config,
+    kvm_pit_state2, kvm_userspace_memory_region,
 };
 use kvm_ioctls::{Cap, IoEventAddress, Kvm, VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -47,6 +49,8 @@ pub enum VmError {
         datamatch: u32,
         source: kvm_ioctls::Error,
     },
+    #[error("the saved VM state is invalid: {0}")]
+    BadState(String),
     #[error("KVM_CREATE_VCPU {index} failed: {source}")]
     CreateVcpu {
         index: u8,
@@ -85,6 +89,17 @@ const REQUIRED_CAPS: &[(Cap, &str)] = &[
 pub struct Vm {
     kvm: Kvm,
     fd: VmFd,
+}
+
+/// The VM-wide KVM state a snapshot keeps: the in-kernel PICs and IOAPIC, the PIT and
+/// kvmclock. (Memory slots, irqfds and ioeventfds are rebuilt from the configuration.)
+#[derive(Clone, Serialize, Deserialize)]
+pub struct VmKvmState {
+    pub pic_master: kvm_irqchip,
+    pub pic_slave: kvm_irqchip,
+    pub ioapic: kvm_irqchip,
+    pub pit: kvm_pit_state2,
+    pub clock: kvm_clock_data,
 }
 
 impl Vm {
@@ -140,6 +155,91 @@ impl Vm {
 
     pub fn fd(&self) -> &VmFd {
         &self.fd
+    }
+
+    pub fn has_cap(&self, cap: Cap) -> bool {
+        self.kvm.check_extension(cap)
+    }
+
+    /// KVM_CAP_XSAVE2: the size in bytes of a vCPU's XSAVE area (0: the host lacks it,
+    /// and the 4 KiB KVM_GET_XSAVE is all there is).
+    pub fn xsave2_size(&self) -> usize {
+        usize::try_from(self.fd.check_extension_int(Cap::Xsave2)).unwrap_or(0)
+    }
+
+    /// The snapshot MSR allow-list (arch::x86_64::msr) narrowed to what this host's KVM
+    /// can save and restore.
+    pub fn snapshot_msrs(&self) -> Result<Vec<u32>, VmError> {
+        let list = self
+            .kvm
+            .get_msr_index_list()
+            .map_err(|source| VmError::Ioctl {
+                op: "GET_MSR_INDEX_LIST",
+                source,
+            })?;
+        Ok(list
+            .as_slice()
+            .iter()
+            .copied()
+            .filter(|&i| crate::arch::x86_64::msr::is_snapshot_msr(i))
+            .collect())
+    }
+
+    /// Reads the VM-wide state. The vCPUs must be paused (and their state already saved:
+    /// see snapshot::save for the order).
+    pub fn save_state(&self) -> Result<VmKvmState, VmError> {
+        let io = |op| move |source| VmError::Ioctl { op, source };
+        let chip = |id| -> Result<kvm_irqchip, VmError> {
+            let mut c = kvm_irqchip {
+                chip_id: id,
+                ..Default::default()
+            };
+            self.fd.get_irqchip(&mut c).map_err(io("GET_IRQCHIP"))?;
+            Ok(c)
+        };
+        Ok(VmKvmState {
+            pit: self.fd.get_pit2().map_err(io("GET_PIT2"))?,
+            clock: self.fd.get_clock().map_err(io("GET_CLOCK"))?,
+            pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
+            pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
+            ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
+        })
+    }
+
+    /// Writes the VM-wide state, after the vCPUs' (see snapshot::restore for why).
+    /// kvmclock resumes where it stopped: the flags are cleared so that KVM does not
+    /// take KVM_CLOCK_REALTIME from the saved data and jump the guest clock forward by
+    /// the snapshot's age (the guest agent sets the wall clock after a restore).
+    pub fn restore_state(&self, state: &VmKvmState) -> Result<(), VmError> {
+        let io = |op| move |source| VmError::Ioctl { op, source };
+        for (chip, id) in [
+            (&state.pic_master, KVM_IRQCHIP_PIC_MASTER),
+            (&state.pic_slave, KVM_IRQCHIP_PIC_SLAVE),
+            (&state.ioapic, KVM_IRQCHIP_IOAPIC),
+        ] {
+            if chip.chip_id != id {
+                return Err(VmError::BadState(format!(
+                    "irqchip {id} is saved with chip id {}",
+                    chip.chip_id
+                )));
+            }
+        }
+        self.fd.set_pit2(&state.pit).map_err(io("SET_PIT2"))?;
+        let clock = kvm_clock_data {
+            flags: 0,
+            ..state.clock
+        };
+        self.fd.set_clock(&clock).map_err(io("SET_CLOCK"))?;
+        self.fd
+            .set_irqchip(&state.pic_master)
+            .map_err(io("SET_IRQCHIP"))?;
+        self.fd
+            .set_irqchip(&state.pic_slave)
+            .map_err(io("SET_IRQCHIP"))?;
+        self.fd
+            .set_irqchip(&state.ioapic)
+            .map_err(io("SET_IRQCHIP"))?;
+        Ok(())
     }
 
     pub fn supported_cpuid(&self) -> Result<CpuId, VmError> {

@@ -65,16 +65,13 @@ pub fn ram_ranges(size: u64) -> Vec<RamRange> {
     ]
 }
 
-/// Creates the memfd, sizes it and maps every range `MAP_SHARED`.
-/// Returns the memory and the memfd (kept for snapshots; the mappings hold their own dups).
-pub fn create_guest_memory(size: u64) -> Result<(GuestMemory, File), MemoryError> {
-    if !size.is_multiple_of(4096) {
-        return Err(MemoryError::Unaligned(size));
-    }
-    let name: &CStr = c"sandcell-guest-ram";
+/// A new memfd of `size` bytes that can later be sealed (a fork freezes guest memory by
+/// sealing it against writes, see snapshot::memory).
+pub fn sealable_memfd(name: &CStr, size: u64) -> Result<File, MemoryError> {
     // SAFETY: `name` is a valid NUL-terminated string; the flags are constants. The result is
     // checked before use.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(MemoryError::MemfdCreate(std::io::Error::last_os_error()));
     }
@@ -84,6 +81,17 @@ pub fn create_guest_memory(size: u64) -> Result<(GuestMemory, File), MemoryError
     // the pages would SIGBUS. Pages are allocated lazily, on first touch.
     file.set_len(size)
         .map_err(|source| MemoryError::Truncate { size, source })?;
+    Ok(file)
+}
+
+/// Creates the memfd, sizes it and maps every range `MAP_SHARED`.
+/// Returns the memory and the memfd (kept for snapshots; the mappings hold their own dups).
+pub fn create_guest_memory(size: u64) -> Result<(GuestMemory, File), MemoryError> {
+    if !size.is_multiple_of(4096) {
+        return Err(MemoryError::Unaligned(size));
+    }
+    let name: &CStr = c"sandcell-guest-ram";
+    let file = sealable_memfd(name, size)?;
 
     let mut ranges: Vec<(GuestAddress, usize, Option<FileOffset>)> = Vec::new();
     for r in ram_ranges(size) {

@@ -43,3 +43,60 @@ pub fn boot_msr_entries() -> Vec<kvm_msr_entry> {
         e(MSR_MTRR_DEF_TYPE, MTRR_ENABLE | MTRR_TYPE_WRBACK),
     ]
 }
+
+/// `MSR_IA32_TSC_DEADLINE`: restored after `MSR_IA32_TSC` (see kvm::vcpu_state).
+pub const MSR_IA32_TSC_DEADLINE: u32 = 0x6e0;
+
+/// MSRs a snapshot saves, as (first index, count) ranges. An allow-list rather than the
+/// host's whole `KVM_GET_MSR_INDEX_LIST`, so that the saved set does not change with the
+/// host kernel (a restore on another kernel then sets the same MSRs). Registers that live
+/// in `kvm_sregs` (EFER, FS/GS base, APIC base) are not here: SET_SREGS restores them.
+const SNAPSHOT_MSR_RANGES: &[(u32, u32)] = &[
+    (MSR_IA32_TSC, 1),
+    (0x11, 2), // MSR_KVM_WALL_CLOCK, MSR_KVM_SYSTEM_TIME (legacy kvmclock)
+    (0x3b, 1), // IA32_TSC_ADJUST
+    (0x48, 1), // IA32_SPEC_CTRL
+    (MSR_IA32_SYSENTER_CS, 3),
+    (MSR_IA32_MISC_ENABLE, 1),
+    (0x200, 16), // variable-range MTRRs (8 base/mask pairs)
+    (0x250, 1),  // fixed-range MTRRs
+    (0x258, 2),
+    (0x268, 8),
+    (0x277, 1), // IA32_PAT
+    (MSR_MTRR_DEF_TYPE, 1),
+    (MSR_IA32_TSC_DEADLINE, 1),
+    (0xda0, 1), // IA32_XSS
+    (MSR_STAR, 4),
+    (MSR_KERNEL_GS_BASE, 2), // and TSC_AUX
+    (0x4b56_4d00, 8),        // KVM paravirtual MSRs: kvmclock, async PF, steal time, PV EOI
+];
+
+/// Whether `index` is one of the MSRs a snapshot saves.
+pub fn is_snapshot_msr(index: u32) -> bool {
+    SNAPSHOT_MSR_RANGES
+        .iter()
+        .any(|&(start, count)| index >= start && index - start < count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allow_list_has_what_a_guest_needs_and_not_sregs_msrs() {
+        for msr in [
+            MSR_IA32_TSC,
+            MSR_IA32_TSC_DEADLINE,
+            MSR_LSTAR,
+            MSR_SYSCALL_MASK,
+            0xc000_0103,
+            0x4b56_4d01,
+            0x20f,
+        ] {
+            assert!(is_snapshot_msr(msr), "{msr:#x}");
+        }
+        for msr in [0xc000_0080u32, 0xc000_0100, 0x1b, 0x210, 0x4b56_4d08] {
+            assert!(!is_snapshot_msr(msr), "{msr:#x}");
+        }
+    }
+}

@@ -72,6 +72,12 @@ impl Interrupt {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
 
+    /// Set the status bits as saved in a snapshot (no interrupt: the irqchip state
+    /// already holds whatever line was raised).
+    pub fn restore_status(&self, bits: u32) {
+        self.status.store(bits, Ordering::SeqCst);
+    }
+
     /// Forget pending bits (device reset).
     pub fn clear(&self) {
         self.status.store(0, Ordering::SeqCst);
@@ -117,6 +123,9 @@ pub trait VirtioDevice: Send {
     /// Return to the pre-activation state (driver wrote 0 to Status).
     fn reset(&mut self);
     fn is_activated(&self) -> bool;
+    /// The queues the device was activated with (snapshots save their positions);
+    /// `None` before activation.
+    fn queues(&self) -> Option<&[Queue]>;
 }
 
 /// Copy a device config structure's bytes into `data` from `offset`, zero-filling what is

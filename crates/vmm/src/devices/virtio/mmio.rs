@@ -21,6 +21,9 @@ use super::device::{Interrupt, InterruptKind, VIRTIO_F_VERSION_1, VirtioDevice, 
 use crate::bus::BusDevice;
 use crate::memory::GuestMemory;
 
+mod persist;
+pub use persist::{MmioState, QueueProgress, QueueRegsState};
+
 /// Size of the MMIO window of one device (the `4K` of `virtio_mmio.device=4K@...`).
 pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
 /// Offset of the QueueNotify register, for KVM ioeventfds (datamatch = queue index).

@@ -12,12 +12,14 @@ use virtio_queue::Queue;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::disk::{BlockConfig, Disk, DiskError};
+use super::overlay::OverlayError;
 use super::request::{RequestContext, handle_chain};
 use crate::devices::virtio::device::{
     ActivateError, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes,
 };
 use crate::devices::virtio::ring::drain_queue;
 use crate::memory::GuestMemory;
+use crate::snapshot::{DeviceStateError, Persist};
 
 /// Queue size offered to the driver.
 pub const QUEUE_SIZE: u16 = 256;
@@ -45,6 +47,7 @@ struct Active {
 
 /// A virtio-blk device.
 pub struct Block {
+    base: std::path::PathBuf,
     disk: Disk,
     read_only: bool,
     disk_id: [u8; VIRTIO_BLK_ID_BYTES as usize],
@@ -76,6 +79,7 @@ impl Block {
         config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
         let new_evt = || EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd);
         Ok(Block {
+            base: cfg.base.clone(),
             disk_id: disk_id(&cfg),
             disk,
             read_only,
@@ -120,6 +124,106 @@ impl Block {
             crate::log_error!("virtio-blk: disabling the request queue: {e}");
             active.broken = true;
         }
+    }
+}
+
+/// A block device in a snapshot: its files, not their content (layers are immutable and
+/// the top is flushed at the save).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BlockState {
+    pub base: std::path::PathBuf,
+    /// Immutable layers, oldest first.
+    pub layers: Vec<std::path::PathBuf>,
+    /// The writable top at the save; `None` for a read-only disk, or when the save froze
+    /// the top into `layers` (a restore then brings its own top).
+    pub top: Option<std::path::PathBuf>,
+    /// Whether the guest sees a writable disk.
+    pub writable: bool,
+    /// Capacity in bytes as the guest knows it.
+    pub capacity: u64,
+}
+
+impl Block {
+    /// Before a save: make every completed write durable and the top's bitmap current.
+    pub fn prepare_save(&mut self) -> std::io::Result<()> {
+        self.disk.flush()
+    }
+
+    /// Freezes the writable top into an immutable layer and continues on a new empty top
+    /// at `new_top` (O(1), overlay.rs). Returns the frozen layer's path.
+    pub fn freeze_top(
+        &mut self,
+        new_top: &std::path::Path,
+    ) -> Result<std::path::PathBuf, OverlayError> {
+        match self.disk.overlay_mut() {
+            Some(o) if !self.read_only => o.freeze_top(new_top),
+            _ => Err(OverlayError::NoTop),
+        }
+    }
+}
+
+impl Persist for Block {
+    type State = BlockState;
+    /// A new writable top (`overrides.disk_overlay`).
+    type Args = Option<std::path::PathBuf>;
+    type Error = DeviceStateError;
+
+    fn save(&self) -> BlockState {
+        let (layers, top) = match &self.disk {
+            Disk::Base { .. } => (Vec::new(), None),
+            Disk::Overlay(o) => (
+                o.layer_paths(),
+                o.top_path()
+                    .filter(|_| !self.read_only)
+                    .map(|p| p.to_path_buf()),
+            ),
+        };
+        BlockState {
+            base: self.base.clone(),
+            layers,
+            top,
+            writable: !self.read_only,
+            capacity: self.capacity(),
+        }
+    }
+
+    /// With a new top, a saved top that was not frozen becomes a read-only layer under
+    /// it (its flock keeps it from being written while this VM reads it).
+    fn restore(
+        new_top: Option<std::path::PathBuf>,
+        s: &BlockState,
+    ) -> Result<Self, DeviceStateError> {
+        let err = |reason: String| DeviceStateError::new("virtio-blk", reason);
+        let mut layers = s.layers.clone();
+        let top = match (s.writable, new_top, &s.top) {
+            (false, _, _) => None,
+            (true, Some(new), old) => {
+                layers.extend(old.iter().cloned());
+                Some(new)
+            }
+            (true, None, Some(old)) => Some(old.clone()),
+            (true, None, None) => {
+                return Err(err(
+                    "the snapshot froze the disk's top layer: a restore needs its own writable                      top layer (overrides.disk_overlay / --disk-overlay)"
+                        .into(),
+                ));
+            }
+        };
+        let block = Block::new(BlockConfig {
+            base: s.base.clone(),
+            overlay: top,
+            layers,
+            read_only: !s.writable,
+        })
+        .map_err(|e| err(e.to_string()))?;
+        if block.capacity() != s.capacity {
+            return Err(err(format!(
+                "the disk has {} bytes now, {} at the save",
+                block.capacity(),
+                s.capacity
+            )));
+        }
+        Ok(block)
     }
 }
 
@@ -202,6 +306,10 @@ impl VirtioDevice for Block {
 
     fn is_activated(&self) -> bool {
         self.active.is_some()
+    }
+
+    fn queues(&self) -> Option<&[Queue]> {
+        self.active.as_ref().map(|a| std::slice::from_ref(&a.queue))
     }
 }
 

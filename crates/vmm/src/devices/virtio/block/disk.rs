@@ -1,5 +1,5 @@
-//! The storage behind a virtio-blk device: a read-only base image, optionally with a
-//! writable copy-on-write overlay (`overlay.rs`).
+//! The storage behind a virtio-blk device: a read-only base image, optionally under
+//! immutable copy-on-write layers and a writable top layer (`overlay.rs`).
 
 use std::fs::File;
 use std::io;
@@ -15,8 +15,10 @@ pub const SECTOR_SIZE: u64 = 512;
 pub struct BlockConfig {
     /// Base image (raw). Opened read-only, never written.
     pub base: PathBuf,
-    /// Writable overlay file (created if missing). `None` makes a read-only disk.
+    /// Writable top layer (created if missing). `None` makes a read-only disk.
     pub overlay: Option<PathBuf>,
+    /// Immutable layers between the base and the top, oldest first.
+    pub layers: Vec<PathBuf>,
     /// Expose the disk read-only even with an overlay (which must then exist).
     pub read_only: bool,
 }
@@ -56,9 +58,21 @@ impl Disk {
                 size,
             });
         }
-        Ok(match &cfg.overlay {
-            None => Disk::Base { file: base, size },
-            Some(path) => Disk::Overlay(Overlay::open(base, size, path, !cfg.read_only)?),
+        Ok(match (&cfg.overlay, cfg.layers.is_empty()) {
+            (None, true) => Disk::Base { file: base, size },
+            (Some(path), true) => Disk::Overlay(Overlay::open(base, size, path, !cfg.read_only)?),
+            (top, false) => {
+                let mut layers = cfg.layers.clone();
+                // A read-only disk reads its top like any other layer.
+                let top = match (top, cfg.read_only) {
+                    (Some(t), true) => {
+                        layers.push(t.clone());
+                        None
+                    }
+                    (t, _) => t.as_deref(),
+                };
+                Disk::Overlay(Overlay::open_chain(base, size, &layers, top)?)
+            }
         })
     }
 
@@ -82,6 +96,14 @@ impl Disk {
         match self {
             Disk::Base { .. } => Err(io::Error::from(io::ErrorKind::PermissionDenied)),
             Disk::Overlay(o) => o.write_at(buf, offset),
+        }
+    }
+
+    /// The layered disk, when there is one.
+    pub fn overlay_mut(&mut self) -> Option<&mut Overlay> {
+        match self {
+            Disk::Base { .. } => None,
+            Disk::Overlay(o) => Some(o),
         }
     }
 

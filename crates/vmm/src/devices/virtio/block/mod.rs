@@ -1,11 +1,12 @@
-//! virtio-blk: a raw base image, read-only, under an optional copy-on-write overlay.
+//! virtio-blk: a raw base image, read-only, under optional copy-on-write layers.
 
 mod device;
 mod disk;
+mod layer_index;
 pub mod overlay;
 mod request;
 
-pub use device::{Block, BlockError, QUEUE_SIZE};
+pub use device::{Block, BlockError, BlockState, QUEUE_SIZE};
 pub use disk::{BlockConfig, Disk, DiskError, SECTOR_SIZE};
 
 #[cfg(test)]

@@ -108,6 +108,7 @@ fn cfg(base: &Path, overlay: Option<PathBuf>) -> BlockConfig {
     BlockConfig {
         base: base.to_owned(),
         overlay,
+        layers: Vec::new(),
         read_only: false,
     }
 }

@@ -12,6 +12,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::devices::virtio::device::{ActivateError, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice};
 use crate::devices::virtio::ring::drain_queue;
 use crate::memory::GuestMemory;
+use crate::snapshot::{DeviceStateError, Persist};
 
 pub const QUEUE_SIZE: u16 = 256;
 /// At most this many random bytes per request, however large the guest's buffer: the
@@ -70,6 +71,24 @@ impl Rng {
             crate::log_error!("virtio-rng: disabling the request queue: {e}");
             active.broken = true;
         }
+    }
+}
+
+/// virtio-rng has no state of its own (its queue is in the transport's state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RngState {}
+
+impl Persist for Rng {
+    type State = RngState;
+    type Args = ();
+    type Error = DeviceStateError;
+
+    fn save(&self) -> RngState {
+        RngState {}
+    }
+
+    fn restore(_: (), _: &RngState) -> Result<Self, DeviceStateError> {
+        Rng::new().map_err(|e| DeviceStateError::new("virtio-rng", e.to_string()))
     }
 }
 
@@ -175,6 +194,10 @@ impl VirtioDevice for Rng {
 
     fn is_activated(&self) -> bool {
         self.active.is_some()
+    }
+
+    fn queues(&self) -> Option<&[Queue]> {
+        self.active.as_ref().map(|a| std::slice::from_ref(&a.queue))
     }
 }
 

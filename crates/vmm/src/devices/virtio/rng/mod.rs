@@ -2,7 +2,7 @@
 
 mod device;
 
-pub use device::{MAX_BYTES_PER_REQUEST, QUEUE_SIZE, Rng, RngError};
+pub use device::{MAX_BYTES_PER_REQUEST, QUEUE_SIZE, Rng, RngError, RngState};
 
 #[cfg(test)]
 mod tests;

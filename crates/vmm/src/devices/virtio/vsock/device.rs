@@ -19,6 +19,7 @@ use crate::devices::virtio::device::{
 };
 use crate::devices::virtio::ring::{RingError, pop_or_arm, signal_used};
 use crate::memory::GuestMemory;
+use crate::snapshot::{DeviceStateError, Persist};
 
 pub const QUEUE_SIZE: u16 = 256;
 const RXQ: usize = 0;
@@ -254,6 +255,48 @@ impl Vsock {
     }
 }
 
+/// A vsock device in a snapshot. Connections are not saved: their host sockets belong
+/// to the process that saved them. The save sends TRANSPORT_RESET first
+/// ([`Vsock::prepare_save`]) so the restored guest drops its connected sockets (its
+/// listening ones survive); if the guest had no event buffer posted, the event is still
+/// pending and the restored device delivers it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VsockState {
+    pub guest_cid: u64,
+    pub uds_path: PathBuf,
+    pub reset_pending: bool,
+}
+
+impl Vsock {
+    /// Before a save: reset the transport (see [`VsockState`]).
+    pub fn prepare_save(&mut self) {
+        self.send_transport_reset();
+    }
+}
+
+impl Persist for Vsock {
+    type State = VsockState;
+    /// A new host-side socket path (`overrides.vsock_uds_path`).
+    type Args = Option<PathBuf>;
+    type Error = DeviceStateError;
+
+    fn save(&self) -> VsockState {
+        VsockState {
+            guest_cid: self.guest_cid,
+            uds_path: self.uds_path.clone(),
+            reset_pending: self.reset_pending,
+        }
+    }
+
+    fn restore(uds_path: Option<PathBuf>, s: &VsockState) -> Result<Self, DeviceStateError> {
+        let path = uds_path.unwrap_or_else(|| s.uds_path.clone());
+        let mut v = Vsock::new(s.guest_cid, path)
+            .map_err(|e| DeviceStateError::new("virtio-vsock", e.to_string()))?;
+        v.reset_pending = s.reset_pending;
+        Ok(v)
+    }
+}
+
 /// Read a TX packet: its header and (for RW) payload into `buf`. Malformed packets
 /// (short header, length beyond the chain or beyond MAX_PKT_DATA, memory outside the
 /// guest) yield `None` and are dropped.
@@ -341,6 +384,10 @@ impl VirtioDevice for Vsock {
 
     fn is_activated(&self) -> bool {
         self.active.is_some()
+    }
+
+    fn queues(&self) -> Option<&[Queue]> {
+        self.active.as_ref().map(|a| a.queues.as_slice())
     }
 }
 

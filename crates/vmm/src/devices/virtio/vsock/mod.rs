@@ -14,7 +14,7 @@ mod packet;
 mod uds;
 
 pub use connection::{CONN_BUF_ALLOC, CONNECT_TIMEOUT};
-pub use device::{QUEUE_SIZE, Vsock, VsockError};
+pub use device::{QUEUE_SIZE, Vsock, VsockError, VsockState};
 pub use muxer::{MAX_CONNECTIONS, MuxerError};
 pub use packet::HOST_CID;
 
