@@ -1,0 +1,314 @@
+//! Our DNS server for one sandbox, on the host end of its veth (UDP and TCP port 53): the
+//! only resolver the sandbox can reach (nft.rs refuses port 53/853 anywhere else).
+//!
+//! A query is answered only if the policy resolves its name ([`Policy::resolves`]); other
+//! names get NXDOMAIN without any packet leaving the host, so a sandbox cannot tunnel data
+//! through DNS to a domain outside its rules. Allowed queries are forwarded unchanged (new
+//! id) to the host's upstream resolvers; when a domain rule matched, the answer's A
+//! addresses go into the sandbox's `dns_allow` set for their TTL (clamped to
+//! [`MIN_TTL`]..[`MAX_TTL`]) BEFORE the answer is sent, so the connection that follows is
+//! never refused. Addresses in reserved ranges are not learned (DNS rebinding).
+
+pub mod wire;
+
+use crate::nft;
+use crate::policy::{Cidr, Policy, is_reserved};
+use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{Mutex, Semaphore};
+use tokio::task::JoinHandle;
+use wire::{RCODE_FORMERR, RCODE_NOTIMP, RCODE_NXDOMAIN, RCODE_REFUSED, RCODE_SERVFAIL};
+
+pub const MIN_TTL: Duration = Duration::from_secs(30);
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
+const TCP_IDLE: Duration = Duration::from_secs(10);
+const MAX_IN_FLIGHT: usize = 64;
+const MAX_DENIED_NAMES: usize = 256;
+const UDP_BUF: usize = 4096;
+
+/// A name the DNS server refused.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeniedName {
+    pub name: String,
+    pub qtype: u16,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) policy: Policy,
+    /// Learned addresses: the name that brought them and until when.
+    pub(crate) learned: HashMap<Ipv4Addr, (String, Instant)>,
+}
+
+impl Inner {
+    /// Learned addresses still valid under `policy`, with their time left.
+    pub(crate) fn still_allowed(&self, policy: &Policy) -> Vec<(Ipv4Addr, Duration)> {
+        let now = Instant::now();
+        self.learned
+            .iter()
+            .filter(|(_, (name, until))| *until > now && policy.domain_allowed(name))
+            .map(|(ip, (_, until))| (*ip, *until - now))
+            .collect()
+    }
+}
+
+/// What the DNS tasks share with [`crate::SandboxNet`].
+pub(crate) struct DnsState {
+    pub(crate) slot: u32,
+    pub(crate) pool: Cidr,
+    pub(crate) upstream: Vec<SocketAddr>,
+    /// Serializes learning with policy changes: a policy change and the addresses learned
+    /// under it never interleave.
+    pub(crate) inner: Mutex<Inner>,
+    pub(crate) denied: std::sync::Mutex<VecDeque<DeniedName>>,
+}
+
+impl DnsState {
+    pub(crate) fn new(slot: u32, pool: Cidr, upstream: Vec<SocketAddr>, policy: Policy) -> Self {
+        DnsState {
+            slot,
+            pool,
+            upstream,
+            inner: Mutex::new(Inner {
+                policy,
+                learned: HashMap::new(),
+            }),
+            denied: std::sync::Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn note_denied(&self, name: &str, qtype: u16) {
+        let at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut d = self.denied.lock().unwrap_or_else(|p| p.into_inner());
+        if d.len() >= MAX_DENIED_NAMES {
+            d.pop_front();
+        }
+        d.push_back(DeniedName {
+            name: name.to_string(),
+            qtype,
+            at,
+        });
+    }
+
+    pub(crate) fn denied_names(&self) -> Vec<DeniedName> {
+        let d = self.denied.lock().unwrap_or_else(|p| p.into_inner());
+        d.iter().cloned().collect()
+    }
+}
+
+/// The server's tasks; dropping it stops them.
+pub struct DnsServer {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+impl DnsServer {
+    /// Binds UDP and TCP port 53 on `addr` (the host end of the sandbox's veth).
+    pub(crate) async fn start(addr: Ipv4Addr, state: Arc<DnsState>) -> std::io::Result<Self> {
+        let at = SocketAddr::from((addr, 53));
+        let udp = Arc::new(UdpSocket::bind(at).await?);
+        let tcp = TcpListener::bind(at).await?;
+        let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        let udp_task = tokio::spawn(serve_udp(udp, state.clone(), limit.clone()));
+        let tcp_task = tokio::spawn(serve_tcp(tcp, state, limit));
+        Ok(DnsServer {
+            tasks: vec![udp_task, tcp_task],
+        })
+    }
+}
+
+async fn serve_udp(sock: Arc<UdpSocket>, state: Arc<DnsState>, limit: Arc<Semaphore>) {
+    let mut buf = vec![0u8; UDP_BUF];
+    loop {
+        let Ok((n, from)) = sock.recv_from(&mut buf).await else {
+            continue;
+        };
+        // Over the limit: drop the query, the client retries.
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let msg = buf[..n].to_vec();
+        let (sock, state) = (sock.clone(), state.clone());
+        tokio::spawn(async move {
+            if let Some(reply) = handle(&state, &msg, false).await {
+                let _ = sock.send_to(&reply, from).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_tcp(listener: TcpListener, state: Arc<DnsState>, limit: Arc<Semaphore>) {
+    loop {
+        let Ok((conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _ = serve_tcp_conn(conn, &state).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_tcp_conn(mut conn: TcpStream, state: &DnsState) -> std::io::Result<()> {
+    loop {
+        let Ok(Ok(len)) = tokio::time::timeout(TCP_IDLE, conn.read_u16()).await else {
+            return Ok(());
+        };
+        let mut msg = vec![0u8; usize::from(len)];
+        tokio::time::timeout(TCP_IDLE, conn.read_exact(&mut msg))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        let Some(reply) = handle(state, &msg, true).await else {
+            return Ok(());
+        };
+        let len = u16::try_from(reply.len()).map_err(|_| std::io::ErrorKind::InvalidData)?;
+        conn.write_u16(len).await?;
+        conn.write_all(&reply).await?;
+    }
+}
+
+/// The reply to one message from the sandbox (`None`: no reply at all).
+pub(crate) async fn handle(state: &DnsState, msg: &[u8], tcp: bool) -> Option<Vec<u8>> {
+    let query = match wire::parse_query(msg) {
+        Ok(q) => q,
+        Err(_) => return wire::error_reply(msg, RCODE_FORMERR),
+    };
+    if query.opcode != 0 {
+        return wire::error_reply(msg, RCODE_NOTIMP);
+    }
+    if query.question.qclass != wire::CLASS_IN {
+        return wire::error_reply(msg, RCODE_REFUSED);
+    }
+    let name = &query.question.name;
+    if !state.inner.lock().await.policy.resolves(name) {
+        state.note_denied(name, query.question.qtype);
+        return wire::error_reply(msg, RCODE_NXDOMAIN);
+    }
+    let Some(mut reply) = forward(&state.upstream, msg, tcp).await else {
+        return wire::error_reply(msg, RCODE_SERVFAIL);
+    };
+    let Ok(answer) = wire::parse_answer(&reply) else {
+        return wire::error_reply(msg, RCODE_SERVFAIL);
+    };
+    if answer.question != query.question {
+        return wire::error_reply(msg, RCODE_SERVFAIL);
+    }
+    if learn(state, name, &answer.addresses).await.is_err() {
+        return wire::error_reply(msg, RCODE_SERVFAIL);
+    }
+    reply[..2].copy_from_slice(&query.id.to_be_bytes());
+    Some(reply)
+}
+
+/// Puts `addresses` of `name` into the sandbox's allow set if a domain rule allows `name`.
+async fn learn(state: &DnsState, name: &str, addresses: &[(Ipv4Addr, u32)]) -> crate::Result<()> {
+    let mut inner = state.inner.lock().await;
+    if !inner.policy.domain_allowed(name) {
+        return Ok(());
+    }
+    let now = Instant::now();
+    let mut fresh = Vec::new();
+    for &(ip, ttl) in addresses {
+        if is_reserved(ip, &state.pool) && !inner.policy.ip_allowed(ip, &state.pool) {
+            continue;
+        }
+        let ttl = Duration::from_secs(u64::from(ttl)).clamp(MIN_TTL, MAX_TTL);
+        let until = now + ttl;
+        // Already there for longer: nothing to change in the kernel.
+        if inner.learned.get(&ip).is_some_and(|(_, u)| *u >= until) {
+            continue;
+        }
+        fresh.push((ip, ttl));
+        inner.learned.insert(ip, (name.to_string(), until));
+    }
+    inner.learned.retain(|_, (_, until)| *until > now);
+    if fresh.is_empty() {
+        return Ok(());
+    }
+    let script = nft::learn_script(state.slot, &fresh);
+    tokio::task::spawn_blocking(move || nft::apply(&script))
+        .await
+        .map_err(|e| crate::Error::io("adding DNS answers to nftables", std::io::Error::other(e)))?
+}
+
+/// Sends `msg` (with a fresh id) to each upstream in turn; the first reply whose id
+/// matches, with the client's id still to be put back.
+async fn forward(upstream: &[SocketAddr], msg: &[u8], tcp: bool) -> Option<Vec<u8>> {
+    let id = random_id();
+    let mut out = msg.to_vec();
+    out[..2].copy_from_slice(&id.to_be_bytes());
+    for server in upstream {
+        let attempt = async {
+            if tcp {
+                forward_tcp(*server, &out).await
+            } else {
+                forward_udp(*server, &out, id).await
+            }
+        };
+        if let Ok(Ok(reply)) = tokio::time::timeout(UPSTREAM_TIMEOUT, attempt).await
+            && reply.len() >= wire::HEADER_LEN
+            && reply[..2] == id.to_be_bytes()
+        {
+            return Some(reply);
+        }
+    }
+    None
+}
+
+async fn forward_udp(server: SocketAddr, msg: &[u8], id: u16) -> std::io::Result<Vec<u8>> {
+    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await?;
+    sock.connect(server).await?;
+    sock.send(msg).await?;
+    let mut buf = vec![0u8; 65535];
+    // Ignore stray datagrams with another id (the timeout above bounds this loop).
+    loop {
+        let n = sock.recv(&mut buf).await?;
+        if n >= 2 && buf[..2] == id.to_be_bytes() {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+    }
+}
+
+async fn forward_tcp(server: SocketAddr, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut conn = TcpStream::connect(server).await?;
+    let len = u16::try_from(msg.len()).map_err(|_| std::io::ErrorKind::InvalidData)?;
+    conn.write_u16(len).await?;
+    conn.write_all(msg).await?;
+    let len = conn.read_u16().await?;
+    let mut buf = vec![0u8; usize::from(len)];
+    conn.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+fn random_id() -> u16 {
+    let mut b = [0u8; 2];
+    // SAFETY: getrandom writes at most 2 bytes into the buffer we own.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 2 {
+        // Never expected; a predictable id only weakens spoofing resistance.
+        let t = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        return t as u16;
+    }
+    u16::from_be_bytes(b)
+}

@@ -1,0 +1,370 @@
+//! One sandbox network: a named network namespace `sc-<id>` holding one end of a veth pair
+//! (`scg<n>`, the sandbox's interface), the other end (`sch<n>`) on the host with the first
+//! address of the /30 block `n` of the pool; NAT, policy and log in the table
+//! `inet sandcell_<n>` (nft.rs); our DNS server on the host end's address (dns/).
+//!
+//! Naming is the bookkeeping: the host veth's alias is `sandcell:<id>`, the table is named by
+//! the slot in the veth's name, the namespace by the id, so [`reconcile`] finds leftovers of
+//! a crashed owner from the host's state alone.
+//!
+//! These functions block (they run `ip` and `nft`): call them from `spawn_blocking`. No
+//! `setns` happens here (`ip -n` does it in its own process); runtimes put their sandbox in
+//! the namespace through its path ([`Network::netns_path`]).
+
+use crate::cmd::ip;
+use crate::nft::{self, TableSpec};
+use crate::policy::{Cidr, Policy};
+use crate::{Error, Result};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+pub const NETNS_PREFIX: &str = "sc-";
+pub const HOST_IF_PREFIX: &str = "sch";
+pub const GUEST_IF_PREFIX: &str = "scg";
+pub const ALIAS_PREFIX: &str = "sandcell:";
+const SYSFS_NET: &str = "/sys/class/net";
+const LOCK_FILE: &str = "/run/sandcell-net.lock";
+
+/// Host-wide settings of sandbox networks.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    /// Where the /30 blocks come from; also always blocked as a destination.
+    pub pool: Cidr,
+    /// The resolvers our DNS server forwards allowed names to; by default the host's
+    /// (`/etc/resolv.conf`).
+    pub upstream_dns: Vec<std::net::SocketAddr>,
+}
+
+impl NetConfig {
+    /// Pool 10.200.0.0/16, the host's resolvers.
+    pub fn from_host() -> Result<NetConfig> {
+        let text = std::fs::read_to_string("/etc/resolv.conf")
+            .map_err(|e| Error::io("reading /etc/resolv.conf", e))?;
+        let upstream_dns = resolvers_of(&text);
+        if upstream_dns.is_empty() {
+            return Err(Error::Config(
+                "no IPv4 nameserver in /etc/resolv.conf for the sandboxes' DNS".into(),
+            ));
+        }
+        Ok(NetConfig {
+            pool: Cidr {
+                addr: Ipv4Addr::new(10, 200, 0, 0),
+                prefix: 16,
+            },
+            upstream_dns,
+        })
+    }
+}
+
+/// IPv4 `nameserver` lines of a resolv.conf, port 53.
+pub fn resolvers_of(resolv_conf: &str) -> Vec<std::net::SocketAddr> {
+    resolv_conf
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<Ipv4Addr>().ok())
+        .map(|a| std::net::SocketAddr::from((a, 53)))
+        .collect()
+}
+
+/// The host-side objects of one sandbox network (no DNS server: see [`crate::SandboxNet`]).
+#[derive(Debug, Clone)]
+pub struct Network {
+    pub id: String,
+    pub slot: u32,
+    pub netns: String,
+    pub host_if: String,
+    pub guest_if: String,
+    /// Host end: the sandbox's gateway and DNS server.
+    pub gateway: Ipv4Addr,
+    /// Sandbox end.
+    pub guest: Ipv4Addr,
+    pub prefix: u8,
+    pub pool: Cidr,
+}
+
+impl Network {
+    pub fn netns_path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.netns)
+    }
+
+    pub(crate) fn table_spec(&self) -> TableSpec {
+        TableSpec {
+            slot: self.slot,
+            host_if: self.host_if.clone(),
+            gateway: self.gateway,
+            guest: self.guest,
+            pool: self.pool,
+        }
+    }
+
+    /// Builds the network of sandbox `id` with `policy` in force from the first packet.
+    ///
+    /// Order matters:
+    /// 1. forwarding on (idempotent, host-wide; nothing of ours works without it);
+    /// 2. a slot, under a host-wide file lock, claimed by creating the veth pair: the host
+    ///    end's name `sch<n>` is the claim other processes see. The peer is created directly
+    ///    inside the new namespace, so the sandbox's end never exists in the host namespace;
+    /// 3. the nftables table (NAT + policy) BEFORE any link is up: no packet of the sandbox
+    ///    ever passes unfiltered;
+    /// 4. addresses, links up, the sandbox's default route (last: the first moment the
+    ///    sandbox can send anything).
+    ///
+    /// On failure everything made so far is removed.
+    pub fn create(cfg: &NetConfig, id: &str, policy: &Policy) -> Result<Network> {
+        if !valid_id(id) {
+            return Err(Error::Config(format!(
+                "bad sandbox id {id:?} for a network"
+            )));
+        }
+        if cfg.pool.prefix > 29 {
+            return Err(Error::Config(format!("pool {} is too small", cfg.pool)));
+        }
+        enable_forwarding()?;
+        let netns = format!("{NETNS_PREFIX}{id}");
+        ip(&["netns", "add", &netns])?;
+        let net = match claim_slot(cfg, id, &netns) {
+            Ok(net) => net,
+            Err(e) => {
+                let _ = ip(&["netns", "delete", &netns]);
+                return Err(e);
+            }
+        };
+        if let Err(e) = net.configure(policy) {
+            let _ = net.teardown();
+            return Err(e);
+        }
+        Ok(net)
+    }
+
+    fn configure(&self, policy: &Policy) -> Result<()> {
+        nft::apply(&nft::create_script(&self.table_spec(), policy, &[]))?;
+        let (h, g, ns) = (&self.host_if, &self.guest_if, &self.netns);
+        let gw = format!("{}/{}", self.gateway, self.prefix);
+        let guest = format!("{}/{}", self.guest, self.prefix);
+        ip(&["addr", "add", &gw, "dev", h])?;
+        ip(&["link", "set", h, "up"])?;
+        ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        ip(&["-n", ns, "addr", "add", &guest, "dev", g])?;
+        ip(&["-n", ns, "link", "set", g, "up"])?;
+        ip(&[
+            "-n",
+            ns,
+            "route",
+            "add",
+            "default",
+            "via",
+            &self.gateway.to_string(),
+        ])?;
+        Ok(())
+    }
+
+    /// Replaces the policy atomically; `learned` are DNS answers to keep (see dns/).
+    pub fn set_policy(
+        &self,
+        policy: &Policy,
+        learned: &[(Ipv4Addr, std::time::Duration)],
+    ) -> Result<()> {
+        nft::apply(&nft::policy_script(&self.table_spec(), policy, learned))
+    }
+
+    /// Removes the table, the namespace and the veth pair (deleting the namespace deletes
+    /// its veth end, and with it the pair). Keeps going on errors, reports the first.
+    pub fn teardown(&self) -> Result<()> {
+        remove_parts(&self.netns, &self.host_if, self.slot)
+    }
+}
+
+fn remove_parts(netns: &str, host_if: &str, slot: u32) -> Result<()> {
+    let mut first = None;
+    // The table first: while the links still exist, no packet passes without its rules.
+    if let Err(e) = nft::delete_table(slot) {
+        first.get_or_insert(e);
+    }
+    if PathBuf::from("/run/netns").join(netns).exists()
+        && let Err(e) = ip(&["netns", "delete", netns])
+    {
+        first.get_or_insert(e);
+    }
+    if PathBuf::from(SYSFS_NET).join(host_if).exists()
+        && let Err(e) = ip(&["link", "delete", host_if])
+        && PathBuf::from(SYSFS_NET).join(host_if).exists()
+    {
+        first.get_or_insert(e);
+    }
+    first.map_or(Ok(()), Err)
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn enable_forwarding() -> Result<()> {
+    let path = "/proc/sys/net/ipv4/ip_forward";
+    if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
+        return Ok(());
+    }
+    std::fs::write(path, "1").map_err(|e| Error::io(format!("writing 1 to {path}"), e))
+}
+
+/// Host links named `sch<n>`: the slots in use.
+fn used_slots() -> Result<Vec<u32>> {
+    let dir =
+        std::fs::read_dir(SYSFS_NET).map_err(|e| Error::io(format!("listing {SYSFS_NET}"), e))?;
+    Ok(dir
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix(HOST_IF_PREFIX)?
+                .parse()
+                .ok()
+        })
+        .collect())
+}
+
+/// Takes the lowest free slot of the pool by creating its veth pair, under the lock.
+fn claim_slot(cfg: &NetConfig, id: &str, netns: &str) -> Result<Network> {
+    let _lock = HostLock::take()?;
+    let used = used_slots()?;
+    let slots = 1u32 << (30 - u32::from(cfg.pool.prefix));
+    let slot = (0..slots)
+        .find(|s| !used.contains(s))
+        .ok_or_else(|| Error::PoolExhausted(cfg.pool.to_string()))?;
+    let base = u32::from(cfg.pool.addr) + slot * 4;
+    let host_if = format!("{HOST_IF_PREFIX}{slot}");
+    let guest_if = format!("{GUEST_IF_PREFIX}{slot}");
+    ip(&[
+        "link", "add", &host_if, "type", "veth", "peer", "name", &guest_if, "netns", netns,
+    ])?;
+    let net = Network {
+        id: id.to_string(),
+        slot,
+        netns: netns.to_string(),
+        host_if,
+        guest_if,
+        gateway: Ipv4Addr::from(base + 1),
+        guest: Ipv4Addr::from(base + 2),
+        prefix: 30,
+        pool: cfg.pool,
+    };
+    if let Err(e) = ip(&[
+        "link",
+        "set",
+        &net.host_if,
+        "alias",
+        &format!("{ALIAS_PREFIX}{id}"),
+    ]) {
+        let _ = ip(&["link", "delete", &net.host_if]);
+        return Err(e);
+    }
+    Ok(net)
+}
+
+/// An exclusive `flock` on [`LOCK_FILE`], released on drop (or when the process dies).
+struct HostLock(std::fs::File);
+
+impl HostLock {
+    fn take() -> Result<HostLock> {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_FILE)
+            .map_err(|e| Error::io(format!("opening {LOCK_FILE}"), e))?;
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::io(
+                format!("locking {LOCK_FILE}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(HostLock(f))
+    }
+}
+
+impl Drop for HostLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as in take; closing the file would release it too.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// The sandbox id of a host veth, from its alias.
+fn alias_of(host_if: &str) -> Option<String> {
+    let a = std::fs::read_to_string(PathBuf::from(SYSFS_NET).join(host_if).join("ifalias")).ok()?;
+    a.trim().strip_prefix(ALIAS_PREFIX).map(String::from)
+}
+
+/// Removes every sandbox network on this host whose id `keep` rejects, and every part of
+/// one that lost the rest (a table without its veth, a veth without alias, a namespace
+/// `sc-*` without veth). Returns the ids (or names, for nameless parts) removed. Run it at
+/// start-up with `keep` = the sandboxes still alive.
+pub fn reconcile(keep: &dyn Fn(&str) -> bool) -> Result<Vec<String>> {
+    let _lock = HostLock::take()?;
+    let mut removed = Vec::new();
+    let mut first: Option<Error> = None;
+    let mut kept_slots = Vec::new();
+    let mut kept_netns = Vec::new();
+    for slot in used_slots()? {
+        let host_if = format!("{HOST_IF_PREFIX}{slot}");
+        match alias_of(&host_if) {
+            Some(id) if keep(&id) => {
+                kept_slots.push(slot);
+                kept_netns.push(format!("{NETNS_PREFIX}{id}"));
+            }
+            owner => {
+                let id = owner.unwrap_or_else(|| host_if.clone());
+                match remove_parts(&format!("{NETNS_PREFIX}{id}"), &host_if, slot) {
+                    Ok(()) => removed.push(id),
+                    Err(e) => {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+        }
+    }
+    match nft::our_tables() {
+        Ok(tables) => {
+            for (name, slot) in tables {
+                if !kept_slots.contains(&slot) {
+                    match nft::delete_table(slot) {
+                        Ok(()) => removed.push(name),
+                        Err(e) => {
+                            first.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            first.get_or_insert(e);
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir("/run/netns") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name.strip_prefix(NETNS_PREFIX) else {
+                continue;
+            };
+            if kept_netns.contains(&name) || keep(id) {
+                continue;
+            }
+            match ip(&["netns", "delete", &name]) {
+                Ok(_) => removed.push(name),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+    }
+    match first {
+        Some(e) if removed.is_empty() => Err(e),
+        _ => Ok(removed),
+    }
+}

@@ -1,0 +1,337 @@
+//! The nftables side: one table per sandbox network in the host's namespace,
+//! `inet sandcell_<n>` (n = the network's slot, as in its host veth `sch<n>`), holding its
+//! NAT, its egress policy and its denied-attempt log. One table per sandbox means teardown
+//! is one `delete table`, a policy change touches nothing of other sandboxes, and a
+//! leftover is recognisable by name alone.
+//!
+//! Why the host's namespace and not the sandbox's: gVisor (`--network=sandbox`) and a TAP
+//! reader send the sandbox's frames straight onto the interface (packet socket), so the
+//! sandbox namespace's netfilter never sees them; the first place they meet netfilter is
+//! the host end of the veth. The sandbox cannot touch the host's namespace either way.
+//!
+//! Every change is a single `nft -f -` transaction: rules and sets switch atomically.
+
+use crate::cmd;
+use crate::policy::{Cidr, Policy, reserved_ranges};
+use crate::{Error, Result};
+use std::fmt::Write;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+pub const TABLE_PREFIX: &str = "sandcell_";
+
+pub fn table_name(slot: u32) -> String {
+    format!("{TABLE_PREFIX}{slot}")
+}
+
+/// What the rules of one sandbox network need to know.
+#[derive(Debug, Clone)]
+pub struct TableSpec {
+    pub slot: u32,
+    pub host_if: String,
+    /// The host end's address: the sandbox's gateway and DNS server.
+    pub gateway: Ipv4Addr,
+    pub guest: Ipv4Addr,
+    pub pool: Cidr,
+}
+
+/// The whole table, created from scratch (an older table of the same name goes in the same
+/// transaction), with `policy` and DNS-learned addresses in place.
+pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Duration)]) -> String {
+    let name = table_name(t.slot);
+    let (hif, gw, guest) = (&t.host_if, t.gateway, t.guest);
+    let mut s = String::new();
+    // `add` then `delete`: removes a leftover table of this name without failing when
+    // there is none (nft 1.0.6 has no `destroy`).
+    let _ = writeln!(s, "add table inet {name}\ndelete table inet {name}");
+    let _ = writeln!(
+        s,
+        r#"table inet {name} {{
+  set reserved {{ type ipv4_addr; flags interval; auto-merge; }}
+  set allow {{ type ipv4_addr; flags interval; auto-merge; }}
+  set allow_reserved {{ type ipv4_addr; flags interval; auto-merge; }}
+  set deny {{ type ipv4_addr; flags interval; auto-merge; }}
+  set dns_allow {{ type ipv4_addr; flags timeout; }}
+  set denied {{ type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size 4096; }}
+  counter denied_packets {{ }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {guest} oifname != "sch*" masquerade
+  }}
+  chain forward {{
+    type filter hook forward priority -10; policy accept;
+    iifname "{hif}" jump egress
+  }}
+  # Later than every sandbox's egress chain (-10), so that a sandbox reaching for another
+  # is refused and logged by its own table first.
+  chain inbound {{
+    type filter hook forward priority -5; policy accept;
+    oifname "{hif}" ct state established,related accept
+    oifname "{hif}" drop
+  }}
+  chain input {{
+    type filter hook input priority -10; policy accept;
+    iifname "{hif}" jump to_host
+  }}
+  chain to_host {{
+    ct state established,related accept
+    ip daddr {gw} udp dport 53 accept
+    ip daddr {gw} tcp dport 53 accept
+    ip daddr {gw} icmp type echo-request accept
+    jump denied
+  }}
+  chain denied {{
+    counter name denied_packets
+    meta nfproto ipv4 meta l4proto {{ tcp, udp }} add @denied {{ ip daddr . meta l4proto . th dport }}
+    limit rate 5/second log prefix "sandcell_{slot} denied: " level info
+    meta l4proto tcp reject with tcp reset
+    reject
+  }}
+  chain egress {{ }}
+}}"#,
+        slot = t.slot
+    );
+    let reserved: Vec<Cidr> = reserved_ranges(&t.pool);
+    add_elements(&mut s, &name, "reserved", &reserved);
+    s.push_str(&policy_script(t, policy, learned));
+    s
+}
+
+/// Replaces the policy: sets and the `egress` chain, in the same transaction as the caller's
+/// other lines. `learned` are DNS answers still allowed under `policy`, with their time left.
+pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Duration)]) -> String {
+    let name = table_name(t.slot);
+    let mut s = String::new();
+    for set in ["allow", "allow_reserved", "deny", "dns_allow"] {
+        let _ = writeln!(s, "flush set inet {name} {set}");
+    }
+    let (reserved_allow, allow): (Vec<Cidr>, Vec<Cidr>) = policy
+        .allow_nets
+        .iter()
+        .partition(|c| c.is_reserved_only(&t.pool));
+    add_elements(&mut s, &name, "allow", &allow);
+    add_elements(&mut s, &name, "allow_reserved", &reserved_allow);
+    add_elements(&mut s, &name, "deny", &policy.deny_nets);
+    s.push_str(&learn_script(t.slot, learned));
+    let _ = writeln!(s, "flush chain inet {name} egress");
+    let mut rule = |r: &str| {
+        let _ = writeln!(s, "add rule inet {name} egress {r}");
+    };
+    rule("ct state established,related accept");
+    // No IPv6 route is given to sandboxes: whatever IPv6 they send is refused.
+    rule("meta nfproto ipv6 jump denied");
+    rule("ip daddr @allow_reserved accept");
+    rule("ip daddr @reserved jump denied");
+    // Our DNS server (on the host, see chain to_host) is the only resolver: plain DNS and
+    // DNS over TLS to anything else is refused, allowed IP or not.
+    rule("meta l4proto { tcp, udp } th dport { 53, 853 } jump denied");
+    rule("ip daddr @allow accept");
+    rule("ip daddr @dns_allow accept");
+    if policy.default_deny() {
+        rule("jump denied");
+    } else {
+        rule("ip daddr @deny jump denied");
+        rule("accept");
+    }
+    s
+}
+
+/// Adds DNS-learned addresses to `dns_allow`, each with its own timeout. `add` + `delete` +
+/// `add` so that an address already there gets the new timeout.
+pub fn learn_script(slot: u32, learned: &[(Ipv4Addr, Duration)]) -> String {
+    let name = table_name(slot);
+    let mut s = String::new();
+    for (ip, ttl) in learned {
+        let secs = ttl.as_secs().max(1);
+        let _ = writeln!(
+            s,
+            "add element inet {name} dns_allow {{ {ip} timeout {secs}s }}\n\
+             delete element inet {name} dns_allow {{ {ip} }}\n\
+             add element inet {name} dns_allow {{ {ip} timeout {secs}s }}"
+        );
+    }
+    s
+}
+
+fn add_elements(s: &mut String, table: &str, set: &str, nets: &[Cidr]) {
+    if nets.is_empty() {
+        return;
+    }
+    let list: Vec<String> = nets.iter().map(Cidr::to_string).collect();
+    let _ = writeln!(
+        s,
+        "add element inet {table} {set} {{ {} }}",
+        list.join(", ")
+    );
+}
+
+pub fn apply(script: &str) -> Result<()> {
+    cmd::nft_script(script)
+}
+
+/// Names of our tables (`sandcell_<n>`) present now, with their slot.
+pub fn our_tables() -> Result<Vec<(String, u32)>> {
+    let out = cmd::nft(&["list", "tables", "inet"])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("table inet "))
+        .filter_map(|n| {
+            let slot = n.strip_prefix(TABLE_PREFIX)?.parse().ok()?;
+            Some((n.to_string(), slot))
+        })
+        .collect())
+}
+
+pub fn delete_table(slot: u32) -> Result<()> {
+    let name = table_name(slot);
+    cmd::nft_script(&format!(
+        "add table inet {name}\ndelete table inet {name}\n"
+    ))
+}
+
+/// One denied destination of a sandbox: what it tried to reach, as the kernel saw it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeniedFlow {
+    pub dest: Ipv4Addr,
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    pub port: u16,
+}
+
+/// The denied TCP/UDP destinations seen in the last hour and the total count of denied
+/// packets (all protocols, IPv6 included).
+pub fn denied(slot: u32) -> Result<(Vec<DeniedFlow>, u64)> {
+    let name = table_name(slot);
+    let set = cmd::nft(&["-j", "list", "set", "inet", &name, "denied"])?;
+    let counter = cmd::nft(&["-j", "list", "counter", "inet", &name, "denied_packets"])?;
+    let parse = |what: &str, text: &str| -> Result<serde_json::Value> {
+        serde_json::from_str(text).map_err(|e| Error::Parse {
+            what: format!("`nft -j list {what}` of {name}"),
+            problem: e.to_string(),
+        })
+    };
+    let set = parse("set", &set)?;
+    let counter = parse("counter", &counter)?;
+    let mut flows = Vec::new();
+    collect_concats(&set, &mut flows);
+    let packets = find_key(&counter, "packets")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    Ok((flows, packets))
+}
+
+fn collect_concats(v: &serde_json::Value, out: &mut Vec<DeniedFlow>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if let Some(serde_json::Value::Array(c)) = m.get("concat")
+                && let [ip, proto, port] = c.as_slice()
+                && let Some(dest) = ip.as_str().and_then(|s| s.parse().ok())
+            {
+                let protocol = match proto {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Number(n) if n.as_u64() == Some(6) => "tcp".into(),
+                    serde_json::Value::Number(n) if n.as_u64() == Some(17) => "udp".into(),
+                    other => other.to_string(),
+                };
+                let port = port
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(0);
+                out.push(DeniedFlow {
+                    dest,
+                    protocol,
+                    port,
+                });
+                return;
+            }
+            m.values().for_each(|v| collect_concats(v, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_concats(v, out)),
+        _ => {}
+    }
+}
+
+fn find_key<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    match v {
+        serde_json::Value::Object(m) => m
+            .get(key)
+            .or_else(|| m.values().find_map(|v| find_key(v, key))),
+        serde_json::Value::Array(a) => a.iter().find_map(|v| find_key(v, key)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::policy::EgressSpec;
+
+    fn spec() -> TableSpec {
+        TableSpec {
+            slot: 7,
+            host_if: "sch7".into(),
+            gateway: Ipv4Addr::new(10, 200, 0, 29),
+            guest: Ipv4Addr::new(10, 200, 0, 30),
+            pool: "10.200.0.0/16".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn default_deny_policy_ends_in_denied() {
+        let p = Policy::from_spec(&EgressSpec {
+            allow_internet_access: true,
+            allow_out: vec![
+                "1.2.3.0/24".into(),
+                "169.254.169.254".into(),
+                "a.com".into(),
+            ],
+            deny_out: vec![],
+        })
+        .unwrap();
+        let s = policy_script(
+            &spec(),
+            &p,
+            &[(Ipv4Addr::new(5, 6, 7, 8), Duration::from_secs(60))],
+        );
+        assert!(
+            s.contains("add element inet sandcell_7 allow { 1.2.3.0/24 }"),
+            "{s}"
+        );
+        assert!(s.contains("allow_reserved { 169.254.169.254/32 }"), "{s}");
+        assert!(s.contains("dns_allow { 5.6.7.8 timeout 60s }"), "{s}");
+        assert!(s.trim_end().ends_with("egress jump denied"), "{s}");
+    }
+
+    #[test]
+    fn open_policy_ends_in_accept_after_deny() {
+        let p = Policy::from_spec(&EgressSpec {
+            allow_internet_access: false,
+            ..Default::default()
+        })
+        .unwrap();
+        let s = policy_script(&spec(), &p, &[]);
+        assert!(s.contains("deny { 0.0.0.0/0 }"), "{s}");
+        assert!(s.contains("egress ip daddr @deny jump denied\n"), "{s}");
+        assert!(s.trim_end().ends_with("egress accept"), "{s}");
+        let c = create_script(&spec(), &p, &[]);
+        assert!(c.contains(r#"ip saddr 10.200.0.30 oifname != "sch*" masquerade"#));
+        assert!(c.contains("10.200.0.0/16"));
+    }
+
+    #[test]
+    fn reads_denied_flows_from_nft_json() {
+        let j: serde_json::Value = serde_json::from_str(
+            r#"{"nftables":[{"metainfo":{}},{"set":{"name":"denied","elem":[
+              {"elem":{"val":{"concat":["198.51.100.20","tcp",80]},"timeout":3600,"expires":3500}},
+              {"concat":["1.1.1.1",17,53]}]}}]}"#,
+        )
+        .unwrap();
+        let mut v = Vec::new();
+        collect_concats(&j, &mut v);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].dest, Ipv4Addr::new(198, 51, 100, 20));
+        assert_eq!(v[0].port, 80);
+        assert_eq!(v[1].protocol, "udp");
+    }
+}

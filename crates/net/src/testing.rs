@@ -1,0 +1,171 @@
+//! Test support (used by this crate's and the runtimes' integration tests): a fake
+//! "internet" in its own network namespace, reachable from the host through a veth, with
+//! HTTP servers and a DNS server (dnsmasq) on TEST-NET-2 addresses (198.51.100.0/24) that
+//! exist only inside the test. Everything is removed on drop, also when a test fails.
+//!
+//! ```text
+//! host sct-h 198.51.100.1/24 ── veth ── sct-i (netns sct-inet): .2, .10 (HTTP "hello-10"),
+//!                                                             .20 (HTTP "hello-20"), .53 (DNS)
+//! DNS zone: allowed.test, *.wild.test -> .10; other.test -> .20 (TTL 60)
+//! ```
+//!
+//! Only one [`Internet`] can exist on a host at a time (fixed names and addresses): tests
+//! using it take [`Internet::lock`] first.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const NETNS: &str = "sct-inet";
+pub const HOST_IF: &str = "sct-h";
+pub const INET_IF: &str = "sct-i";
+pub const HTTP_A: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+pub const HTTP_B: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
+pub const DNS: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 53);
+
+pub struct Internet {
+    children: Vec<Child>,
+    _dirs: Vec<std::path::PathBuf>,
+}
+
+fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args.join(" ")))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl Internet {
+    /// Serializes the tests of one process that use the fake internet.
+    pub fn lock() -> std::sync::MutexGuard<'static, ()> {
+        LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Builds it (after removing a leftover of a killed test run). Fails loudly when `ip`,
+    /// `dnsmasq` or `python3` are missing.
+    pub fn start() -> Result<Internet, String> {
+        let _ = sh(&["ip", "netns", "delete", NETNS]);
+        let _ = sh(&["ip", "link", "delete", HOST_IF]);
+        let mut inet = Internet {
+            children: Vec::new(),
+            _dirs: Vec::new(),
+        };
+        sh(&["ip", "netns", "add", NETNS])?;
+        sh(&[
+            "ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", INET_IF, "netns", NETNS,
+        ])?;
+        sh(&["ip", "addr", "add", "198.51.100.1/24", "dev", HOST_IF])?;
+        sh(&["ip", "link", "set", HOST_IF, "up"])?;
+        for a in [
+            "198.51.100.2/24",
+            "198.51.100.10/24",
+            "198.51.100.20/24",
+            "198.51.100.53/24",
+        ] {
+            sh(&["ip", "-n", NETNS, "addr", "add", a, "dev", INET_IF])?;
+        }
+        sh(&["ip", "-n", NETNS, "link", "set", INET_IF, "up"])?;
+        sh(&["ip", "-n", NETNS, "link", "set", "lo", "up"])?;
+        sh(&[
+            "ip",
+            "-n",
+            NETNS,
+            "route",
+            "add",
+            "default",
+            "via",
+            "198.51.100.1",
+        ])?;
+        for (ip, body) in [(HTTP_A, "hello-10"), (HTTP_B, "hello-20")] {
+            let dir = std::env::temp_dir().join(format!("sct-www-{}-{ip}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            std::fs::write(dir.join("index.html"), body).map_err(|e| e.to_string())?;
+            let child = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    NETNS,
+                    "python3",
+                    "-m",
+                    "http.server",
+                    "--bind",
+                ])
+                .arg(ip.to_string())
+                .arg("80")
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("python3 -m http.server: {e}"))?;
+            inet.children.push(child);
+            inet._dirs.push(dir);
+        }
+        let child = Command::new("ip")
+            .args(["netns", "exec", NETNS, "dnsmasq", "--keep-in-foreground"])
+            .args([
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+            ])
+            .args([
+                "--listen-address=198.51.100.53",
+                "--pid-file=",
+                "--user=root",
+            ])
+            .args([
+                "--address=/allowed.test/198.51.100.10",
+                "--address=/wild.test/198.51.100.10",
+            ])
+            .args(["--address=/other.test/198.51.100.20", "--local-ttl=60"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("dnsmasq (apt install dnsmasq-base): {e}"))?;
+        inet.children.push(child);
+        for ip in [HTTP_A, HTTP_B, DNS] {
+            let port = if ip == DNS { 53 } else { 80 };
+            wait_listening(SocketAddr::from((ip, port)))?;
+        }
+        Ok(inet)
+    }
+
+    pub fn upstream_dns() -> Vec<SocketAddr> {
+        vec![SocketAddr::from((DNS, 53))]
+    }
+}
+
+fn wait_listening(at: SocketAddr) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&at, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("nothing listens on {at} in the test internet"))
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = sh(&["ip", "netns", "delete", NETNS]);
+        let _ = sh(&["ip", "link", "delete", HOST_IF]);
+        for d in &self._dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Egress policy end to end: real namespaces, real nftables, our real DNS server, a fake
+//! internet (sandcell_net::testing) and a "sandbox" that is a process in the sandbox's
+//! namespace (tests/probe.py). Needs root, iproute2, nftables, dnsmasq and python3; fails
+//! loudly without them.
+
+#![allow(clippy::unwrap_used)]
+// The fake internet has fixed names: its lock is held for a whole test on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use sandcell_net::testing::{DNS, HTTP_A, HTTP_B, Internet};
+use sandcell_net::{EgressSpec, NetConfig, Network, SandboxNet};
+use std::process::Command;
+
+/// Removes the network even when the test fails (the DNS tasks die with the runtime).
+struct Guard(Network);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.teardown();
+    }
+}
+
+fn config() -> NetConfig {
+    assert_eq!(
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() },
+        0,
+        "the network tests need root"
+    );
+    NetConfig {
+        pool: "10.201.0.0/16".parse().unwrap(),
+        upstream_dns: Internet::upstream_dns(),
+    }
+}
+
+fn spec(internet: bool, allow: &[&str], deny: &[&str]) -> EgressSpec {
+    EgressSpec {
+        allow_internet_access: internet,
+        allow_out: allow.iter().map(|s| s.to_string()).collect(),
+        deny_out: deny.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn test_id(name: &str) -> String {
+    format!("t{}-{name}", std::process::id())
+}
+
+async fn create(id: &str, spec: &EgressSpec) -> (SandboxNet, Guard) {
+    let net = SandboxNet::create(&config(), &test_id(id), spec)
+        .await
+        .unwrap();
+    let guard = Guard(net.network().clone());
+    (net, guard)
+}
+
+/// Runs probe.py inside the sandbox's namespace; its one line of output.
+async fn probe(net: &SandboxNet, args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/probe.py");
+    let out = tokio::process::Command::new("ip")
+        .args(["netns", "exec", &net.network().netns, "python3", script])
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "probe {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+async fn http(net: &SandboxNet, ip: std::net::Ipv4Addr) -> String {
+    probe(net, &["http", &format!("http://{ip}/")]).await
+}
+
+async fn dns(net: &SandboxNet, name: &str) -> String {
+    probe(net, &["dns", name, &net.network().gateway.to_string()]).await
+}
+
+fn ok(body: &str) -> String {
+    format!("OK 200 {body}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn open_by_default_then_deny_out_then_no_internet_live() {
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let (net, _g) = create("open", &EgressSpec::default()).await;
+
+    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    assert_eq!(http(&net, HTTP_B).await, ok("hello-20"));
+    assert_eq!(dns(&net, "other.test").await, "A 198.51.100.20");
+    assert_eq!(
+        probe(
+            &net,
+            &[
+                "dns",
+                "other.test",
+                &net.network().gateway.to_string(),
+                "tcp"
+            ]
+        )
+        .await,
+        "A 198.51.100.20"
+    );
+
+    // live: deny one address
+    net.set_policy(&spec(true, &[], &["198.51.100.20/32"]))
+        .await
+        .unwrap();
+    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    assert!(http(&net, HTTP_B).await.starts_with("ERR"));
+    let log = net.denied().await.unwrap();
+    assert!(
+        log.flows
+            .iter()
+            .any(|f| f.dest == HTTP_B && f.port == 80 && f.protocol == "tcp"),
+        "{log:?}"
+    );
+    assert!(log.packets > 0);
+
+    // live: no internet at all, and no names either
+    net.set_policy(&spec(false, &[], &[])).await.unwrap();
+    assert!(http(&net, HTTP_A).await.starts_with("ERR"));
+    assert_eq!(dns(&net, "allowed.test").await, "RCODE 3");
+    net.teardown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_cidr_only_and_allow_wins_over_deny() {
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let (net, _g) = create(
+        "cidr",
+        &spec(true, &["198.51.100.10/32"], &["198.51.100.0/24"]),
+    )
+    .await;
+    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    assert!(http(&net, HTTP_B).await.starts_with("ERR"));
+    // default deny without domain rules: no names resolve (no DNS tunnelling)
+    assert_eq!(dns(&net, "other.test").await, "RCODE 3");
+    net.teardown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn domain_rules_open_only_what_dns_answered() {
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let (net, _g) = create("dom", &spec(true, &["allowed.test", "*.wild.test"], &[])).await;
+
+    // before any lookup the address is closed: DNS answers are what opens it
+    assert!(http(&net, HTTP_A).await.starts_with("ERR"));
+    assert_eq!(dns(&net, "allowed.test").await, "A 198.51.100.10");
+    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    assert_eq!(dns(&net, "a.wild.test").await, "A 198.51.100.10");
+
+    // names outside the rules do not resolve, and their addresses stay closed
+    assert_eq!(dns(&net, "other.test").await, "RCODE 3");
+    assert_eq!(dns(&net, "wild.test").await, "RCODE 3");
+    assert_eq!(dns(&net, "exfil-1234.other.test").await, "RCODE 3");
+    assert!(http(&net, HTTP_B).await.starts_with("ERR"));
+
+    // another resolver, even one that would answer, is unreachable (UDP and TCP)
+    let other = probe(&net, &["dns", "other.test", &DNS.to_string()]).await;
+    assert!(other.starts_with("ERR"), "{other}");
+    let other = probe(&net, &["dns", "other.test", &DNS.to_string(), "tcp"]).await;
+    assert!(other.starts_with("ERR"), "{other}");
+
+    let log = net.denied().await.unwrap();
+    assert!(log.names.iter().any(|n| n.name == "other.test"), "{log:?}");
+    assert!(
+        log.flows.iter().any(|f| f.dest == DNS && f.port == 53),
+        "{log:?}"
+    );
+    assert!(
+        log.flows.iter().any(|f| f.dest == HTTP_B && f.port == 80),
+        "{log:?}"
+    );
+
+    // live: the rule goes, so does the name and (for new connections) its address
+    net.set_policy(&spec(true, &["*.wild.test"], &[]))
+        .await
+        .unwrap();
+    assert_eq!(dns(&net, "allowed.test").await, "RCODE 3");
+    // a.wild.test learned the same address, which stays open under the new rules
+    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    net.set_policy(&spec(true, &["203.0.113.1"], &[]))
+        .await
+        .unwrap();
+    assert!(http(&net, HTTP_A).await.starts_with("ERR"));
+    net.teardown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_host_and_other_sandboxes_are_refused_even_when_open() {
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let (net, _g) = create("meta", &EgressSpec::default()).await;
+    let (other, _g2) = create("meta2", &EgressSpec::default()).await;
+
+    // a host service on all addresses: the sandbox reaches none of them
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let gw = net.network().gateway.to_string();
+    assert!(probe(&net, &["tcp", &gw, &port]).await.starts_with("ERR"));
+    assert!(
+        probe(&net, &["tcp", "198.51.100.1", &port])
+            .await
+            .starts_with("ERR")
+    );
+
+    // the metadata address and the other sandbox
+    assert!(
+        probe(&net, &["tcp", "169.254.169.254", "80"])
+            .await
+            .starts_with("ERR")
+    );
+    let peer = other.network().guest.to_string();
+    assert!(probe(&net, &["tcp", &peer, "22"]).await.starts_with("ERR"));
+    let log = net.denied().await.unwrap();
+    assert!(
+        log.flows
+            .iter()
+            .any(|f| f.dest.to_string() == "169.254.169.254" && f.port == 80),
+        "{log:?}"
+    );
+    assert!(
+        log.flows.iter().any(|f| f.dest.to_string() == peer),
+        "{log:?}"
+    );
+
+    // an explicit rule opens the metadata address (and only that)
+    net.set_policy(&spec(true, &["169.254.169.254/32", "0.0.0.0/0"], &[]))
+        .await
+        .unwrap();
+    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    assert!(probe(&net, &["tcp", &peer, "22"]).await.starts_with("ERR"));
+    other.teardown().await.unwrap();
+    net.teardown().await.unwrap();
+}
+
+fn leftovers(net: &Network) -> Vec<String> {
+    let mut found = Vec::new();
+    let netns = String::from_utf8(
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    if netns.split_whitespace().any(|n| n == net.netns) {
+        found.push(format!("netns {}", net.netns));
+    }
+    let tables = String::from_utf8(
+        Command::new("nft")
+            .args(["list", "tables"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    if tables
+        .lines()
+        .any(|l| l.trim() == format!("table inet sandcell_{}", net.slot))
+    {
+        found.push(format!("table sandcell_{}", net.slot));
+    }
+    if std::path::Path::new("/sys/class/net")
+        .join(&net.host_if)
+        .exists()
+    {
+        found.push(format!("link {}", net.host_if));
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn teardown_and_reconcile_leave_nothing() {
+    let _l = Internet::lock();
+    let (a, _ga) = create("tda", &EgressSpec::default()).await;
+    let na = a.network().clone();
+    assert_eq!(leftovers(&na).len(), 3, "the network was not all there");
+    a.teardown().await.unwrap();
+    assert_eq!(leftovers(&na), Vec::<String>::new());
+
+    // a "crashed" owner: nothing torn down, then a reconcile that keeps everything else
+    let (b, _gb) = create("tdb", &EgressSpec::default()).await;
+    let nb = b.network().clone();
+    std::mem::forget(b);
+    let removed = sandcell_net::reconcile(&|id| id != nb.id).unwrap();
+    assert!(removed.contains(&nb.id), "{removed:?}");
+    assert_eq!(leftovers(&nb), Vec::<String>::new());
+}
