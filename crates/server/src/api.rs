@@ -533,6 +533,14 @@ pub async fn list_templates(
     Ok(Json(templates))
 }
 
+/// A known route with another method: 405 in E2B's error shape.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+}
+
 /// Unknown routes: E2B's 404 shape.
 pub async fn no_route(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no route {}", uri.path()))

@@ -130,6 +130,7 @@ pub fn router(app: Arc<App>) -> Router {
             }),
         )
         .fallback(api::no_route)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY))
         // Last = outermost: sees every request (routes and fallback) first.
         .layer(axum::middleware::from_fn_with_state(

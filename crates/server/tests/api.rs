@@ -205,6 +205,10 @@ async fn bad_requests_are_400_with_code_and_message() {
     assert_eq!(status(unknown), 404);
     let resp = c.api(Method::GET, "/no/such/route", None).await.unwrap();
     assert_eq!(resp.status, StatusCode::NOT_FOUND);
+    let resp = c.api(Method::PUT, "/templates", None).await.unwrap();
+    assert_eq!(resp.status, StatusCode::METHOD_NOT_ALLOWED);
+    let err: serde_json::Value = serde_json::from_slice(&resp.body).unwrap();
+    assert_eq!(err["code"], 405);
     assert!(c.list_sandboxes().await.unwrap().is_empty());
     daemon.stop();
 }

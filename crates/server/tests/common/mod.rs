@@ -32,8 +32,7 @@ impl Env {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         assert_eq!(
-            euid,
-            0,
+            euid, 0,
             "these tests need root (the gvisor runtime: runsc, overlayfs, cgroups)"
         );
         assert!(
