@@ -10,4 +10,6 @@ pub use device::{Block, BlockError, BlockState, QUEUE_SIZE};
 pub use disk::{BlockConfig, Disk, DiskError, SECTOR_SIZE};
 
 #[cfg(test)]
+mod layer_tests;
+#[cfg(test)]
 mod tests;
