@@ -151,7 +151,9 @@ async fn serve_connection(state: Arc<State>, conn: Stream, off_tx: mpsc::Sender<
 }
 
 /// Routes envd lets through without the access token: health, `/files` (which checks the
-/// token itself, to allow signed URLs) and `/init` (which authenticates its own body).
+/// token itself, to allow signed URLs) and `/init` (which authenticates its own body). Our
+/// own power-off is exempt too: only the host's runtime reaches it (the daemon's proxy never
+/// forwards `/sandcell/*`), and it must be able to stop a sandbox whose token it never saw.
 fn auth_exempt(method: &Method, path: &str) -> bool {
     matches!(
         (method, path),
@@ -159,6 +161,7 @@ fn auth_exempt(method: &Method, path: &str) -> bool {
             | (&Method::GET, wire::FILES_PATH)
             | (&Method::POST, wire::FILES_PATH)
             | (&Method::POST, wire::INIT_PATH)
+            | (&Method::POST, wire::POWEROFF_PATH)
     )
 }
 

@@ -527,4 +527,8 @@ async fn init_sets_env_vars_and_the_access_token() {
     .await;
     let envs: Value = serde_json::from_slice(&read_all(resp).await).expect("json");
     assert_eq!(envs["FOO"], json!("bar"));
+
+    // The host's runtime stops a sandbox whose token it never saw: power-off is exempt.
+    let resp = send(sock, "POST", "/sandcell/poweroff", &[], Vec::new()).await;
+    assert_eq!(resp.status().as_u16(), 204);
 }
