@@ -10,20 +10,26 @@ HOST_TRIPLE := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(HOST_TRIPLE)/release/sandcell-agent
 export SANDCELL_DATA_DIR := $(DATA_DIR)
 
-.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images deps build build-release agent \
+.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images test-e2b deps build build-release agent \
         kernel images install bench fmt lint clean
 
-## make run: set everything up on a fresh machine, then run a demo command in a sandbox.
+## make run: set everything up on a fresh machine, run a demo command in a sandbox, then
+## serve the E2B-compatible API on 127.0.0.1:3000 (Ctrl-C stops it).
 run: deps build-release install
 	@echo "==> sandcell doctor"
 	@target/release/sandcell doctor
 	@echo "==> sandcell run -- sh -c 'echo hello from a sandbox; uname -a; id'"
 	@target/release/sandcell run --verbose -- sh -c 'echo hello from a sandbox; uname -a; id'
+	@echo "==> sandcell serve --data-dir $(DATA_DIR) (listening on http://127.0.0.1:3000)"
+	@echo "    export E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3000"
+	@echo "    export E2B_API_KEY=\$$(cat $(DATA_DIR)/admin.key)"
+	@target/release/sandcell serve --data-dir $(DATA_DIR)
 
 ## make test: every test: unit, payloads on /dev/kvm, the gvisor suite, images, the nested-KVM harness.
 test: build agent install
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) test-images
+	$(MAKE) test-e2b
 	$(MAKE) test-nested
 
 ## make test-microvm: the VMM's payload tests (native /dev/kvm) and the nested-KVM harness.
@@ -33,6 +39,10 @@ test-microvm: build agent install
 
 test-nested: build agent install
 	tests/nested/run.sh
+
+## The registry E2B SDKs (Python and JS) against a real `sandcell serve` on loopback.
+test-e2b: build install
+	tests/e2b/run.sh
 
 test-images: build install
 	tests/images/base.sh
