@@ -301,6 +301,22 @@ fn alias_of(host_if: &str) -> Option<String> {
     a.trim().strip_prefix(ALIAS_PREFIX).map(String::from)
 }
 
+/// Removes the network of sandbox `id` if any part of it is left (its owner died). Looks
+/// only at sysfs and /run/netns first: no process is spawned when there is nothing.
+pub fn remove(id: &str) -> Result<()> {
+    let netns = format!("{NETNS_PREFIX}{id}");
+    let slot = used_slots()?
+        .into_iter()
+        .find(|s| alias_of(&format!("{HOST_IF_PREFIX}{s}")).as_deref() == Some(id));
+    match slot {
+        Some(slot) => remove_parts(&netns, &format!("{HOST_IF_PREFIX}{slot}"), slot),
+        None if PathBuf::from("/run/netns").join(&netns).exists() => {
+            ip(&["netns", "delete", &netns]).map(|_| ())
+        }
+        None => Ok(()),
+    }
+}
+
 /// Removes every sandbox network on this host whose id `keep` rejects, and every part of
 /// one that lost the rest (a table without its veth, a veth without alias, a namespace
 /// `sc-*` without veth). Returns the ids (or names, for nameless parts) removed. Run it at

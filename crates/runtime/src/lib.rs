@@ -27,7 +27,9 @@ mod util;
 
 pub use dirs::Dirs;
 pub use error::{Error, Result};
+pub use gvisor::network::NetworkSpec;
 pub use image::Image;
+pub use sandcell_net as net;
 
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -78,6 +80,9 @@ pub struct SandboxSpec {
     pub kernel: Option<std::path::PathBuf>,
     /// How long [`Sandbox::start`] waits for the agent to accept connections.
     pub boot_timeout: Duration,
+    /// A network with an egress policy (gvisor only for now); `None`: no network
+    /// (loopback only).
+    pub network: Option<NetworkSpec>,
 }
 
 impl SandboxSpec {
@@ -90,6 +95,7 @@ impl SandboxSpec {
             env: BTreeMap::new(),
             kernel: None,
             boot_timeout: Duration::from_secs(30),
+            network: None,
         }
     }
 }

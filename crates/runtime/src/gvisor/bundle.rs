@@ -3,7 +3,8 @@
 //! The process is the agent as PID 1, listening on a Unix socket in `/run/sandcell-host`, a
 //! directory bind-mounted from the host; runsc's `--host-uds=create` lets the socket it
 //! binds there be a real host socket we can connect to. The sandbox has its own pid, ipc,
-//! uts, mount and network namespaces (`--network=none`: loopback only, for now).
+//! uts, mount and network namespaces (`--network=none`: loopback only; or the sandbox's own
+//! namespace from `sandcell-net` with `--network=sandbox`, see network.rs).
 
 use crate::image::AGENT_PATH;
 use serde_json::{Value, json};
@@ -42,6 +43,8 @@ pub(crate) struct BundleSpec<'a> {
     pub vcpus: u8,
     pub cgroups_path: &'a str,
     pub hostname: &'a str,
+    /// The network namespace to join (`--network=sandbox`); `None`: a new, empty one.
+    pub netns: Option<&'a Path>,
 }
 
 pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
@@ -55,6 +58,10 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
     let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
     let listen = format!("unix:{HOST_DIR_IN_SANDBOX}/{AGENT_SOCKET}");
     let memory = u64::from(spec.memory_mib) << 20;
+    let network = match spec.netns {
+        Some(path) => json!({"type": "network", "path": path}),
+        None => json!({"type": "network"}),
+    };
     json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -83,7 +90,7 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
             {"destination": HOST_DIR_IN_SANDBOX, "type": "bind", "source": spec.host_dir, "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]},
         ],
         "linux": {
-            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}],
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, network],
             "cgroupsPath": spec.cgroups_path,
             // The cgroup is made by us with these limits before runsc starts (see cgroup.rs);
             // they are repeated here for runsc, which reads them for the sandbox's view of
@@ -112,6 +119,7 @@ mod tests {
             vcpus: 2,
             cgroups_path: "/sandcell/sc-1",
             hostname: "sc-1",
+            netns: None,
         });
         assert_eq!(c["process"]["args"][0], AGENT_PATH);
         assert_eq!(

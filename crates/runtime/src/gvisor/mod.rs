@@ -22,6 +22,7 @@
 //! so its exit tells us when and how the sandbox ended.
 
 pub mod bundle;
+pub mod network;
 pub mod runsc;
 mod sandbox;
 
@@ -87,7 +88,7 @@ impl GvisorRuntime {
     /// The `runsc` command line that starts sandbox `id` from `bundle` in the foreground,
     /// exactly as this runtime runs it (for comparisons in benchmarks).
     pub fn run_command(&self, bundle: &Path, id: &str) -> tokio::process::Command {
-        self.shared.run_command(bundle, id)
+        self.shared.run_command(bundle, id, false)
     }
 
     pub fn runsc_root(&self) -> PathBuf {
@@ -103,10 +104,21 @@ impl Shared {
         cmd
     }
 
-    pub(super) fn run_command(&self, bundle: &Path, id: &str) -> tokio::process::Command {
+    /// `network`: gVisor's netstack on the interfaces of the namespace named in the bundle
+    /// (network.rs), else loopback only.
+    pub(super) fn run_command(
+        &self,
+        bundle: &Path,
+        id: &str,
+        network: bool,
+    ) -> tokio::process::Command {
         let mut cmd = self.runsc();
         cmd.arg(format!("--platform={}", self.runsc.platform))
-            .arg("--network=none")
+            .arg(if network {
+                "--network=sandbox"
+            } else {
+                "--network=none"
+            })
             .arg("--host-uds=create");
         if self.runsc.overlay2 {
             cmd.arg("--overlay2=root:memory");
@@ -234,6 +246,10 @@ impl Shared {
                 first.get_or_insert(e);
             }
         }
+        // After the sandbox's processes: nothing uses the namespace any more.
+        if let Err(e) = network::remove_leftover(id).await {
+            first.get_or_insert(e);
+        }
         if let Err(e) = SandboxCgroup::of(self.cgroups, id).remove() {
             first.get_or_insert(e);
         }
@@ -298,7 +314,13 @@ impl Runtime for GvisorRuntime {
         }
         owner::create_run_dir(&self.shared.dirs, &spec.id, RT)?;
         let sandbox = GvisorSandbox::new(self.shared.clone(), &spec, paths);
-        if let Err(e) = sandbox.prepare(&spec, &base) {
+        if let Some(net) = &spec.network
+            && let Err(e) = sandbox.attach_network(net).await
+        {
+            let _ = sandbox.destroy().await;
+            return Err(e);
+        }
+        if let Err(e) = sandbox.prepare(&spec, &base).await {
             let _ = sandbox.destroy().await;
             return Err(e);
         }

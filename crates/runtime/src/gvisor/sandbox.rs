@@ -1,7 +1,7 @@
 //! One gVisor sandbox: its files, its `runsc run` child, and how it ends (see the module
 //! docs of [`super`] for the layout).
 
-use super::{RT, Shared, bundle};
+use super::{RT, Shared, bundle, network};
 use crate::cgroup::SandboxCgroup;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, log_tail, open_log};
@@ -65,6 +65,10 @@ pub struct GvisorSandbox {
     exit: ExitCell,
     /// Serializes `destroy`; true once it completed.
     destroyed: tokio::sync::Mutex<bool>,
+    /// Its network (network.rs), if the spec asked for one.
+    net: tokio::sync::Mutex<Option<sandcell_net::SandboxNet>>,
+    /// The namespace runsc joins, known once the network exists.
+    netns: Mutex<Option<PathBuf>>,
 }
 
 impl GvisorSandbox {
@@ -81,11 +85,58 @@ impl GvisorSandbox {
             stopping: Arc::new(AtomicBool::new(false)),
             exit: ExitCell::new(),
             destroyed: tokio::sync::Mutex::new(false),
+            net: tokio::sync::Mutex::new(None),
+            netns: Mutex::new(None),
         }
     }
 
+    /// Builds the sandbox's network; before [`GvisorSandbox::prepare`], whose bundle names
+    /// its namespace.
+    pub(super) async fn attach_network(&self, spec: &network::NetworkSpec) -> Result<()> {
+        let net = network::create(&self.id, spec).await?;
+        *lock(&self.netns) = Some(net.network().netns_path());
+        *self.net.lock().await = Some(net);
+        Ok(())
+    }
+
+    /// Replaces the egress policy live (new connections follow it at once).
+    pub async fn set_egress(&self, egress: &sandcell_net::EgressSpec) -> Result<()> {
+        match &*self.net.lock().await {
+            Some(net) => net
+                .set_policy(egress)
+                .await
+                .map_err(|e| Error::InvalidSpec {
+                    runtime: RT,
+                    problem: format!("egress policy of {}: {e}", self.id),
+                }),
+            None => Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: format!("sandbox {} was created without a network", self.id),
+            }),
+        }
+    }
+
+    /// What the egress policy refused for this sandbox (`None`: it has no network).
+    pub async fn denied(&self) -> Result<Option<sandcell_net::DeniedLog>> {
+        match &*self.net.lock().await {
+            Some(net) => net.denied().await.map(Some).map_err(|e| {
+                Error::io(
+                    RT,
+                    format!("reading the denied log of {}", self.id),
+                    std::io::Error::other(e),
+                )
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// The sandbox's addresses and namespace, if it has a network.
+    pub async fn network(&self) -> Option<sandcell_net::Network> {
+        self.net.lock().await.as_ref().map(|n| n.network().clone())
+    }
+
     /// Layer, mount, cgroup and bundle: everything before a process runs.
-    pub(super) fn prepare(&self, spec: &SandboxSpec, base: &Path) -> Result<()> {
+    pub(super) async fn prepare(&self, spec: &SandboxSpec, base: &Path) -> Result<()> {
         let p = &self.paths;
         for dir in [&p.bundle, &p.rootfs, &p.upper, &p.work, &p.host] {
             std::fs::create_dir_all(dir)
@@ -102,7 +153,11 @@ impl GvisorSandbox {
                 e,
             )
         })?;
+        if let Some(net) = &*self.net.lock().await {
+            network::write_resolv_conf(&p.rootfs, net)?;
+        }
         SandboxCgroup::create(self.shared.cgroups, &self.id, spec.memory_mib, spec.vcpus)?;
+        let netns = lock(&self.netns).clone();
         let config = bundle::config(&bundle::BundleSpec {
             rootfs: &p.rootfs,
             host_dir: &p.host,
@@ -111,6 +166,7 @@ impl GvisorSandbox {
             vcpus: spec.vcpus,
             cgroups_path: &self.cgroup.oci_path(),
             hostname: &self.id,
+            netns: netns.as_deref(),
         });
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| Error::io(RT, "encoding config.json", e.into()))?;
@@ -300,7 +356,24 @@ impl Sandbox for GvisorSandbox {
         let log2 = log
             .try_clone()
             .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
-        let mut command = self.shared.run_command(&self.paths.bundle, &self.id);
+        let netns_path = lock(&self.netns).clone();
+        let mut command =
+            self.shared
+                .run_command(&self.paths.bundle, &self.id, netns_path.is_some());
+        // Opened here and kept until the spawn below (enter_netns uses its descriptor).
+        let netns = match &netns_path {
+            Some(path) => Some(std::fs::File::open(path).map_err(|e| {
+                Error::io(
+                    RT,
+                    format!("opening network namespace {}", path.display()),
+                    e,
+                )
+            })?),
+            None => None,
+        };
+        if let Some(ns) = &netns {
+            network::enter_netns(&mut command, ns);
+        }
         let mut child = crate::util::supervised(&mut command)
             .stdout(log)
             .stderr(log2)
@@ -417,6 +490,11 @@ impl Sandbox for GvisorSandbox {
                     self.ended_within(Duration::from_secs(2)).await;
                 }
             }
+        }
+        if let Some(net) = self.net.lock().await.take()
+            && let Err(e) = network::teardown(&self.id, net).await
+        {
+            first.get_or_insert(e);
         }
         if let Err(e) = self.shared.remove_leftovers(&self.id).await {
             first.get_or_insert(e);
