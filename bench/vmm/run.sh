@@ -2,9 +2,13 @@
 # sandcell-vmm on tiny payloads, p50/p90/p99 over N runs (default 20):
 #  - start_to_first_output_ms: process spawn to the first console byte (1 vCPU, 128 MiB)
 #  - idle_rss_mib / idle_pss_mib: smaps_rollup of an idle 128 MiB VM
+#  - snapshots (bench_snapshot): pause, full and fork snapshots of 128/512 MiB guests to
+#    tmpfs (/dev/shm), restore by process spawn and by a pre-started --wait-restore
+#    process to the guest's first console byte, RSS/PSS of 50 restored clones
 # Needs /dev/kvm and binutils (the payloads are assembled here). Writes
-# bench/vmm/results.json and prints it. Firecracker on the project's build machines:
-# 8.8 ms, 4.3 MiB RSS, 3.0 MiB PSS (TEST-HOSTS.md).
+# bench/vmm/results.json and bench/vmm/snapshot-results.json and prints them. Firecracker
+# on the project's build machines: 8.8 ms, 4.3 MiB RSS, 3.0 MiB PSS; snapshot figures in
+# snapshot-results.json (TEST-HOSTS.md).
 #
 #   bench/vmm/run.sh [--runs N]
 set -euo pipefail
@@ -17,11 +21,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 cd "$root"
-cargo build --release -q -p sandcell-vmm --bin sandcell-vmm --example bench_vmm
+cargo build --release -q -p sandcell-vmm --bin sandcell-vmm --example bench_vmm \
+  --example bench_snapshot
 payloads=crates/vmm/tests/payloads
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for p in hello idle; do
+for p in hello idle counter chatter; do
   as -I "$payloads" -o "$work/$p.o" "$payloads/$p.S"
   ld -n --build-id=none -z noexecstack -T "$payloads/payload.ld" -o "$work/$p.elf" "$work/$p.o"
 done
@@ -30,3 +35,8 @@ target/release/examples/bench_vmm --vmm target/release/sandcell-vmm \
   --hello "$work/hello.elf" --idle "$work/idle.elf" --runs "$runs" > "$out.tmp"
 mv "$out.tmp" "$out"
 cat "$out"
+snap=bench/vmm/snapshot-results.json
+target/release/examples/bench_snapshot --vmm target/release/sandcell-vmm \
+  --counter "$work/counter.elf" --chatter "$work/chatter.elf" --runs "$runs" > "$snap.tmp"
+mv "$snap.tmp" "$snap"
+cat "$snap"

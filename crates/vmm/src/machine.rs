@@ -31,10 +31,12 @@ pub struct Machine {
     pub vm: Vm,
 }
 
+/// The test-only debug devices: PIO copy, MMIO copy.
+pub type DebugPair = (Arc<Mutex<DebugDevice>>, Arc<Mutex<DebugDevice>>);
+
 pub struct DeviceSet {
     pub serial: Arc<Mutex<SerialConsole>>,
-    /// The test-only debug devices: PIO copy, MMIO copy.
-    pub debug: Option<(Arc<Mutex<DebugDevice>>, Arc<Mutex<DebugDevice>>)>,
+    pub debug: Option<DebugPair>,
     /// In placement order (the order of their MMIO windows and IRQs).
     pub virtio: Vec<VirtioSlot>,
 }

@@ -1,5 +1,6 @@
 //! `sandcell-vmm --wait-restore --control-socket PATH`: a VMM process started ahead of
-//! time (exec, dynamic loading, signal setup, event loop, control socket all done), idle
+//! time (exec, dynamic loading, signal setup, event loop, control socket, /dev/kvm opened
+//! and KVM_CREATE_VM all done), idle
 //! until a `restore` request names a snapshot. It then becomes that VM and serves the same
 //! control socket, so the connection that asked for the restore gets the answer and can
 //! go on with `pause`, `snapshot` and so on.
@@ -27,6 +28,10 @@ pub fn wait_for_restore(control_socket: &Path) -> Result<Vmm, (ExitStatus, Strin
         return Err((ExitStatus::VmmError, "no control socket".into()));
     };
     loop {
+        if p.vm.is_none() {
+            // Ahead of the request; a failure here is reported by the restore's own try.
+            p.vm = crate::kvm::vm::Vm::new().ok();
+        }
         if let Some((status, message)) = p.latch.reason() {
             return Err((status, message));
         }
@@ -52,7 +57,7 @@ pub fn wait_for_restore(control_socket: &Path) -> Result<Vmm, (ExitStatus, Strin
                         overrides,
                         paused,
                     };
-                    match builder::prepare(&p, &spec) {
+                    match builder::prepare(&mut p, &spec) {
                         Ok(prepared) => return started(p, prepared, id, rest.collect()),
                         Err(e) => ControlResponse::Error {
                             message: format!("restore failed: {e}"),

@@ -49,7 +49,7 @@ use crate::exit::ExitLatch;
 use crate::kvm::vcpu::{self, VcpuShared};
 use crate::kvm::vm::{Vm, VmError};
 use crate::loader::{self, LoaderError, VirtioMmioDecl};
-use crate::machine::{DeviceSet, Machine, VirtioHandle, VirtioSlot};
+use crate::machine::{DebugPair, DeviceSet, Machine, VirtioHandle, VirtioSlot};
 use crate::memory::{self, MemoryError, ram_ranges};
 use crate::snapshot::Persist;
 use crate::snapshot::memory::MemorySource;
@@ -145,6 +145,9 @@ pub struct Prelude {
     pub latch: Arc<ExitLatch>,
     pub console: Arc<ConsoleWatch>,
     pub control: Option<Arc<Mutex<ControlServer>>>,
+    /// A VM created ahead of time (KVM_CREATE_VM, nothing else: memory slots must come
+    /// before the irqchip, and the memory size is not known yet), used by a restore.
+    pub vm: Option<Vm>,
 }
 
 pub fn prelude(control_socket: Option<&Path>) -> Result<Prelude, BuildError> {
@@ -173,6 +176,7 @@ pub fn prelude(control_socket: Option<&Path>) -> Result<Prelude, BuildError> {
         latch,
         console: Arc::new(ConsoleWatch::default()),
         control,
+        vm: None,
     })
 }
 
@@ -326,8 +330,6 @@ enum LegacyState<'a> {
     Fresh { debug_devices: bool },
     Saved(&'a crate::snapshot::state::DevicesState),
 }
-
-type DebugPair = (Arc<Mutex<DebugDevice>>, Arc<Mutex<DebugDevice>>);
 
 /// COM1 (IRQ 4 through an irqfd), the i8042, the power port and, if asked for, the debug
 /// devices. From a snapshot, this runs after the irqchip state is restored: the serial

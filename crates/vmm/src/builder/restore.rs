@@ -54,7 +54,8 @@ pub struct Prepared {
 
 /// Restores the VM and starts it.
 pub fn restore(p: Prelude, spec: &RestoreSpec) -> Result<Vmm, BuildError> {
-    let prepared = prepare(&p, spec)?;
+    let mut p = p;
+    let prepared = prepare(&mut p, spec)?;
     start(p, prepared)
 }
 
@@ -63,9 +64,10 @@ pub fn start(p: Prelude, r: Prepared) -> Result<Vmm, BuildError> {
     finish(p, r.machine, r.fds, r.pio, r.mmio, r.paused)
 }
 
-/// Everything but starting the vCPUs. On failure `p` is untouched and can serve again
-/// (a `--wait-restore` VMM answers the error and keeps waiting).
-pub fn prepare(p: &Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildError> {
+/// Everything but starting the vCPUs. On failure `p` can serve again (a
+/// `--wait-restore` VMM answers the error and keeps waiting); only a VM it created ahead
+/// of time ([`Prelude::vm`]) is used up.
+pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildError> {
     let started = std::time::Instant::now();
     let state: MicrovmState = file::read(&spec.state_path)?;
     let bad = |reason: String| BuildError::BadSnapshot {
@@ -80,9 +82,14 @@ pub fn prepare(p: &Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildError> 
     let image = memory::open_image(&spec.mem_path, size)?;
     crate::log_debug!("restore: state read at {:?}", started.elapsed());
 
-    let vm = Vm::new()?;
+    let vm = match p.vm.take() {
+        Some(vm) => vm,
+        None => Vm::new()?,
+    };
+    crate::log_debug!("restore: VM created at {:?}", started.elapsed());
     let mem = memory::map_image(&image, size, &spec.mem_path)?;
     vm.register_memory(&mem)?;
+    crate::log_debug!("restore: memory registered at {:?}", started.elapsed());
     vm.setup_x86()?;
     crate::log_debug!("restore: memory mapped at {:?}", started.elapsed());
 
@@ -106,7 +113,7 @@ pub fn prepare(p: &Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildError> 
     let (serial, debug) = attach_legacy(
         &vm,
         &mem,
-        p,
+        &*p,
         &mut pio,
         &mut mmio,
         serial_log.as_deref(),

@@ -51,8 +51,18 @@ fn frozen_layers_are_shared_and_children_write_independently() {
         .expect("w after freeze");
 
     // Two children over the frozen layer.
-    let mut c1 = chain(&base_path, &[a_top.clone()], Some(&dir.path().join("c1"))).expect("c1");
-    let mut c2 = chain(&base_path, &[a_top.clone()], Some(&dir.path().join("c2"))).expect("c2");
+    let mut c1 = chain(
+        &base_path,
+        std::slice::from_ref(&a_top),
+        Some(&dir.path().join("c1")),
+    )
+    .expect("c1");
+    let mut c2 = chain(
+        &base_path,
+        std::slice::from_ref(&a_top),
+        Some(&dir.path().join("c2")),
+    )
+    .expect("c2");
     assert_eq!(view(&c1), expect, "children see A's data as of the freeze");
     c1.write_at(&[1; 512], 2 * CHUNK_SIZE + 512).expect("c1 w"); // partial: copy-up from A's layer
     c2.write_at(&[2; 4096], 2 * CHUNK_SIZE).expect("c2 w");
@@ -86,7 +96,7 @@ fn frozen_layers_are_shared_and_children_write_independently() {
     // flatten(base, [A, c1]) reads like the chain.
     let flat = dir.path().join("flat.scovl");
     flatten(&base_path, &[a_top.clone(), c1_path.clone()], &flat).expect("flatten");
-    let merged = chain(&base_path, &[flat.clone()], None).expect("flattened");
+    let merged = chain(&base_path, std::slice::from_ref(&flat), None).expect("flattened");
     assert_eq!(view(&merged), e1);
     let layered = chain(&base_path, &[a_top, c1_path], None).expect("chain");
     assert_eq!(view(&merged), view(&layered));
