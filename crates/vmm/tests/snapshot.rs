@@ -516,6 +516,25 @@ fn a_snapshot_freezes_the_disk_top_and_restores_bring_their_own() {
     wait_until("the child counting", || counts(&clog).len() >= 2);
     terminate(c);
     assert!(child_top.exists());
+    // `sandcell-vmm flatten` merges the chain into one frozen layer over the base.
+    let flat = dir.path().join("flat.scovl");
+    let out = wait(vmm(&[
+        "flatten",
+        "--base",
+        s(&base),
+        "--layer",
+        s(&top),
+        "--out",
+        s(&flat),
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(std::fs::read(&flat).expect("flattened")[48] & 1, 1);
+    let out = wait(vmm(&["flatten", "--base", s(&base), "--out", s(&flat)]));
+    assert_eq!(
+        out.status.code(),
+        Some(ExitStatus::BadConfig.code()),
+        "an existing output is refused"
+    );
     assert_eq!(
         ctl.request(&ControlRequest::Shutdown),
         ok(VmState::Stopping)

@@ -10,9 +10,12 @@
 //! 2. regs, sregs, xsave, xcrs, debugregs, LAPIC, TSC frequency, CPUID, MSRs.
 //! 3. `VCPU_EVENTS` last: pending exceptions/interrupts/NMIs as of the end of the save.
 //!
-//! A zero `MSR_IA32_TSC_DEADLINE` (timer armed in deadline mode but read back as 0,
-//! which KVM reports for an expired deadline whose interrupt is queued) is replaced by
-//! the vCPU's TSC, so the restored timer fires at once instead of never.
+//! A zero `MSR_IA32_TSC_DEADLINE` is replaced by the vCPU's saved TSC (Firecracker's
+//! `fix_zero_tsc_deadline_msr`): KVM reads the deadline back as 0 once it has expired,
+//! and Firecracker saw restored guests that never got their next timer interrupt. A
+//! deadline equal to the TSC fires at once after restore: a spurious tick is harmless, a
+//! lost one can hang the guest. Writing it has no effect unless the LAPIC timer is in
+//! TSC-deadline mode.
 
 use kvm_bindings::{
     CpuId, KVM_MAX_CPUID_ENTRIES, Msrs, Xsave, kvm_cpuid_entry2, kvm_debugregs, kvm_lapic_state,
