@@ -288,7 +288,19 @@ impl Persist for Vsock {
         }
     }
 
+    /// Without a new path, the saved one must not belong to a live VMM (a fork's parent):
+    /// binding it would take the parent's socket path away.
     fn restore(uds_path: Option<PathBuf>, s: &VsockState) -> Result<Self, DeviceStateError> {
+        if uds_path.is_none() && std::os::unix::net::UnixStream::connect(&s.uds_path).is_ok() {
+            return Err(DeviceStateError::new(
+                "virtio-vsock",
+                format!(
+                    "{} is the socket of a running VM: give the restore its own \
+                     (overrides.vsock_uds_path / --vsock-uds)",
+                    s.uds_path.display()
+                ),
+            ));
+        }
         let path = uds_path.unwrap_or_else(|| s.uds_path.clone());
         let mut v = Vsock::new(s.guest_cid, path)
             .map_err(|e| DeviceStateError::new("virtio-vsock", e.to_string()))?;
