@@ -4,7 +4,10 @@
 # cloud kernel loads kvm-amd with nested=1 and runs the test batch (tests/nested/l1/tests.sh)
 # against L2 guests: our kernel and the minimal image, booted by sandcell-vmm.
 #
-#   tests/nested/run.sh [--only name,name] [--timeout SECS] [--memory MIB] [--bench-json FILE]
+#   tests/nested/run.sh [--only name,name] [--timeout SECS] [--memory MIB] [--boots N]
+#                       [--bench-json FILE]
+#
+# --boots N: vmm_smoke boots L2 N times (N samples of boot-to-agent-ready for the bench).
 #
 # Builds what it needs, each step cached: the static host binaries (cargo), the guest kernel
 # (scripts/build-kernel.sh), the minimal image (scripts/build-image.sh), the L1 kernel
@@ -24,8 +27,9 @@ only=
 timeout=900
 memory=2048
 bench_json=
+boots=1
 
-usage() { echo "usage: $0 [--only name,name] [--timeout SECS] [--memory MIB] [--bench-json FILE]" >&2; exit 2; }
+usage() { echo "usage: $0 [--only name,name] [--timeout SECS] [--memory MIB] [--boots N] [--bench-json FILE]" >&2; exit 2; }
 log() { echo "nested: $*" >&2; }
 die() { echo "nested: $*" >&2; exit 1; }
 
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || usage
   case "$1" in
     --only) only=$2 ;; --timeout) timeout=$2 ;; --memory) memory=$2 ;; --bench-json) bench_json=$2 ;;
+    --boots) boots=$2 ;;
     *) usage ;;
   esac
   shift 2
@@ -85,6 +90,7 @@ initramfs=$("$here/build-initramfs.sh" --l1 "$l1" --kernel "$kernel" --image-dir
 console=$outdir/console.log
 append="console=ttyS0 panic=-1 quiet"
 [ -z "$only" ] || append="$append nested.only=$only"
+[ "$boots" = 1 ] || append="$append nested.boots=$boots"
 log "booting L1 ($(cat "$l1/package"), -m $memory, hard timeout ${timeout}s); results as they come:"
 start=$(date +%s)
 set +e
@@ -111,14 +117,25 @@ done
 grep -q '^NESTED-DONE' "$console" || { log "FAIL: the batch did not finish (QEMU status $qemu_status after ${elapsed}s)"; failures=$((failures + 1)); }
 
 if [ -n "$bench_json" ]; then
+  short_sha() { [ -n "$1" ] && [ -f "$1" ] && sha256sum "$1" | cut -c1-16 || echo none; }
   {
-    printf '{\n  "harness": "tests/nested/run.sh",\n  "note": "nested KVM under QEMU TCG: ~100x slower than hardware; behaviour, not speed",\n'
-    printf '  "date": "%s",\n  "git": "%s",\n  "l1_kernel": "%s",\n  "qemu": "%s",\n  "l1_wall_s": %d,\n  "results": {' \
+    printf '{\n  "harness": "tests/nested/run.sh",\n  "note": "nested KVM under QEMU TCG on a shared 2-core host: ~100x slower than hardware; behaviour, not speed",\n'
+    printf '  "date": "%s",\n  "git": "%s",\n  "l1_kernel": "%s",\n  "qemu": "%s",\n' \
       "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-      "$(cat "$l1/package")" "$(qemu-system-x86_64 --version | head -n 1 | awk '{ print $4 }')" "$elapsed"
+      "$(cat "$l1/package")" "$(qemu-system-x86_64 --version | head -n 1 | awk '{ print $4 }')"
+    printf '  "guest_kernel_sha256": "%s",\n  "vmm_sha256": "%s",\n  "agent_sha256": "%s",\n  "l1_wall_s": %d,\n  "all_passed": %s,\n  "results": {' \
+      "$(short_sha "$kernel")" "$(short_sha "$vmm")" "$(short_sha "$agent")" "$elapsed" \
+      "$([ "$failures" = 0 ] && echo true || echo false)"
     sep=
-    sed -n 's/^NESTED-BENCH //p' "$console" | while read -r name value unit; do
-      printf '%s\n    "%s": {"value": %s, "unit": "%s"}' "$sep" "$name" "$value" "$unit"; sep=,
+    for name in $(sed -n 's/^NESTED-BENCH \([^ ]*\) .*/\1/p' "$console" | sort -u); do
+      unit=$(sed -n "s/^NESTED-BENCH $name [^ ]* //p" "$console" | head -n 1)
+      samples=$(sed -n "s/^NESTED-BENCH $name \([^ ]*\) .*/\1/p" "$console" | sort -n)
+      n=$(echo "$samples" | wc -l)
+      p50=$(echo "$samples" | sed -n "$(( (n + 1) / 2 ))p")
+      printf '%s\n    "%s": {"unit": "%s", "n": %d, "p50": %s, "min": %s, "max": %s, "samples": [%s]}' \
+        "$sep" "$name" "$unit" "$n" "$p50" "$(echo "$samples" | head -n 1)" "$(echo "$samples" | tail -n 1)" \
+        "$(sed -n "s/^NESTED-BENCH $name \([^ ]*\) .*/\1/p" "$console" | paste -sd, -)"
+      sep=,
     done
     printf '\n  }\n}\n'
   } > "$bench_json"

@@ -98,29 +98,36 @@ test_l1_kvm() {
 
 # ---- sandcell-vmm directly ------------------------------------------------------------------
 
-# Boot the minimal image to its agent, time it, power it off through the agent.
+# Boot the minimal image to its agent, time it, power it off through the agent; N times
+# with the kernel parameter nested.boots=N (the bench asks for several samples).
 test_vmm_smoke() {
   need sandcell-vmm nested-probe; need_l2
-  d=/tmp/vmm_smoke; mkdir -p $d
-  vm_config $d "$L2_CMDLINE init=/sbin/sandcell-agent --listen vsock:$AGENT_PORT" 1 256 vsock
-  set +e
-  nested-probe boot --vmm sandcell-vmm --config $d/vm.json --uds $d/vsock --then poweroff \
-    --ready-timeout 120 --exit-timeout 60 > $d/probe.out
-  rc=$?
-  set -e
-  cat $d/probe.out
-  ready=$(sed -n 's/^ready_ms=//p' $d/probe.out)
-  exit_status=$(sed -n 's/^vmm_exit=//p' $d/probe.out)
-  if [ -z "$ready" ]; then
-    show_serial $d
-    fail "the agent never answered /health (probe status $rc, vmm_exit=${exit_status:-none})"
-  fi
-  bench l2_boot_to_agent_ready_ms "$ready" ms
-  if [ "$rc" != 0 ] || [ "$exit_status" != 0 ]; then
-    show_serial $d
-    fail "agent ready after ${ready} ms, but POST /sandcell/poweroff did not end the VMM with 0 (PowerOff): vmm_exit=${exit_status:-none (still running, killed)}"
-  fi
-  pass "agent answered /health ${ready} ms after spawn; poweroff -> VMM exit 0"
+  boots=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^nested\.boots=\([0-9]*\)$/\1/p')
+  boots=${boots:-1}
+  i=1
+  while [ "$i" -le "$boots" ]; do
+    d=/tmp/vmm_smoke/$i; mkdir -p $d
+    vm_config $d "$L2_CMDLINE init=/sbin/sandcell-agent --listen vsock:$AGENT_PORT" 1 256 vsock
+    set +e
+    nested-probe boot --vmm sandcell-vmm --config $d/vm.json --uds $d/vsock --then poweroff \
+      --ready-timeout 120 --exit-timeout 60 > $d/probe.out
+    rc=$?
+    set -e
+    cat $d/probe.out
+    ready=$(sed -n 's/^ready_ms=//p' $d/probe.out)
+    exit_status=$(sed -n 's/^vmm_exit=//p' $d/probe.out)
+    if [ -z "$ready" ]; then
+      show_serial $d
+      fail "boot $i: the agent never answered /health (probe status $rc, vmm_exit=${exit_status:-none})"
+    fi
+    bench l2_boot_to_agent_ready_ms "$ready" ms
+    if [ "$rc" != 0 ] || [ "$exit_status" != 0 ]; then
+      show_serial $d
+      fail "boot $i: agent ready after ${ready} ms, but POST /sandcell/poweroff did not end the VMM with 0 (PowerOff): vmm_exit=${exit_status:-none (still running, killed)}"
+    fi
+    i=$((i + 1))
+  done
+  pass "agent answered /health ${ready} ms after spawn; poweroff -> VMM exit 0 (boots: $boots)"
 }
 
 # An init that exits panics the guest kernel; the VMM must say so (ExitStatus::GuestPanic).
