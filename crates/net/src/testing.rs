@@ -43,12 +43,34 @@ fn sh(args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
-static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Held while a test uses the fake internet: an exclusive `flock`, so that tests in other
+/// processes (nextest runs each test in its own) wait too.
+pub struct InternetLock(std::fs::File);
+
+impl Drop for InternetLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own; closing it would release the lock too.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
 
 impl Internet {
-    /// Serializes the tests of one process that use the fake internet.
-    pub fn lock() -> std::sync::MutexGuard<'static, ()> {
-        LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    /// Serializes the tests of this host that use the fake internet.
+    pub fn lock() -> InternetLock {
+        use std::os::fd::AsRawFd;
+        let path = "/run/sandcell-test-internet.lock";
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            panic!("locking {path}: {}", std::io::Error::last_os_error());
+        }
+        InternetLock(file)
     }
 
     /// Builds it (after removing a leftover of a killed test run). Fails loudly when `ip`,

@@ -4,8 +4,6 @@
 //! loudly without them.
 
 #![allow(clippy::unwrap_used)]
-// The fake internet has fixed names: its lock is held for a whole test on purpose.
-#![allow(clippy::await_holding_lock)]
 
 use sandcell_net::testing::{DNS, HTTP_A, HTTP_B, Internet};
 use sandcell_net::{EgressSpec, NetConfig, Network, SandboxNet};

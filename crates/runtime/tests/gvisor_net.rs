@@ -4,8 +4,6 @@
 //! nftables, dnsmasq and python3; fails loudly without them.
 
 #![allow(clippy::unwrap_used)]
-// The fake internet has fixed names: its lock is held for the whole test on purpose.
-#![allow(clippy::await_holding_lock)]
 
 use sandcell_agent::client::{OutputKind, decode_data};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
