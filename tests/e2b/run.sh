@@ -12,8 +12,9 @@
 # two-line shim to busybox sh. Environment:
 #   SANDCELL_BIN=PATH        the sandcell binary [default: cargo build -p sandcell-cli, debug]
 #   SANDCELL_TEMPLATE=NAME   force a template
-#   SANDCELL_E2B_AGENT=PATH  put this agent binary into the fixture template and use that
-#                            template (to test an agent newer than the installed images')
+#   SANDCELL_E2B_AGENT=PATH  put this agent binary into the templates used (a `base` made from
+#                            the installed one, else the `minimal-bash` fixture), to test an
+#                            agent newer than the installed images'
 #   PYTEST_ARGS="..."        extra pytest arguments (e.g. -k files)
 # Exits non-zero when any test fails.
 set -euo pipefail
@@ -80,7 +81,17 @@ trap cleanup EXIT
 mkdir -p "$DATA/images"
 ln -s "$INSTALLED/images/minimal" "$DATA/images/minimal"
 [ -d "$INSTALLED/kernels" ] && ln -s "$INSTALLED/kernels" "$DATA/kernels"
-if [ -d "$INSTALLED/images/base" ]; then
+if [ -d "$INSTALLED/images/base" ] && [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
+    # The installed base tree with this agent: hard links where the file system allows
+    # (the gvisor runtime only ever reads the image tree: writes go to an overlay), and the
+    # agent a new file, never written through a link.
+    say "base fixture with agent $SANDCELL_E2B_AGENT"
+    mkdir -p "$DATA/images/base"
+    cp -al "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs" 2>/dev/null ||
+        cp -a "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs"
+    rm -f "$DATA/images/base/rootfs/sbin/sandcell-agent"
+    install -m 755 "$SANDCELL_E2B_AGENT" "$DATA/images/base/rootfs/sbin/sandcell-agent"
+elif [ -d "$INSTALLED/images/base" ]; then
     ln -s "$INSTALLED/images/base" "$DATA/images/base"
 fi
 FIXTURE="$DATA/images/minimal-bash"
@@ -94,7 +105,7 @@ if [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
     install -m 755 "$SANDCELL_E2B_AGENT" "$FIXTURE/rootfs/sbin/sandcell-agent"
 fi
 if [ -z "${SANDCELL_TEMPLATE:-}" ]; then
-    if [ -d "$DATA/images/base" ] && [ -z "${SANDCELL_E2B_AGENT:-}" ]; then SANDCELL_TEMPLATE=base; else SANDCELL_TEMPLATE=minimal-bash; fi
+    if [ -d "$DATA/images/base" ]; then SANDCELL_TEMPLATE=base; else SANDCELL_TEMPLATE=minimal-bash; fi
 fi
 export SANDCELL_TEMPLATE
 

@@ -6,12 +6,27 @@
 //! sandcell doctor [--json]
 //! sandcell serve [--listen ADDR:PORT] [--runtime auto|microvm|gvisor] [--domain DOMAIN]
 //! sandcell keys create [--name N] [--max-sandboxes N] [--json] | ls [--json] | revoke ID|NAME
+//!
+//! (against a running daemon)
+//! sandcell create [--template T] [--timeout SECS] [--metadata K=V]... [--env K=V]... [--json]
+//! sandcell ls [--state running|paused] [--metadata K=V]... [--json]
+//! sandcell exec ID [--user U] [--cwd DIR] [--env K=V]... -- CMD [ARGS...]
+//! sandcell shell ID [--user U] [--cwd DIR] [--env K=V]... [-- CMD [ARGS...]]
+//! sandcell cp LOCAL ID:PATH | ID:PATH LOCAL  [--user U]
+//! sandcell kill ID...
 //! ```
 //! Global: `--data-dir D` (or `$SANDCELL_DATA_DIR`, default /var/lib/sandcell); the per-sandbox
-//! run dir is `$SANDCELL_RUN_DIR` (default /run/sandcell).
+//! run dir is `$SANDCELL_RUN_DIR` (default /run/sandcell). The daemon commands find the
+//! daemon and key as `daemon.rs` says: `$SANDCELL_URL`/`$SANDCELL_API_KEY`, the config file,
+//! or the local admin key.
 
+mod cp;
+mod daemon;
 mod doctor;
+mod exec;
 mod run;
+mod sandboxes;
+mod term;
 
 use clap::{Parser, Subcommand};
 use sandcell_runtime::Dirs;
@@ -46,6 +61,18 @@ enum Command {
         #[command(subcommand)]
         command: sandcell_server::KeysCommand,
     },
+    /// Create a sandbox on the daemon; prints its id
+    Create(sandboxes::CreateArgs),
+    /// List the sandboxes of the API key
+    Ls(sandboxes::LsArgs),
+    /// Run a command in a sandbox, streaming its output; exits with its status
+    Exec(exec::ExecArgs),
+    /// An interactive terminal in a sandbox
+    Shell(exec::ShellArgs),
+    /// Copy a file into a sandbox (LOCAL ID:PATH) or out of one (ID:PATH LOCAL)
+    Cp(cp::CpArgs),
+    /// Kill sandboxes
+    Kill(sandboxes::KillArgs),
 }
 
 #[derive(clap::Args)]
@@ -97,6 +124,19 @@ fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
     s.parse()
 }
 
+/// Runs a client command against the daemon found from the environment and config.
+async fn with_daemon<'a, F, Fut>(dirs: &Dirs, command: F) -> i32
+where
+    F: FnOnce(&'a daemon::Target) -> Fut,
+    Fut: std::future::Future<Output = i32> + 'a,
+{
+    match daemon::locate(dirs) {
+        // Leaked: one per process, and the command's future borrows it to the end.
+        Ok(target) => command(Box::leak(Box::new(target))).await,
+        Err(e) => sandboxes::fail(&e.to_string(), sandboxes::EXIT_USAGE),
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let dirs = Dirs::from_env(cli.data_dir);
@@ -117,6 +157,12 @@ fn main() {
             Command::Doctor(args) => doctor::doctor(dirs, args).await,
             Command::Serve(args) => sandcell_server::serve(dirs, args).await,
             Command::Keys { command } => sandcell_server::keys(dirs, command).await,
+            Command::Create(args) => with_daemon(&dirs, |t| sandboxes::create(t, args)).await,
+            Command::Ls(args) => with_daemon(&dirs, |t| sandboxes::ls(t, args)).await,
+            Command::Exec(args) => with_daemon(&dirs, |t| exec::exec(t, args)).await,
+            Command::Shell(args) => with_daemon(&dirs, |t| exec::shell(t, args)).await,
+            Command::Cp(args) => with_daemon(&dirs, |t| cp::cp(t, args)).await,
+            Command::Kill(args) => with_daemon(&dirs, |t| sandboxes::kill(t, args)).await,
         }
     });
     // Threads blocked on our stdin must not hold the exit up.

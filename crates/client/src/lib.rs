@@ -5,8 +5,11 @@
 //! TLS-terminating proxy; no TLS here). Response bodies of envd calls stream
 //! ([`Client::envd`]); control API answers are small and read whole, bounded.
 
+mod body;
+mod envd;
 mod models;
 
+pub use envd::{Download, Envd, InputStream, Output, ProcessStream, decode_data};
 pub use models::*;
 
 use bytes::Bytes;
@@ -20,6 +23,9 @@ use serde::de::DeserializeOwned;
 
 /// The largest control-API answer read.
 const MAX_API_BODY: usize = 16 * 1024 * 1024;
+/// How long to wait for the daemon to accept a connection (a host that drops packets would
+/// otherwise hold us for the kernel's minutes of SYN retries).
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// envd's port in every sandbox.
 pub const ENVD_PORT: u16 = 49983;
 
@@ -46,13 +52,29 @@ pub enum ClientError {
     Api { status: StatusCode, message: String },
     #[error("unexpected answer to {what}: {problem}")]
     Decode { what: String, problem: String },
+    /// The sandbox's envd (through the proxy) answered with an error status: a Connect
+    /// code (`not_found`) or envd's REST one (`404`).
+    #[error("{what}: {status}: {message}")]
+    Envd {
+        what: String,
+        status: StatusCode,
+        code: String,
+        message: String,
+    },
+    /// A Connect stream ended with an error.
+    #[error("{what}: {code}: {message}")]
+    Rpc {
+        what: String,
+        code: String,
+        message: String,
+    },
 }
 
 impl ClientError {
     /// The HTTP status of an API error.
     pub fn status(&self) -> Option<StatusCode> {
         match self {
-            ClientError::Api { status, .. } => Some(*status),
+            ClientError::Api { status, .. } | ClientError::Envd { status, .. } => Some(*status),
             _ => None,
         }
     }
@@ -107,12 +129,18 @@ impl Client {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let stream = tokio::net::TcpStream::connect(&self.addr)
-            .await
-            .map_err(|source| ClientError::Connect {
-                addr: self.addr.clone(),
-                source,
-            })?;
+        let connect = tokio::net::TcpStream::connect(&self.addr);
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(connected) => connected,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+            )),
+        }
+        .map_err(|source| ClientError::Connect {
+            addr: self.addr.clone(),
+            source,
+        })?;
         let http = |source| ClientError::Http {
             addr: self.addr.clone(),
             source,
@@ -195,12 +223,26 @@ impl Client {
 
     /// All running sandboxes of the key (`GET /v2/sandboxes`, every page).
     pub async fn list_sandboxes(&self) -> Result<Vec<ListedSandbox>, ClientError> {
+        self.list_sandboxes_where(&ListFilter::default()).await
+    }
+
+    /// The key's sandboxes matching `filter` (`GET /v2/sandboxes`, every page).
+    pub async fn list_sandboxes_where(
+        &self,
+        filter: &ListFilter,
+    ) -> Result<Vec<ListedSandbox>, ClientError> {
         let mut all = Vec::new();
         let mut token: Option<String> = None;
+        let query = filter.query();
         loop {
-            let path = match &token {
-                Some(t) => format!("/v2/sandboxes?nextToken={t}"),
-                None => "/v2/sandboxes".to_string(),
+            let mut params: Vec<String> = query.clone();
+            if let Some(t) = &token {
+                params.push(format!("nextToken={}", form_encode(t)));
+            }
+            let path = if params.is_empty() {
+                "/v2/sandboxes".to_string()
+            } else {
+                format!("/v2/sandboxes?{}", params.join("&"))
             };
             let resp = checked(self.api(Method::GET, &path, None).await?)?;
             let page: Vec<ListedSandbox> =
@@ -266,6 +308,48 @@ impl Client {
     }
 }
 
+/// Which sandboxes [`Client::list_sandboxes_where`] lists.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Every pair must be in the sandbox's metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// `running`, `paused`; empty: the daemon's default (running).
+    pub states: Vec<String>,
+}
+
+impl ListFilter {
+    /// Query parameters, as the E2B SDKs encode them: `metadata` is itself a URL-encoded
+    /// `k=v&k2=v2` query; `state` is comma-separated.
+    fn query(&self) -> Vec<String> {
+        let mut params = Vec::new();
+        if !self.metadata.is_empty() {
+            let inner: Vec<String> = self
+                .metadata
+                .iter()
+                .map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v)))
+                .collect();
+            params.push(format!("metadata={}", form_encode(&inner.join("&"))));
+        }
+        if !self.states.is_empty() {
+            params.push(format!("state={}", form_encode(&self.states.join(","))));
+        }
+        params
+    }
+}
+
+/// Percent-encodes all but unreserved characters (a query component).
+fn form_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn to_json<T: Serialize>(v: &T) -> Result<serde_json::Value, ClientError> {
     serde_json::to_value(v).map_err(|e| ClientError::Decode {
         what: "request body".into(),
@@ -312,5 +396,21 @@ mod tests {
         assert!(Client::new("https://x:1", None).is_err());
         assert!(Client::new("http://x:1/api", None).is_err());
         assert!(Client::new("http://", None).is_err());
+    }
+
+    #[test]
+    fn list_filters_encode_like_the_sdks() {
+        let mut f = ListFilter::default();
+        f.metadata.insert("a b".into(), "c&d".into());
+        f.metadata.insert("k".into(), "v".into());
+        f.states = vec!["running".into(), "paused".into()];
+        assert_eq!(
+            f.query(),
+            vec![
+                "metadata=a%2520b%3Dc%2526d%26k%3Dv".to_string(),
+                "state=running%2Cpaused".to_string()
+            ]
+        );
+        assert!(ListFilter::default().query().is_empty());
     }
 }
