@@ -105,6 +105,14 @@ pub enum Error {
         path: PathBuf,
         problem: String,
     },
+
+    /// [`crate::Runtime::adopt`] found the sandbox ended (its leftovers are removed).
+    #[error("{runtime} runtime: sandbox {id} cannot be adopted: {problem}")]
+    Gone {
+        runtime: RuntimeKind,
+        id: String,
+        problem: String,
+    },
 }
 
 impl Error {

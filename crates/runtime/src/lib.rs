@@ -14,6 +14,7 @@
 //! removes both, and [`Runtime::sweep`] removes those whose owning process died.
 
 pub mod cgroup;
+mod detach;
 pub mod dirs;
 mod error;
 pub mod gvisor;
@@ -83,6 +84,33 @@ pub struct SandboxSpec {
     /// A network with an egress policy (gvisor only for now); `None`: no network
     /// (loopback only).
     pub network: Option<NetworkSpec>,
+    /// false (`sandcell run`): the sandbox dies with the process that created it (parent-death
+    /// signal) and the next sweep removes its files. true (the daemon): it keeps running when
+    /// its creator dies, and a new process takes it over with [`Runtime::adopt`] and the
+    /// [`Sandbox::handle`] saved earlier; plain [`Runtime::sweep`]s leave it alone.
+    pub outlive_owner: bool,
+}
+
+/// What finds a running sandbox again after its owner died (see
+/// [`SandboxSpec::outlive_owner`]): saved by the owner (the daemon stores it in its database)
+/// and given to [`Runtime::adopt`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SandboxHandle {
+    pub runtime: RuntimeKind,
+    pub id: String,
+    /// The host process that embodies the sandbox (`runsc run`, `sandcell-vmm`) ...
+    pub pid: u32,
+    /// ... and its start time (field 22 of /proc/<pid>/stat), so that a reused pid never
+    /// passes for it.
+    pub start_time: u64,
+    pub vcpus: u8,
+    pub memory_mib: u32,
+    /// The socket the agent is reached through (gvisor: the agent's Unix socket; microvm:
+    /// the VMM's hybrid vsock socket).
+    pub agent_socket: std::path::PathBuf,
+    /// The VMM's control socket (microvm only).
+    #[serde(default)]
+    pub control_socket: Option<std::path::PathBuf>,
 }
 
 impl SandboxSpec {
@@ -96,6 +124,7 @@ impl SandboxSpec {
             kernel: None,
             boot_timeout: Duration::from_secs(30),
             network: None,
+            outlive_owner: false,
         }
     }
 }
@@ -225,8 +254,19 @@ pub trait Runtime: Send + Sync {
     async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>>;
 
     /// Removes every leftover of sandboxes of this runtime whose owning process is gone
-    /// (crashed CLI or daemon). Returns the ids cleaned.
+    /// (crashed CLI or daemon), except those made to outlive their owner
+    /// ([`SandboxSpec::outlive_owner`]). Returns the ids cleaned.
     async fn sweep(&self) -> Result<Vec<String>>;
+
+    /// As [`Runtime::sweep`], and also the sandboxes made to outlive their owner whose
+    /// owner is gone and that nobody adopted: what a restarted daemon calls once it has
+    /// adopted those it knows.
+    async fn sweep_unadopted(&self) -> Result<Vec<String>>;
+
+    /// Takes over a sandbox made with [`SandboxSpec::outlive_owner`] whose owner died, from
+    /// the [`Sandbox::handle`] that owner saved: this process becomes its owner. A sandbox
+    /// that ended meanwhile has its leftovers removed and gives [`Error::Gone`].
+    async fn adopt(&self, handle: &SandboxHandle) -> Result<Box<dyn Sandbox>>;
 }
 
 /// One sandbox. Every method takes `&self` so that one task can wait for the sandbox's end
@@ -235,6 +275,10 @@ pub trait Runtime: Send + Sync {
 pub trait Sandbox: Send + Sync {
     fn id(&self) -> &str;
     fn runtime(&self) -> RuntimeKind;
+
+    /// How to find this sandbox again after this process dies ([`Runtime::adopt`]); `Some`
+    /// once a sandbox made with [`SandboxSpec::outlive_owner`] has started.
+    fn handle(&self) -> Option<SandboxHandle>;
 
     /// Starts the sandbox and returns once the agent accepts connections (or fails with the
     /// console tail when the sandbox ends or the boot timeout passes first).

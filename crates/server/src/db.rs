@@ -13,44 +13,16 @@ use std::time::Duration;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// `(version, description, sql)`, in order. Never edit a released one: add a new file.
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "initial", include_str!("../migrations/0001_initial.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "initial", include_str!("../migrations/0001_initial.sql")),
+    (
+        2,
+        "lifecycle metering",
+        include_str!("../migrations/0002_lifecycle_metering.sql"),
+    ),
+];
 
-/// The lifecycle states of a sandbox as stored (see `lifecycle.rs` for the transitions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    Creating,
-    Running,
-    Killing,
-    Killed,
-    Error,
-}
-
-impl State {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Creating => "creating",
-            State::Running => "running",
-            State::Killing => "killing",
-            State::Killed => "killed",
-            State::Error => "error",
-        }
-    }
-
-    fn parse(s: &str) -> Option<State> {
-        Some(match s {
-            "creating" => State::Creating,
-            "running" => State::Running,
-            "killing" => State::Killing,
-            "killed" => State::Killed,
-            "error" => State::Error,
-            _ => return None,
-        })
-    }
-
-    /// States that hold host resources and count against a key's limit.
-    pub const LIVE: [State; 3] = [State::Creating, State::Running, State::Killing];
-}
+pub use crate::state::State;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRow {
@@ -82,6 +54,18 @@ pub struct SandboxRow {
     pub end_at: Option<i64>,
     pub ended_at: Option<i64>,
     pub end_reason: Option<String>,
+    /// The runtime's `SandboxHandle` as JSON, once running (see the migration 2).
+    pub handle: Option<String>,
+}
+
+/// A stretch of time a sandbox ran, for metering (`end_ms` is now for a running one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageInterval {
+    pub sandbox_id: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub start_ms: i64,
+    pub end_ms: i64,
 }
 
 #[derive(Clone)]
@@ -93,6 +77,10 @@ const KEY_COLUMNS: &str = "id, name, key_prefix, is_admin, max_sandboxes, create
 const SANDBOX_COLUMNS: &str = "id, key_id, template_id, runtime, state, secure, access_token, \
      metadata, vcpus, memory_mib, disk_mib, envd_version, created_at, started_at, end_at, \
      ended_at, end_reason";
+/// What is read: what is inserted, and what is written later.
+const SANDBOX_READ_COLUMNS: &str = "id, key_id, template_id, runtime, state, secure, \
+     access_token, metadata, vcpus, memory_mib, disk_mib, envd_version, created_at, \
+     started_at, end_at, ended_at, end_reason, handle";
 
 fn key_from_row(row: &SqliteRow) -> Result<KeyRow, sqlx::Error> {
     Ok(KeyRow {
@@ -138,6 +126,7 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRow, sqlx::Error> {
         end_at: row.try_get("end_at")?,
         ended_at: row.try_get("ended_at")?,
         end_reason: row.try_get("end_reason")?,
+        handle: row.try_get("handle")?,
     })
 }
 
@@ -262,10 +251,11 @@ impl Db {
         max: Option<u32>,
     ) -> Result<bool> {
         let live = placeholders(18, State::LIVE.len());
+        let max_at = 18 + State::LIVE.len();
         let sql = format!(
             "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17 \
-             WHERE $21 IS NULL OR (SELECT COUNT(*) FROM sandboxes WHERE key_id = $2 AND state IN ({live})) < $21"
+             WHERE ${max_at} IS NULL OR (SELECT COUNT(*) FROM sandboxes WHERE key_id = $2 AND state IN ({live})) < ${max_at}"
         );
         let metadata = serde_json::to_string(&row.metadata).map_err(|e| Error::Io {
             what: "encoding sandbox metadata".into(),
@@ -300,29 +290,54 @@ impl Db {
         Ok(done.rows_affected() == 1)
     }
 
+    /// `creating` to `running`, with what a restarted daemon needs to adopt it (`handle`),
+    /// and its first metering interval opened, in one transaction.
     pub async fn mark_running(
         &self,
-        id: &str,
+        row: &SandboxRow,
         started_at: i64,
         end_at: i64,
         envd_version: &str,
+        handle: Option<&str>,
     ) -> Result<bool> {
+        let id = &row.id;
+        let what = format!("marking sandbox {id} running");
+        let mut tx = self.pool.begin().await.map_err(Error::db(what.clone()))?;
         let done = sqlx::query(
-            "UPDATE sandboxes SET state = 'running', started_at = $2, end_at = $3, envd_version = $4 \
+            "UPDATE sandboxes SET state = 'running', started_at = $2, end_at = $3, \
+               envd_version = $4, handle = $5 \
              WHERE id = $1 AND state = 'creating'",
         )
         .bind(id)
         .bind(started_at)
         .bind(end_at)
         .bind(envd_version)
-        .execute(&self.pool)
+        .bind(handle)
+        .execute(&mut *tx)
         .await
-        .map_err(Error::db(format!("marking sandbox {id} running")))?;
-        Ok(done.rows_affected() == 1)
+        .map_err(Error::db(what.clone()))?;
+        if done.rows_affected() != 1 {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO usage_intervals (sandbox_id, key_id, vcpus, memory_mib, start_ms, end_ms, open) \
+             VALUES ($1, $2, $3, $4, $5, $5, 1)",
+        )
+        .bind(id)
+        .bind(&row.key_id)
+        .bind(i64::from(row.vcpus))
+        .bind(i64::from(row.memory_mib))
+        .bind(started_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(what.clone()))?;
+        tx.commit().await.map_err(Error::db(what))?;
+        Ok(true)
     }
 
     /// Moves `id` from one of `from` to `to`; false if it was in none of them. Final states
-    /// record when and why.
+    /// record when and why. Leaving `running` closes its metering interval at `now`, in the
+    /// same transaction. A move the state machine forbids (state.rs) is an error.
     pub async fn transition(
         &self,
         id: &str,
@@ -331,7 +346,14 @@ impl Db {
         reason: Option<&str>,
         now: i64,
     ) -> Result<bool> {
-        let final_state = matches!(to, State::Killed | State::Error);
+        if let Some(bad) = from.iter().find(|f| !f.can_move_to(to)) {
+            return Err(Error::Transition {
+                id: id.to_string(),
+                from: bad.as_str(),
+                to: to.as_str(),
+            });
+        }
+        let final_state = to.is_final();
         let sql = format!(
             "UPDATE sandboxes SET state = $2, \
                ended_at = CASE WHEN $3 THEN $4 ELSE ended_at END, \
@@ -339,6 +361,8 @@ impl Db {
              WHERE id = $1 AND state IN ({})",
             placeholders(6, from.len())
         );
+        let what = format!("moving sandbox {id} to {}", to.as_str());
+        let mut tx = self.pool.begin().await.map_err(Error::db(what.clone()))?;
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(to.as_str())
@@ -348,16 +372,110 @@ impl Db {
         for s in from {
             q = q.bind(s.as_str());
         }
-        let done = q
+        let done = q.execute(&mut *tx).await.map_err(Error::db(what.clone()))?;
+        if done.rows_affected() != 1 {
+            return Ok(false);
+        }
+        if to != State::Running {
+            sqlx::query(
+                "UPDATE usage_intervals SET end_ms = MAX(end_ms, $2), open = 0 \
+                 WHERE sandbox_id = $1 AND open = 1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(what.clone()))?;
+        }
+        tx.commit().await.map_err(Error::db(what))?;
+        Ok(true)
+    }
+
+    // ---- metering ----
+
+    /// Closes the open metering interval of `id` where the last flush left it: for a
+    /// sandbox found dead after a restart, whose end time nobody saw (never bill time we
+    /// cannot vouch for).
+    pub async fn close_usage_at_last_flush(&self, id: &str) -> Result<()> {
+        sqlx::query("UPDATE usage_intervals SET open = 0 WHERE sandbox_id = $1 AND open = 1")
+            .bind(id)
             .execute(&self.pool)
             .await
-            .map_err(Error::db(format!("moving sandbox {id} to {}", to.as_str())))?;
-        Ok(done.rows_affected() == 1)
+            .map_err(Error::db(format!("closing the metering of sandbox {id}")))?;
+        Ok(())
+    }
+
+    /// Moves the end of every open interval to `now` (periodic, so a crash loses at most
+    /// one period of a sandbox that died while the daemon was down).
+    pub async fn flush_usage(&self, now: i64) -> Result<()> {
+        sqlx::query("UPDATE usage_intervals SET end_ms = MAX(end_ms, $1) WHERE open = 1")
+            .bind(now)
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db("flushing metering"))?;
+        Ok(())
+    }
+
+    /// The intervals of `key_id` that overlap `[from, to)`, open ones ending at `now`
+    /// (not clipped to the range).
+    pub async fn usage(
+        &self,
+        key_id: &str,
+        from: i64,
+        to: i64,
+        now: i64,
+    ) -> Result<Vec<UsageInterval>> {
+        let rows = sqlx::query(
+            "SELECT sandbox_id, vcpus, memory_mib, start_ms, \
+               CASE WHEN open = 1 THEN MAX(end_ms, $4) ELSE end_ms END AS end_ms \
+             FROM usage_intervals \
+             WHERE key_id = $1 AND start_ms < $3 AND (open = 1 OR end_ms > $2) \
+             ORDER BY start_ms, sandbox_id",
+        )
+        .bind(key_id)
+        .bind(from)
+        .bind(to)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(Error::db(format!("reading the usage of key {key_id}")))?;
+        rows.iter()
+            .map(|r| {
+                Ok(UsageInterval {
+                    sandbox_id: r.try_get("sandbox_id")?,
+                    vcpus: r.try_get::<i64, _>("vcpus")?.clamp(0, i64::from(u32::MAX)) as u32,
+                    memory_mib: r
+                        .try_get::<i64, _>("memory_mib")?
+                        .clamp(0, i64::from(u32::MAX)) as u32,
+                    start_ms: r.try_get("start_ms")?,
+                    end_ms: r.try_get("end_ms")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::db(format!("reading the usage of key {key_id}")))
+    }
+
+    /// How many sandboxes are in each state (for `/metrics`).
+    pub async fn count_by_state(&self) -> Result<Vec<(State, i64)>> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM sandboxes GROUP BY state")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(Error::db("counting sandboxes by state"))?;
+        let mut out = Vec::new();
+        for r in &rows {
+            let state: String = r.try_get("state").map_err(Error::db("reading a state"))?;
+            let n: i64 = r.try_get("n").map_err(Error::db("reading a count"))?;
+            if let Some(s) = State::parse(&state) {
+                out.push((s, n));
+            }
+        }
+        Ok(out)
     }
 
     /// The sandbox `id` if it belongs to `key_id`.
     pub async fn sandbox_of_key(&self, key_id: &str, id: &str) -> Result<Option<SandboxRow>> {
-        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND key_id = $2");
+        let sql =
+            format!("SELECT {SANDBOX_READ_COLUMNS} FROM sandboxes WHERE id = $1 AND key_id = $2");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(key_id)
@@ -371,7 +489,7 @@ impl Db {
     }
 
     pub async fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
-        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1");
+        let sql = format!("SELECT {SANDBOX_READ_COLUMNS} FROM sandboxes WHERE id = $1");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -390,7 +508,7 @@ impl Db {
         states: &[State],
     ) -> Result<Vec<SandboxRow>> {
         let sql = format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE ($1 IS NULL OR key_id = $1) \
+            "SELECT {SANDBOX_READ_COLUMNS} FROM sandboxes WHERE ($1 IS NULL OR key_id = $1) \
              AND state IN ({}) ORDER BY created_at, id",
             placeholders(2, states.len())
         );

@@ -29,6 +29,14 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A state change the lifecycle's state machine forbids (a bug, never input).
+    #[error("sandbox {id}: no transition from {from} to {to}")]
+    Transition {
+        id: String,
+        from: &'static str,
+        to: &'static str,
+    },
+
     /// The agent of a sandbox answered something we cannot use.
     #[error("sandbox {id}: agent {what}")]
     Agent { id: String, what: String },

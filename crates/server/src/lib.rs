@@ -17,8 +17,11 @@ pub mod extract;
 pub mod keys;
 pub mod keys_cli;
 pub mod lifecycle;
+pub mod metering;
+pub mod metrics;
 pub mod models;
 pub mod proxy;
+pub mod state;
 pub mod util;
 
 pub use keys_cli::{KeysCommand, keys};
@@ -58,6 +61,16 @@ pub struct ServeArgs {
     /// the SDKs get it as the sandbox `domain`
     #[arg(long, value_name = "DOMAIN")]
     pub domain: Option<String>,
+    /// Largest vCPU count a sandbox may ask for (`cpuCount` on create)
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub max_vcpus: u32,
+    /// Largest memory a sandbox may ask for (`memoryMB` on create)
+    #[arg(long, default_value_t = 8192, value_name = "MIB")]
+    pub max_memory_mib: u32,
+    /// Kill every sandbox when the daemon stops (default: they keep running and the next
+    /// `sandcell serve` adopts them)
+    #[arg(long)]
+    pub kill_on_exit: bool,
 }
 
 fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
@@ -69,6 +82,7 @@ pub struct App {
     pub db: Db,
     pub lifecycle: Arc<Lifecycle>,
     pub config: Config,
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,6 +128,7 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(api::connect_v2))
         .routes(routes!(api::connect_v1))
         .routes(routes!(api::list_templates))
+        .routes(routes!(metering::usage))
         .split_for_parts()
 }
 
@@ -129,6 +144,7 @@ pub fn router(app: Arc<App>) -> Router {
                 async move { ([(header::CONTENT_TYPE, "application/json")], spec) }
             }),
         )
+        .route("/metrics", get(metrics::metrics))
         .fallback(api::no_route)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY))
@@ -136,6 +152,11 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             proxy::route,
+        ))
+        // Outside the proxy: counts sandbox traffic too.
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            metrics::track,
         ))
         .with_state(app)
 }
@@ -166,8 +187,26 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         );
     }
     let runtime = open_runtime(&dirs, args.runtime).await?;
-    let lifecycle = Arc::new(Lifecycle::new(db.clone(), runtime, dirs.clone()));
-    let lost = lifecycle.reconcile().await?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let lifecycle = Arc::new(Lifecycle::new(
+        db.clone(),
+        runtime,
+        dirs.clone(),
+        lifecycle::LifecycleConfig {
+            max_vcpus: args.max_vcpus,
+            max_memory_mib: args.max_memory_mib,
+            kill_on_exit: args.kill_on_exit,
+        },
+        metrics.clone(),
+    ));
+    let (adopted, lost) = lifecycle.reconcile().await?;
+    if !adopted.is_empty() {
+        eprintln!(
+            "sandcell serve: took over {} running sandbox(es) of the previous daemon: {}",
+            adopted.len(),
+            adopted.join(", ")
+        );
+    }
     if !lost.is_empty() {
         eprintln!(
             "sandcell serve: {} sandbox(es) did not survive the previous daemon and were marked error: {}",
@@ -182,6 +221,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         config: Config {
             domain: args.domain.clone(),
         },
+        metrics,
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -201,7 +241,13 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             .into_future(),
     );
     let signal = stop_signal().await;
-    eprintln!("sandcell serve: {signal}: killing the sandboxes and stopping");
+    if args.kill_on_exit {
+        eprintln!("sandcell serve: {signal}: killing the sandboxes and stopping");
+    } else {
+        eprintln!(
+            "sandcell serve: {signal}: stopping; the sandboxes keep running for the next start"
+        );
+    }
     reaper.abort();
     lifecycle.shutdown().await;
     let _ = stop_tx.send(());

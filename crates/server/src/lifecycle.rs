@@ -1,26 +1,33 @@
-//! Sandbox lifecycle: create, kill, timeouts, unexpected ends, restart reconciliation.
+//! Sandbox lifecycle: create, kill, timeouts, unexpected ends, restart re-adoption.
 //!
-//! States (stored in the database, column `state`):
+//! States and their allowed moves are in `state.rs`; every move is a conditional UPDATE
+//! (`WHERE state IN (...)`) checked against that table, so two paths racing to end a
+//! sandbox (a DELETE and the reaper) do the work once.
 //!
-//! ```text
-//! creating --start ok--> running --kill/timeout/key revoked--> killing --> killed
-//!     |                     |
-//!     +--start failed--> error <--ended by itself (OOM, crash)--+
-//! ```
+//! Sandboxes outlive the daemon (the daemon is infrastructure: restarting it must not kill
+//! user sandboxes): they are started with `outlive_owner`, and a restarted daemon adopts
+//! them from the runtime handle stored with their row. `--kill-on-exit` kills them on a
+//! graceful stop instead.
 //!
-//! Every transition is a conditional UPDATE (`WHERE state IN (...)`), so two paths racing
-//! to end a sandbox (a DELETE and the reaper) do the work once.
-//!
-//! Daemon restarts: the runtimes tie each sandbox to the process that created it (a killed
-//! daemon takes its sandboxes down through the parent-death signal), so a restarted daemon
-//! cannot re-adopt them yet. On start it marks every sandbox it finds live in the database as
-//! `error` ("lost when the daemon stopped") and sweeps the runtime's leftovers.
+//! Crash consistency: the database is written BEFORE each side effect it must survive.
+//! - The `creating` row exists before the runtime makes anything. A crash while creating
+//!   leaves a row without a handle: the next start marks it `error`, and the runtime's
+//!   sweep of unadopted sandboxes removes whatever was made (its owner is dead, nobody
+//!   adopted it).
+//! - `running` and the handle are written in one statement after the start; a crash just
+//!   before it is the case above.
+//! - `killing` is written before the sandbox is destroyed; a crash in between leaves a
+//!   `killing` row with a handle: the next start adopts it and finishes the kill.
+//! - A `running` row whose sandbox ended while no daemon watched (adopt finds it gone) is
+//!   marked `error` and the runtime removes its leftovers.
 
 use crate::db::{Db, SandboxRow, State};
 use crate::error::{ApiError, ApiResult, Error};
 use crate::models::NewSandbox;
 use crate::util::{now_ms, random_hex, rfc3339};
-use sandcell_runtime::{AGENT_PORT, Dirs, Image, Runtime, Sandbox, SandboxExit, SandboxSpec};
+use sandcell_runtime::{
+    AGENT_PORT, Dirs, Image, Runtime, Sandbox, SandboxExit, SandboxHandle, SandboxSpec,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +44,30 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 const DESTROY_TIMEOUT: Duration = Duration::from_secs(20);
 const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
+/// The smallest memory a sandbox may ask for.
+pub const MIN_MEMORY_MIB: u32 = 128;
+
+/// Server-wide bounds and behaviour of the lifecycle (from `sandcell serve`'s options).
+#[derive(Debug, Clone)]
+pub struct LifecycleConfig {
+    /// Largest `cpuCount` a create may ask for.
+    pub max_vcpus: u32,
+    /// Largest `memoryMB` a create may ask for.
+    pub max_memory_mib: u32,
+    /// Kill every sandbox when the daemon stops gracefully (default: they keep running and
+    /// the next daemon adopts them).
+    pub kill_on_exit: bool,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            max_vcpus: 8,
+            max_memory_mib: 8192,
+            kill_on_exit: false,
+        }
+    }
+}
 
 /// A sandbox this daemon runs.
 pub struct Live {
@@ -49,6 +80,8 @@ pub struct Lifecycle {
     db: Db,
     runtime: Arc<dyn Runtime>,
     dirs: Dirs,
+    config: LifecycleConfig,
+    metrics: Arc<crate::metrics::Metrics>,
     live: Mutex<HashMap<String, Arc<Live>>>,
 }
 
@@ -90,13 +123,41 @@ pub fn disk_mib(image: &Image) -> u32 {
 }
 
 impl Lifecycle {
-    pub fn new(db: Db, runtime: Arc<dyn Runtime>, dirs: Dirs) -> Lifecycle {
+    pub fn new(
+        db: Db,
+        runtime: Arc<dyn Runtime>,
+        dirs: Dirs,
+        config: LifecycleConfig,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Lifecycle {
         Lifecycle {
             db,
             runtime,
             dirs,
+            config,
+            metrics,
             live: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The vCPUs and memory a create asks for (E2B takes them from the template; we also
+    /// accept `cpuCount` and `memoryMB` on create), checked against the server's bounds.
+    pub fn size(&self, cpu_count: Option<u32>, memory_mb: Option<u32>) -> ApiResult<(u8, u32)> {
+        let max_vcpus = self.config.max_vcpus.min(u32::from(u8::MAX));
+        let vcpus = cpu_count.unwrap_or(u32::from(DEFAULT_VCPUS).min(max_vcpus));
+        if vcpus == 0 || vcpus > max_vcpus {
+            return Err(ApiError::bad_request(format!(
+                "cpuCount {vcpus} is out of range: this server allows 1 to {max_vcpus} vCPUs"
+            )));
+        }
+        let max_mib = self.config.max_memory_mib;
+        let memory = memory_mb.unwrap_or(DEFAULT_MEMORY_MIB.min(max_mib));
+        if memory < MIN_MEMORY_MIB || memory > max_mib {
+            return Err(ApiError::bad_request(format!(
+                "memoryMB {memory} is out of range: this server allows {MIN_MEMORY_MIB} to {max_mib} MiB"
+            )));
+        }
+        Ok((vcpus as u8, memory))
     }
 
     pub fn runtime_name(&self) -> &'static str {
@@ -118,6 +179,8 @@ impl Lifecycle {
         req: NewSandbox,
         secure_by_default: bool,
     ) -> ApiResult<SandboxRow> {
+        let begun = std::time::Instant::now();
+        let (vcpus, memory_mib) = self.size(req.cpu_count, req.memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         if timeout > MAX_TIMEOUT_SECS {
@@ -147,8 +210,8 @@ impl Lifecycle {
             secure,
             access_token: access_token.clone(),
             metadata: req.metadata.unwrap_or_default(),
-            vcpus: u32::from(DEFAULT_VCPUS),
-            memory_mib: DEFAULT_MEMORY_MIB,
+            vcpus: u32::from(vcpus),
+            memory_mib,
             disk_mib: disk_mib(&image),
             envd_version: String::new(),
             created_at: now_ms(),
@@ -156,6 +219,7 @@ impl Lifecycle {
             end_at: None,
             ended_at: None,
             end_reason: None,
+            handle: None,
         };
         if !self
             .db
@@ -168,7 +232,11 @@ impl Lifecycle {
             )));
         }
         match self.boot(&row, image, env.clone()).await {
-            Ok(sandbox) => self.finish_create(row, sandbox, &env, timeout).await,
+            Ok(sandbox) => {
+                let row = self.finish_create(row, sandbox, &env, timeout).await?;
+                self.metrics.observe_create(begun.elapsed());
+                Ok(row)
+            }
             Err(e) => {
                 let _ = self
                     .db
@@ -192,8 +260,10 @@ impl Lifecycle {
         env: BTreeMap<String, String>,
     ) -> Result<Arc<dyn Sandbox>, Error> {
         let mut spec = SandboxSpec::new(row.id.clone(), image);
-        spec.vcpus = DEFAULT_VCPUS;
-        spec.memory_mib = DEFAULT_MEMORY_MIB;
+        spec.vcpus = u8::try_from(row.vcpus).unwrap_or(DEFAULT_VCPUS);
+        spec.memory_mib = row.memory_mib;
+        // The daemon is infrastructure: its restart must not kill user sandboxes.
+        spec.outlive_owner = true;
         // Also given to the agent's own environment so that processes inherit them from an
         // agent without `/init`.
         spec.env = env;
@@ -251,8 +321,11 @@ impl Lifecycle {
         );
         let started = now_ms();
         let end_at = started + (timeout as i64) * 1000;
+        let handle = sandbox
+            .handle()
+            .and_then(|h| serde_json::to_string(&h).ok());
         self.db
-            .mark_running(&row.id, started, end_at, &envd_version)
+            .mark_running(&row, started, end_at, &envd_version, handle.as_deref())
             .await?;
         self.watch(row.id.clone(), sandbox);
         row.state = State::Running;
@@ -331,8 +404,15 @@ impl Lifecycle {
     pub async fn reap_forever(self: Arc<Self>) {
         let mut tick = tokio::time::interval(REAP_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut flushed = std::time::Instant::now();
         loop {
             tick.tick().await;
+            if flushed.elapsed() >= crate::metering::FLUSH_INTERVAL {
+                flushed = std::time::Instant::now();
+                if let Err(e) = self.db.flush_usage(now_ms()).await {
+                    eprintln!("sandcell serve: metering: {e}");
+                }
+            }
             let due = match self.db.due_for_kill(now_ms()).await {
                 Ok(due) => due,
                 Err(e) => {
@@ -352,27 +432,86 @@ impl Lifecycle {
         }
     }
 
-    /// At start: sandboxes the database thinks are live were lost with the previous daemon
-    /// process; record that and remove what they left on the host. Returns their ids.
-    pub async fn reconcile(&self) -> Result<Vec<String>, Error> {
+    /// At start: takes over the sandboxes the previous daemon left running (adopting them
+    /// through their stored handle), finishes interrupted kills, marks the rest `error`
+    /// and removes every leftover nobody adopted. Returns (adopted, lost) ids.
+    pub async fn reconcile(self: &Arc<Self>) -> Result<(Vec<String>, Vec<String>), Error> {
         let stale = self.db.sandboxes_in(None, &State::LIVE).await?;
-        let now = now_ms();
+        let mut adopted = Vec::new();
         let mut lost = Vec::new();
         for row in stale {
-            let reason = format!(
-                "lost: the daemon stopped at or before {} while the sandbox was {}",
-                rfc3339(now),
-                row.state.as_str()
-            );
-            if self
-                .db
-                .transition(&row.id, &State::LIVE, State::Error, Some(&reason), now)
-                .await?
-            {
-                lost.push(row.id);
+            let handle = row
+                .handle
+                .as_deref()
+                .and_then(|h| serde_json::from_str::<SandboxHandle>(h).ok());
+            let found = match &handle {
+                Some(h) => Some(self.runtime.adopt(h).await),
+                None => None,
+            };
+            let now = now_ms();
+            match (row.state, found) {
+                (State::Running, Some(Ok(sandbox))) => {
+                    let sandbox: Arc<dyn Sandbox> = Arc::from(sandbox);
+                    lock(&self.live).insert(
+                        row.id.clone(),
+                        Arc::new(Live {
+                            sandbox: sandbox.clone(),
+                            access_token: row.access_token.clone(),
+                        }),
+                    );
+                    self.watch(row.id.clone(), sandbox);
+                    adopted.push(row.id);
+                }
+                (State::Killing, Some(Ok(sandbox))) => {
+                    // The previous daemon died while killing it: finish.
+                    let end = match tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await {
+                        Ok(Ok(())) => (State::Killed, None),
+                        Ok(Err(e)) => (State::Error, Some(format!("removing it failed: {e}"))),
+                        Err(_) => (State::Error, Some("removing it timed out".to_string())),
+                    };
+                    self.db
+                        .transition(&row.id, &[State::Killing], end.0, end.1.as_deref(), now)
+                        .await?;
+                }
+                (state, found) => {
+                    let why = match found {
+                        Some(Err(e)) => e.to_string(),
+                        Some(Ok(sandbox)) => {
+                            // Adopted in a state this daemon cannot continue: stop it.
+                            let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+                            format!("found {} after a restart", state.as_str())
+                        }
+                        None => "it had not finished starting".to_string(),
+                    };
+                    let reason = format!(
+                        "lost: the daemon stopped at or before {} while the sandbox was {}: {why}",
+                        rfc3339(now),
+                        state.as_str()
+                    );
+                    // Nobody saw when it ended: bill it up to the last flush only.
+                    self.db.close_usage_at_last_flush(&row.id).await?;
+                    if state == State::Killing {
+                        // It was being killed anyway.
+                        self.db
+                            .transition(
+                                &row.id,
+                                &[State::Killing],
+                                State::Killed,
+                                Some(&reason),
+                                now,
+                            )
+                            .await?;
+                    } else if self
+                        .db
+                        .transition(&row.id, &[state], State::Error, Some(&reason), now)
+                        .await?
+                    {
+                        lost.push(row.id);
+                    }
+                }
             }
         }
-        match self.runtime.sweep().await {
+        match self.runtime.sweep_unadopted().await {
             Ok(cleaned) if !cleaned.is_empty() => eprintln!(
                 "sandcell serve: removed leftovers of {} sandbox(es): {}",
                 cleaned.len(),
@@ -381,11 +520,19 @@ impl Lifecycle {
             Ok(_) => {}
             Err(e) => eprintln!("sandcell serve: sweeping leftovers: {e}"),
         }
-        Ok(lost)
+        self.db.flush_usage(now_ms()).await?;
+        Ok((adopted, lost))
     }
 
-    /// On daemon shutdown: kills every sandbox (they cannot outlive the daemon yet).
+    /// On daemon shutdown: with `kill_on_exit`, kills every sandbox; else leaves them
+    /// running for the next daemon (their metering is flushed).
     pub async fn shutdown(self: &Arc<Self>) {
+        if !self.config.kill_on_exit {
+            if let Err(e) = self.db.flush_usage(now_ms()).await {
+                eprintln!("sandcell serve: metering: {e}");
+            }
+            return;
+        }
         let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
         let mut kills = tokio::task::JoinSet::new();
         for id in ids {

@@ -25,6 +25,14 @@ pub struct NewSandbox {
     /// on `/sandboxes`, true on `/v2/sandboxes` (as E2B).
     #[serde(default)]
     pub secure: Option<bool>,
+    /// vCPUs (our extension; E2B takes it from the template). Default 2, at most the
+    /// server's `--max-vcpus`.
+    #[serde(default, rename = "cpuCount")]
+    pub cpu_count: Option<u32>,
+    /// Memory in MiB (our extension; E2B takes it from the template). Default 512, at
+    /// least 128, at most the server's `--max-memory-mib`.
+    #[serde(default, rename = "memoryMB")]
+    pub memory_mb: Option<u32>,
     /// Accepted; pausing is not implemented yet (the sandbox is killed at its timeout).
     #[serde(default)]
     pub auto_pause: Option<bool>,

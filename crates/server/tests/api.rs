@@ -352,40 +352,6 @@ async fn proxy_checks_the_access_token_and_hides_internal_routes() {
     daemon.stop();
 }
 
-/// kill -9 of the daemon takes its sandboxes down (the runtimes tie them to it); the next
-/// daemon records them as lost (`error`), removes their leftovers and serves on.
-#[tokio::test]
-async fn restart_reconciles_lost_sandboxes() {
-    let env = common::Env::new();
-    let daemon = env.start(&[]);
-    let sbx = daemon
-        .client
-        .create_sandbox(&minimal(Some(300)))
-        .await
-        .unwrap();
-    assert_eq!(env.leftovers(), vec![sbx.sandbox_id.clone()]);
-    let key = daemon.admin_key.clone();
-    daemon.kill9();
-
-    let daemon = env.start(&[]);
-    assert_eq!(daemon.admin_key, key, "the admin key survives restarts");
-    assert!(env.leftovers().is_empty(), "left: {:?}", env.leftovers());
-    let c = &daemon.client;
-    assert_eq!(
-        status(c.get_sandbox(&sbx.sandbox_id).await.unwrap_err()),
-        404
-    );
-    assert!(c.list_sandboxes().await.unwrap().is_empty());
-    let db = sandcell_server::keys::open_db(&env.data()).await.unwrap();
-    let row = db.sandbox(&sbx.sandbox_id).await.unwrap().unwrap();
-    assert_eq!(row.state, sandcell_server::db::State::Error);
-    assert!(row.end_reason.unwrap_or_default().contains("lost"));
-    // And it works as before.
-    let fresh = c.create_sandbox(&minimal(Some(60))).await.unwrap();
-    assert_eq!(run(c, &fresh, "echo back").await.0, "back\n");
-    daemon.stop();
-}
-
 #[tokio::test]
 async fn openapi_describes_every_route() {
     let env = common::Env::new();

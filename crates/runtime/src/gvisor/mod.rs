@@ -19,7 +19,11 @@
 //!
 //! runsc's state lives in `<data-dir>/runsc` (`--root`). Resource limits live in a cgroup we
 //! create ourselves (cgroup.rs). `runsc run` stays our child for the sandbox's whole life,
-//! so its exit tells us when and how the sandbox ended.
+//! so its exit tells us when and how the sandbox ended. For the daemon
+//! ([`crate::SandboxSpec::outlive_owner`]) it is started detached (own session, no
+//! parent-death signal): it then outlives us, still removes the container when the sandbox
+//! ends, and a restarted daemon adopts it ([`Runtime::adopt`]) and watches it through a pidfd
+//! (the sandbox processes themselves die with `runsc run`: runsc boots them `--attached`).
 
 pub mod bundle;
 pub mod network;
@@ -31,8 +35,11 @@ pub use sandbox::GvisorSandbox;
 use sandbox::Paths;
 
 use crate::cgroup::{self, CgroupVersion, SandboxCgroup};
+use crate::owner::Sweep;
 use crate::util::{remove_dir_all_if_exists, unmount_if_mounted};
-use crate::{Dirs, Error, Result, Runtime, RuntimeKind, Sandbox, SandboxSpec, owner};
+use crate::{
+    Dirs, Error, Result, Runtime, RuntimeKind, Sandbox, SandboxHandle, SandboxSpec, owner,
+};
 use async_trait::async_trait;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -312,7 +319,7 @@ impl Runtime for GvisorRuntime {
                 ),
             });
         }
-        owner::create_run_dir(&self.shared.dirs, &spec.id, RT)?;
+        owner::create_run_dir(&self.shared.dirs, &spec.id, RT, spec.outlive_owner)?;
         let sandbox = GvisorSandbox::new(self.shared.clone(), &spec, paths);
         if let Some(net) = &spec.network
             && let Err(e) = sandbox.attach_network(net).await
@@ -328,10 +335,65 @@ impl Runtime for GvisorRuntime {
     }
 
     async fn sweep(&self) -> Result<Vec<String>> {
+        self.sweep_scope(Sweep::Attached).await
+    }
+
+    async fn sweep_unadopted(&self) -> Result<Vec<String>> {
+        self.sweep_scope(Sweep::Unadopted).await
+    }
+
+    async fn adopt(&self, handle: &SandboxHandle) -> Result<Box<dyn Sandbox>> {
+        let id = &handle.id;
+        if handle.runtime != RT || !crate::validate_id(id) {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: format!("cannot adopt {id:?} of the {} runtime", handle.runtime),
+            });
+        }
+        let paths = Paths::new(&self.shared.dirs, id);
+        if paths.socket != handle.agent_socket {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: format!(
+                    "sandbox {id} was started with its agent socket at {}, not {}: \
+                     start the daemon with the same SANDCELL_RUN_DIR",
+                    handle.agent_socket.display(),
+                    paths.socket.display()
+                ),
+            });
+        }
+        let run_dir = self.shared.dirs.sandbox_run_dir(id);
+        let pidfd = crate::detach::open(handle.pid, handle.start_time)
+            .filter(|_| run_dir.is_dir() && self.shared.has_state(id));
+        let Some(pidfd) = pidfd else {
+            let removed = self.shared.remove_leftovers(id).await;
+            return Err(Error::Gone {
+                runtime: RT,
+                id: id.clone(),
+                problem: match removed {
+                    Ok(()) => "it ended while it had no owner; its leftovers were removed".into(),
+                    Err(e) => {
+                        format!("it ended while it had no owner; removing its leftovers: {e}")
+                    }
+                },
+            });
+        };
+        owner::adopt(&run_dir, RT)?;
+        Ok(Box::new(GvisorSandbox::adopted(
+            self.shared.clone(),
+            handle.clone(),
+            paths,
+            pidfd,
+        )))
+    }
+}
+
+impl GvisorRuntime {
+    async fn sweep_scope(&self, scope: Sweep) -> Result<Vec<String>> {
         let shared = &self.shared;
         let mut cleaned = Vec::new();
         let mut first: Option<Error> = None;
-        for (id, _) in owner::dead_sandboxes(&shared.dirs, RT) {
+        for (id, _) in owner::dead_sandboxes(&shared.dirs, RT, scope) {
             match shared.remove_leftovers(&id).await {
                 Ok(()) => cleaned.push(id),
                 Err(e) => {

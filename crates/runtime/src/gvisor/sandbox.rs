@@ -7,7 +7,7 @@ use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, log_tail, open_log};
 use crate::{
     AGENT_PORT, AsyncStream, Dirs, Error, ResourceUsage, Result, RuntimeKind, Sandbox, SandboxExit,
-    SandboxSpec, SandboxStatus,
+    SandboxHandle, SandboxSpec, SandboxStatus,
 };
 use async_trait::async_trait;
 use sandcell_agent::client::{AgentClient, ClientError, UnixConnector};
@@ -69,6 +69,11 @@ pub struct GvisorSandbox {
     net: tokio::sync::Mutex<Option<sandcell_net::SandboxNet>>,
     /// The namespace runsc joins, known once the network exists.
     netns: Mutex<Option<PathBuf>>,
+    /// [`SandboxSpec::outlive_owner`]: `runsc run` is started detached.
+    outlive_owner: bool,
+    vcpus: u8,
+    /// Set once started detached (or adopted).
+    handle: Mutex<Option<SandboxHandle>>,
 }
 
 impl GvisorSandbox {
@@ -87,7 +92,63 @@ impl GvisorSandbox {
             destroyed: tokio::sync::Mutex::new(false),
             net: tokio::sync::Mutex::new(None),
             netns: Mutex::new(None),
+            outlive_owner: spec.outlive_owner,
+            vcpus: spec.vcpus,
+            handle: Mutex::new(None),
         }
+    }
+
+    /// A sandbox another process started detached and that still runs (checked by the
+    /// caller): its end is learnt from a pidfd of its `runsc run` process.
+    pub(super) fn adopted(
+        shared: Arc<Shared>,
+        handle: SandboxHandle,
+        paths: Paths,
+        pidfd: std::os::fd::OwnedFd,
+    ) -> GvisorSandbox {
+        let mut spec = SandboxSpec::new(
+            handle.id.clone(),
+            crate::Image {
+                name: String::new(),
+                rootfs_dir: None,
+                rootfs_ext4: None,
+            },
+        );
+        spec.memory_mib = handle.memory_mib;
+        spec.vcpus = handle.vcpus;
+        spec.outlive_owner = true;
+        let sandbox = GvisorSandbox::new(shared, &spec, paths);
+        *lock(&sandbox.phase) = Phase::Started(handle.pid);
+        *lock(&sandbox.handle) = Some(handle.clone());
+        let (stopping, cgroup, exit, memory_mib, console) = (
+            sandbox.stopping.clone(),
+            sandbox.cgroup.clone(),
+            sandbox.exit.clone(),
+            sandbox.memory_mib,
+            sandbox.paths.console.clone(),
+        );
+        tokio::spawn(async move {
+            crate::detach::exited(pidfd).await;
+            // Not our child: its exit status is not ours to read.
+            let ended = if stopping.load(Ordering::SeqCst) {
+                SandboxExit::Destroyed
+            } else if cgroup.oom_kills() > 0 {
+                SandboxExit::OutOfMemory {
+                    limit_mib: memory_mib,
+                }
+            } else {
+                SandboxExit::Exited {
+                    code: -1,
+                    detail: format!(
+                        "runsc run (pid {}, adopted) ended; its exit status is unknown{}",
+                        handle.pid,
+                        log_tail(&console, "sandbox log", 2048, 8)
+                    ),
+                }
+            };
+            exit.set(ended);
+        });
+        sandbox
     }
 
     /// Builds the sandbox's network; before [`GvisorSandbox::prepare`], whose bundle names
@@ -341,6 +402,10 @@ impl Sandbox for GvisorSandbox {
         RT
     }
 
+    fn handle(&self) -> Option<SandboxHandle> {
+        lock(&self.handle).clone()
+    }
+
     async fn start(&self) -> Result<()> {
         if !matches!(*lock(&self.phase), Phase::Created) {
             let state = self.phase_name();
@@ -374,19 +439,34 @@ impl Sandbox for GvisorSandbox {
         if let Some(ns) = &netns {
             network::enter_netns(&mut command, ns);
         }
-        let mut child = crate::util::supervised(&mut command)
-            .stdout(log)
-            .stderr(log2)
-            .spawn()
-            .map_err(|e| {
-                Error::io(
-                    RT,
-                    format!("starting {}", self.shared.runsc.path.display()),
-                    e,
-                )
-            })?;
+        if self.outlive_owner {
+            crate::detach::detached(&mut command);
+        } else {
+            crate::util::supervised(&mut command);
+        }
+        let mut child = command.stdout(log).stderr(log2).spawn().map_err(|e| {
+            Error::io(
+                RT,
+                format!("starting {}", self.shared.runsc.path.display()),
+                e,
+            )
+        })?;
         let pid = child.id().unwrap_or(0);
         *lock(&self.phase) = Phase::Started(pid);
+        if self.outlive_owner
+            && let Some(start_time) = crate::owner::process_start_time(pid)
+        {
+            *lock(&self.handle) = Some(SandboxHandle {
+                runtime: RT,
+                id: self.id.clone(),
+                pid,
+                start_time,
+                vcpus: self.vcpus,
+                memory_mib: self.memory_mib,
+                agent_socket: self.paths.socket.clone(),
+                control_socket: None,
+            });
+        }
 
         let (stopping, cgroup, exit, memory_mib, console) = (
             self.stopping.clone(),

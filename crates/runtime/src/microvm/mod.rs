@@ -14,8 +14,12 @@ pub mod vsock;
 
 pub use sandbox::MicrovmSandbox;
 
+use crate::owner::Sweep;
 use crate::util::{kill_pid, remove_dir_all_if_exists};
-use crate::{AGENT_PORT, Dirs, Error, Result, Runtime, RuntimeKind, Sandbox, SandboxSpec, owner};
+use crate::{
+    AGENT_PORT, Dirs, Error, Result, Runtime, RuntimeKind, Sandbox, SandboxHandle, SandboxSpec,
+    owner,
+};
 use async_trait::async_trait;
 use sandcell_proto::vmm::{DiskConfig, VmConfig, VsockConfig};
 use std::path::{Path, PathBuf};
@@ -184,7 +188,7 @@ impl Runtime for MicrovmRuntime {
             serial_log: Some(paths.console.clone()),
             control_socket: Some(paths.control.clone()),
         };
-        owner::create_run_dir(&self.dirs, &spec.id, RT)?;
+        owner::create_run_dir(&self.dirs, &spec.id, RT, spec.outlive_owner)?;
         let sandbox = MicrovmSandbox::new(self.dirs.clone(), self.vmm.clone(), &spec, paths);
         let prepared = (|| {
             std::fs::create_dir_all(&sandbox.paths.state_dir).map_err(|e| {
@@ -208,8 +212,61 @@ impl Runtime for MicrovmRuntime {
     }
 
     async fn sweep(&self) -> Result<Vec<String>> {
+        self.sweep_scope(Sweep::Attached)
+    }
+
+    async fn sweep_unadopted(&self) -> Result<Vec<String>> {
+        self.sweep_scope(Sweep::Unadopted)
+    }
+
+    async fn adopt(&self, handle: &SandboxHandle) -> Result<Box<dyn Sandbox>> {
+        let id = &handle.id;
+        if handle.runtime != RT || !crate::validate_id(id) {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: format!("cannot adopt {id:?} of the {} runtime", handle.runtime),
+            });
+        }
+        let paths = Paths::new(&self.dirs, id);
+        if paths.vsock != handle.agent_socket
+            || handle.control_socket.as_ref() != Some(&paths.control)
+        {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: format!(
+                    "sandbox {id} was started with its sockets at {} and {:?}: start the \
+                     daemon with the same SANDCELL_RUN_DIR",
+                    handle.agent_socket.display(),
+                    handle.control_socket
+                ),
+            });
+        }
+        let Some(pidfd) = crate::detach::open(handle.pid, handle.start_time) else {
+            let removed = remove_files(&self.dirs, id);
+            return Err(Error::Gone {
+                runtime: RT,
+                id: id.clone(),
+                problem: match removed {
+                    Ok(()) => "its VMM ended while it had no owner; its files were removed".into(),
+                    Err(e) => format!("its VMM ended while it had no owner; {e}"),
+                },
+            });
+        };
+        owner::adopt(&self.dirs.sandbox_run_dir(id), RT)?;
+        Ok(Box::new(MicrovmSandbox::adopted(
+            self.dirs.clone(),
+            self.vmm.clone(),
+            handle.clone(),
+            paths,
+            pidfd,
+        )))
+    }
+}
+
+impl MicrovmRuntime {
+    fn sweep_scope(&self, scope: Sweep) -> Result<Vec<String>> {
         let mut cleaned = Vec::new();
-        for (id, dir) in owner::dead_sandboxes(&self.dirs, RT) {
+        for (id, dir) in owner::dead_sandboxes(&self.dirs, RT, scope) {
             // A VMM whose owner died may still run: its pid is in vmm.pid, and its command
             // line names its config (a reused pid would not).
             if let Some(pid) = std::fs::read_to_string(dir.join("vmm.pid"))

@@ -6,7 +6,7 @@ use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, last_line, log_tail, open_log};
 use crate::{
     AGENT_PORT, AsyncStream, Dirs, Error, ResourceUsage, Result, RuntimeKind, Sandbox, SandboxExit,
-    SandboxSpec, SandboxStatus,
+    SandboxHandle, SandboxSpec, SandboxStatus,
 };
 use async_trait::async_trait;
 use sandcell_proto::vmm::{ControlRequest, ControlResponse, ExitStatus, VmState};
@@ -30,6 +30,11 @@ pub struct MicrovmSandbox {
     stopping: Arc<AtomicBool>,
     exit: ExitCell,
     destroyed: tokio::sync::Mutex<bool>,
+    /// [`SandboxSpec::outlive_owner`]: the VMM is started detached.
+    outlive_owner: bool,
+    vcpus: u8,
+    /// Set once started detached (or adopted).
+    handle: Mutex<Option<SandboxHandle>>,
 }
 
 /// How the VMM ending translates into how the sandbox ended.
@@ -70,7 +75,57 @@ impl MicrovmSandbox {
             stopping: Arc::new(AtomicBool::new(false)),
             exit: ExitCell::new(),
             destroyed: tokio::sync::Mutex::new(false),
+            outlive_owner: spec.outlive_owner,
+            vcpus: spec.vcpus,
+            handle: Mutex::new(None),
         }
+    }
+
+    /// A VMM another process started detached and that still runs (checked by the caller):
+    /// its end is learnt from a pidfd; its exit status is not ours to read, its log's last
+    /// line tells why.
+    pub(super) fn adopted(
+        dirs: Dirs,
+        vmm: PathBuf,
+        handle: SandboxHandle,
+        paths: Paths,
+        pidfd: std::os::fd::OwnedFd,
+    ) -> MicrovmSandbox {
+        let mut spec = SandboxSpec::new(
+            handle.id.clone(),
+            crate::Image {
+                name: String::new(),
+                rootfs_dir: None,
+                rootfs_ext4: None,
+            },
+        );
+        spec.memory_mib = handle.memory_mib;
+        spec.vcpus = handle.vcpus;
+        spec.outlive_owner = true;
+        let sandbox = MicrovmSandbox::new(dirs, vmm, &spec, paths);
+        *sandbox.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.pid);
+        *sandbox.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.clone());
+        let (stopping, exit, vmm_log) = (
+            sandbox.stopping.clone(),
+            sandbox.exit.clone(),
+            sandbox.paths.vmm_log.clone(),
+        );
+        tokio::spawn(async move {
+            crate::detach::exited(pidfd).await;
+            exit.set(if stopping.load(Ordering::SeqCst) {
+                SandboxExit::Destroyed
+            } else {
+                SandboxExit::Exited {
+                    code: -1,
+                    detail: format!(
+                        "sandcell-vmm (pid {}, adopted) ended: {}",
+                        handle.pid,
+                        last_line(&vmm_log, 2048)
+                    ),
+                }
+            });
+        });
+        sandbox
     }
 
     fn pid(&self) -> Option<u32> {
@@ -153,6 +208,13 @@ impl Sandbox for MicrovmSandbox {
         RT
     }
 
+    fn handle(&self) -> Option<SandboxHandle> {
+        self.handle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     async fn start(&self) -> Result<()> {
         if self.pid().is_some() || *self.destroyed.lock().await {
             return Err(Error::WrongState {
@@ -168,7 +230,12 @@ impl Sandbox for MicrovmSandbox {
             .try_clone()
             .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
         let mut command = tokio::process::Command::new(&self.vmm);
-        let mut child = crate::util::supervised(&mut command)
+        if self.outlive_owner {
+            crate::detach::detached(&mut command);
+        } else {
+            crate::util::supervised(&mut command);
+        }
+        let mut child = command
             .arg("--config")
             .arg(&self.paths.config)
             .stdin(std::process::Stdio::null())
@@ -178,6 +245,20 @@ impl Sandbox for MicrovmSandbox {
             .map_err(|e| Error::io(RT, format!("starting {}", self.vmm.display()), e))?;
         let pid = child.id().unwrap_or(0);
         *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
+        if self.outlive_owner
+            && let Some(start_time) = crate::owner::process_start_time(pid)
+        {
+            *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(SandboxHandle {
+                runtime: RT,
+                id: self.id.clone(),
+                pid,
+                start_time,
+                vcpus: self.vcpus,
+                memory_mib: self.memory_mib,
+                agent_socket: self.paths.vsock.clone(),
+                control_socket: Some(self.paths.control.clone()),
+            });
+        }
         let pid_file = self.dirs.sandbox_run_dir(&self.id).join("vmm.pid");
         std::fs::write(&pid_file, pid.to_string())
             .map_err(|e| Error::io(RT, format!("writing {}", pid_file.display()), e))?;

@@ -65,7 +65,16 @@ impl Env {
         self.tmp.path().join("run")
     }
 
+    /// A daemon that kills its sandboxes when stopped (so that tests leave nothing
+    /// running); kill -9 still leaves them for the next daemon to adopt.
     pub fn start(&self, extra: &[&str]) -> Daemon {
+        let mut args = vec!["--kill-on-exit"];
+        args.extend_from_slice(extra);
+        self.start_with(&args)
+    }
+
+    /// A daemon with exactly these extra options.
+    pub fn start_with(&self, extra: &[&str]) -> Daemon {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sandcell-serve"))
             .env("SANDCELL_RUN_DIR", self.run_dir())
             .arg("--data-dir")
@@ -105,6 +114,57 @@ impl Env {
             .unwrap();
         db.close().await;
         key.plaintext
+    }
+
+    /// What sandbox `id` left on the host: its run dir, runsc state, cgroup directories,
+    /// mounts under its run dir, and host processes naming it on their command line.
+    pub fn traces_of(&self, id: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        let run_dir = self.run_dir().join(id);
+        if run_dir.exists() {
+            found.push(format!("run dir {}", run_dir.display()));
+        }
+        if let Ok(entries) = std::fs::read_dir(self.data().join("runsc")) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(id) {
+                    found.push(format!("runsc state {name}"));
+                }
+            }
+        }
+        let mut cgroups = vec![PathBuf::from("/sys/fs/cgroup/sandcell").join(id)];
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for c in controllers.flatten() {
+                cgroups.push(c.path().join("sandcell").join(id));
+            }
+        }
+        for cg in cgroups {
+            if cg.exists() {
+                found.push(format!("cgroup {}", cg.display()));
+            }
+        }
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let run_dir_text = run_dir.to_string_lossy().into_owned();
+        for line in mountinfo.lines() {
+            if line.contains(&run_dir_text) {
+                found.push(format!("mount {line}"));
+            }
+        }
+        if let Ok(procs) = std::fs::read_dir("/proc") {
+            for p in procs.flatten() {
+                let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
+                    continue;
+                };
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                if cmdline.contains(id) {
+                    found.push(format!(
+                        "process {}: {cmdline}",
+                        p.file_name().to_string_lossy()
+                    ));
+                }
+            }
+        }
+        found
     }
 
     /// Sandbox files left on the host (run dirs).
