@@ -2,7 +2,7 @@
 // tests/e2b/run.sh, which sets E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, SANDCELL_TEMPLATE
 // and NODE_PATH). Exits non-zero on the first failed check.
 const assert = require('node:assert/strict')
-const { Sandbox, AuthenticationError, NotFoundError } = require('e2b')
+const { Sandbox, AuthenticationError, CommandExitError, NotFoundError } = require('e2b')
 
 const template = process.env.SANDCELL_TEMPLATE
 
@@ -27,6 +27,22 @@ async function main() {
     const r = await sbx.commands.run('echo hi $FOO')
     assert.equal(r.stdout, 'hi node-env\n')
     assert.equal(r.exitCode, 0)
+  })
+  await check('commands: exit code, user, background kill', async () => {
+    await assert.rejects(sbx.commands.run('echo out; exit 5'), (e) =>
+      e instanceof CommandExitError && e.exitCode === 5 && e.stdout === 'out\n')
+    assert.equal((await sbx.commands.run('whoami', { user: 'user' })).stdout, 'user\n')
+    assert.equal((await sbx.commands.run('whoami', { user: 'root' })).stdout, 'root\n')
+    const bg = await sbx.commands.run('sleep 300', { background: true })
+    assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid))
+    assert.equal(await bg.kill(), true)
+    await assert.rejects(bg.wait(), (e) => e instanceof CommandExitError)
+  })
+  await check('files: binary round trip', async () => {
+    const blob = new Uint8Array(3 * 1024 * 1024).map((_, i) => (i * 7) & 0xff)
+    await sbx.files.write('/tmp/node.bin', blob.buffer)
+    const back = await sbx.files.read('/tmp/node.bin', { format: 'bytes' })
+    assert.equal(Buffer.compare(Buffer.from(back), Buffer.from(blob)), 0)
   })
   await check('files write/read', async () => {
     await sbx.files.write('/tmp/node.txt', 'from node')
