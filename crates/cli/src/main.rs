@@ -61,6 +61,13 @@ enum Command {
         #[command(subcommand)]
         command: sandcell_server::KeysCommand,
     },
+    #[command(flatten)]
+    Client(ClientCommand),
+}
+
+/// The commands that talk to a running daemon (`daemon.rs` finds it).
+#[derive(Subcommand)]
+enum ClientCommand {
     /// Create a sandbox on the daemon; prints its id
     Create(sandboxes::CreateArgs),
     /// List the sandboxes of the API key
@@ -125,15 +132,18 @@ fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
 }
 
 /// Runs a client command against the daemon found from the environment and config.
-async fn with_daemon<'a, F, Fut>(dirs: &Dirs, command: F) -> i32
-where
-    F: FnOnce(&'a daemon::Target) -> Fut,
-    Fut: std::future::Future<Output = i32> + 'a,
-{
-    match daemon::locate(dirs) {
-        // Leaked: one per process, and the command's future borrows it to the end.
-        Ok(target) => command(Box::leak(Box::new(target))).await,
-        Err(e) => sandboxes::fail(&e.to_string(), sandboxes::EXIT_USAGE),
+async fn client(dirs: &Dirs, command: ClientCommand) -> i32 {
+    let target = match daemon::locate(dirs) {
+        Ok(target) => target,
+        Err(e) => return sandboxes::fail(&e.to_string(), sandboxes::EXIT_USAGE),
+    };
+    match command {
+        ClientCommand::Create(args) => sandboxes::create(&target, args).await,
+        ClientCommand::Ls(args) => sandboxes::ls(&target, args).await,
+        ClientCommand::Exec(args) => exec::exec(&target, args).await,
+        ClientCommand::Shell(args) => exec::shell(&target, args).await,
+        ClientCommand::Cp(args) => cp::cp(&target, args).await,
+        ClientCommand::Kill(args) => sandboxes::kill(&target, args).await,
     }
 }
 
@@ -157,12 +167,7 @@ fn main() {
             Command::Doctor(args) => doctor::doctor(dirs, args).await,
             Command::Serve(args) => sandcell_server::serve(dirs, args).await,
             Command::Keys { command } => sandcell_server::keys(dirs, command).await,
-            Command::Create(args) => with_daemon(&dirs, |t| sandboxes::create(t, args)).await,
-            Command::Ls(args) => with_daemon(&dirs, |t| sandboxes::ls(t, args)).await,
-            Command::Exec(args) => with_daemon(&dirs, |t| exec::exec(t, args)).await,
-            Command::Shell(args) => with_daemon(&dirs, |t| exec::shell(t, args)).await,
-            Command::Cp(args) => with_daemon(&dirs, |t| cp::cp(t, args)).await,
-            Command::Kill(args) => with_daemon(&dirs, |t| sandboxes::kill(t, args)).await,
+            Command::Client(command) => client(&dirs, command).await,
         }
     });
     // Threads blocked on our stdin must not hold the exit up.
