@@ -35,6 +35,12 @@ struct Args {
     etc_dir: Option<PathBuf>,
 }
 
+/// How long a checkpoint hold lasts at most without a resume marker (see
+/// `sandcell_agent::checkpoint`): a runtime that died between asking and checkpointing must
+/// not leave the agent deaf for good. A checkpoint in progress freezes the agent, so a slow
+/// save does not run into it.
+const CHECKPOINT_HOLD_MAX: Duration = Duration::from_secs(60);
+
 const USAGE: &str = "usage: sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts] \
                      [--hostname NAME] [--keepalive-secs N] [--workdir DIR] \
                      [--default-user NAME] [--etc-dir DIR] [--version]";
@@ -132,20 +138,46 @@ fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         let server = Server::new(config).map_err(|e| format!("starting the child reaper: {e}"))?;
-        let listener = Listener::bind(&addr).await.map_err(|e| e.to_string())?;
-        log!("listening on {addr}");
-        let serve = server.serve(listener);
-        if !is_init {
-            return serve.await.map_err(|e| format!("serving on {addr}: {e}"));
-        }
-        // PID 1 has no default SIGTERM action; `runsc kill` and friends expect one: power off.
-        let mut sigterm =
-            signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
-        tokio::select! {
-            served = serve => served.map_err(|e| format!("serving on {addr}: {e}")),
-            _ = sigterm.recv() => {
-                log!("SIGTERM: powering off");
-                Ok(ServeOutcome::PowerOffRequested)
+        // PID 1 has no default action for these; `runsc kill` and busybox's poweroff/halt
+        // (SIGUSR2/SIGUSR1 to PID 1) expect one: power off.
+        let mut sigterm = if is_init {
+            Some(PowerSignals::new()?)
+        } else {
+            None
+        };
+        loop {
+            let listener = Listener::bind(&addr).await.map_err(|e| e.to_string())?;
+            log!("listening on {addr}");
+            let served = match &mut sigterm {
+                None => server.serve(listener).await,
+                Some(sigterm) => tokio::select! {
+                    served = server.serve(listener) => served,
+                    name = sigterm.recv() => {
+                        log!("{name}: powering off");
+                        Ok(ServeOutcome::PowerOffRequested)
+                    }
+                },
+            };
+            match served.map_err(|e| format!("serving on {addr}: {e}"))? {
+                // The listener is closed by now (dropped with the serve future).
+                ServeOutcome::CheckpointRequested => {
+                    if let (ListenAddr::Unix(socket), Some(marker)) =
+                        (&addr, sandcell_agent::checkpoint::marker_path(&addr))
+                    {
+                        let seen = sandcell_agent::checkpoint::hold_until_resumed(
+                            socket,
+                            &marker,
+                            CHECKPOINT_HOLD_MAX,
+                        )
+                        .await;
+                        if !seen {
+                            log!(
+                                "no resume marker within {CHECKPOINT_HOLD_MAX:?}: listening again"
+                            );
+                        }
+                    }
+                }
+                outcome => return Ok::<_, String>(outcome),
             }
         }
     });
@@ -154,6 +186,11 @@ fn main() -> ExitCode {
         Ok(ServeOutcome::PowerOffRequested) => {
             log!("power-off requested; not PID 1, so exiting");
             ExitCode::SUCCESS
+        }
+        // The serve loop above handles every hold itself.
+        Ok(ServeOutcome::CheckpointRequested) => {
+            log!("checkpoint hold left the serve loop");
+            fail(is_init)
         }
         Err(msg) => {
             log!("{msg}");
@@ -193,5 +230,34 @@ mod tests {
         assert!(parse(&["--listen"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
         assert!(parse(&["--keepalive-secs", "x"]).is_err());
+    }
+}
+
+/// The signals that ask PID 1 to power off: SIGTERM (`runsc kill`, `kill 1`), SIGUSR2
+/// (busybox `poweroff`) and SIGUSR1 (busybox `halt`; a sandbox has nothing to halt for).
+struct PowerSignals {
+    term: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl PowerSignals {
+    fn new() -> Result<Self, String> {
+        let install =
+            |kind: SignalKind, name: &str| signal(kind).map_err(|e| format!("{name} handler: {e}"));
+        Ok(PowerSignals {
+            term: install(SignalKind::terminate(), "SIGTERM")?,
+            usr2: install(SignalKind::user_defined2(), "SIGUSR2")?,
+            usr1: install(SignalKind::user_defined1(), "SIGUSR1")?,
+        })
+    }
+
+    /// Waits for one of the signals and names it.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.usr2.recv() => "SIGUSR2 (poweroff)",
+            _ = self.usr1.recv() => "SIGUSR1 (halt)",
+        }
     }
 }

@@ -143,31 +143,39 @@ async fn as_pid_1_it_mounts_reaps_orphans_and_powers_off() {
     assert!(exited, "powering off did not end the namespace");
 }
 
+/// SIGTERM (`runsc kill`), SIGUSR2 (busybox `poweroff`) and SIGUSR1 (busybox `halt`) each
+/// power PID 1 off.
 #[tokio::test]
-async fn as_pid_1_sigterm_powers_off() {
-    let mut agent = spawn_pid1().await;
-    let unshare = agent.child.id();
-    let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
-        .expect("reading unshare's children");
-    let agent_pid: libc::pid_t = children
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("unshare has the agent as its child");
-    // SAFETY: kill(2) on the agent we started (seen from the parent namespace).
-    assert_eq!(unsafe { libc::kill(agent_pid, libc::SIGTERM) }, 0);
-    let mut exited = false;
-    for _ in 0..400 {
-        if agent
-            .child
-            .try_wait()
-            .expect("try_wait on unshare")
-            .is_some()
-        {
-            exited = true;
-            break;
+async fn as_pid_1_power_signals_power_off() {
+    for (sig, name) in [
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGUSR1, "SIGUSR1"),
+    ] {
+        let mut agent = spawn_pid1().await;
+        let unshare = agent.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+            .expect("reading unshare's children");
+        let agent_pid: libc::pid_t = children
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("unshare has the agent as its child");
+        // SAFETY: kill(2) on the agent we started (seen from the parent namespace).
+        assert_eq!(unsafe { libc::kill(agent_pid, sig) }, 0);
+        let mut exited = false;
+        for _ in 0..400 {
+            if agent
+                .child
+                .try_wait()
+                .expect("try_wait on unshare")
+                .is_some()
+            {
+                exited = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(exited, "{name} did not end the PID-1 agent");
     }
-    assert!(exited, "SIGTERM did not end the PID-1 agent");
 }
