@@ -341,6 +341,22 @@ impl<C: Connector> AgentClient<C> {
     }
 }
 
+impl<C: Connector> AgentClient<C> {
+    /// Asks the agent to close its listener and every connection until the runtime writes
+    /// the resume marker ([`wire::CHECKPOINT_HOLD_PATH`]); the answer comes before it does.
+    pub async fn checkpoint_hold(&self) -> Result<(), ClientError> {
+        let req = request(
+            Method::POST,
+            wire::CHECKPOINT_HOLD_PATH,
+            None,
+            http_body_util::Empty::<Bytes>::new(),
+        )?;
+        Self::check("checkpoint hold", self.send("checkpoint hold", req).await?)
+            .await
+            .map(drop)
+    }
+}
+
 fn request<B>(
     method: Method,
     uri: &str,

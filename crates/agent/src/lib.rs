@@ -6,6 +6,7 @@
 //! directory), and as a plain host process in tests.
 
 pub mod body;
+pub mod checkpoint;
 pub mod client;
 pub mod connect;
 pub mod files;

@@ -79,6 +79,9 @@ impl Default for ServerConfig {
 pub enum ServeOutcome {
     /// `POST /sandcell/poweroff` was answered; the caller powers off (or exits).
     PowerOffRequested,
+    /// `POST /sandcell/checkpoint-hold` was answered and every connection closed; the caller
+    /// drops the listener, waits (see [`crate::checkpoint`]) and serves again.
+    CheckpointRequested,
 }
 
 pub struct State {
@@ -110,14 +113,18 @@ impl Server {
         })
     }
 
-    /// Serves connections until a power-off request has been answered.
+    /// Serves connections until a power-off or checkpoint-hold request has been answered.
+    /// Returning drops (closes) every connection still open.
     pub async fn serve(&self, listener: Listener) -> io::Result<ServeOutcome> {
-        let (off_tx, mut off_rx) = mpsc::channel::<()>(1);
+        let (off_tx, mut off_rx) = mpsc::channel::<ServeOutcome>(1);
+        let mut connections = tokio::task::JoinSet::new();
         loop {
+            // Reap finished connections so that the set stays small.
+            while connections.try_join_next().is_some() {}
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(conn) => {
-                        tokio::spawn(serve_connection(self.state.clone(), conn, off_tx.clone()));
+                        connections.spawn(serve_connection(self.state.clone(), conn, off_tx.clone()));
                     }
                     Err(e) => {
                         crate::log!("accepting a connection: {e}");
@@ -125,19 +132,21 @@ impl Server {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                _ = off_rx.recv() => return Ok(ServeOutcome::PowerOffRequested),
+                Some(outcome) = off_rx.recv() => return Ok(outcome),
             }
         }
     }
 }
 
-async fn serve_connection(state: Arc<State>, conn: Stream, off_tx: mpsc::Sender<()>) {
+async fn serve_connection(state: Arc<State>, conn: Stream, off_tx: mpsc::Sender<ServeOutcome>) {
     let poweroff = Arc::new(AtomicBool::new(false));
-    let flag = poweroff.clone();
+    let hold = Arc::new(AtomicBool::new(false));
+    let (flag, hold_flag) = (poweroff.clone(), hold.clone());
     let service = service_fn(move |req| {
         let state = state.clone();
         let flag = flag.clone();
-        async move { Ok::<_, Infallible>(route(&state, &flag, req).await) }
+        let hold_flag = hold_flag.clone();
+        async move { Ok::<_, Infallible>(route(&state, &flag, &hold_flag, req).await) }
     });
     // Errors here are the peer's (reset, malformed HTTP): nothing to do but drop it.
     let _ = http1::Builder::new()
@@ -146,7 +155,9 @@ async fn serve_connection(state: Arc<State>, conn: Stream, off_tx: mpsc::Sender<
     // The power-off answer carried `Connection: close`, so the connection ending means the
     // client has its 204.
     if poweroff.load(Ordering::SeqCst) {
-        let _ = off_tx.send(()).await;
+        let _ = off_tx.send(ServeOutcome::PowerOffRequested).await;
+    } else if hold.load(Ordering::SeqCst) {
+        let _ = off_tx.send(ServeOutcome::CheckpointRequested).await;
     }
 }
 
@@ -162,6 +173,7 @@ fn auth_exempt(method: &Method, path: &str) -> bool {
             | (&Method::POST, wire::FILES_PATH)
             | (&Method::POST, wire::INIT_PATH)
             | (&Method::POST, wire::POWEROFF_PATH)
+            | (&Method::POST, wire::CHECKPOINT_HOLD_PATH)
     )
 }
 
@@ -200,15 +212,25 @@ fn check_basic_user(state: &State, req: &Request<Incoming>) -> Result<(), ApiErr
     }
 }
 
-async fn route(state: &State, poweroff: &AtomicBool, req: Request<Incoming>) -> Response<BoxBody> {
+async fn route(
+    state: &State,
+    poweroff: &AtomicBool,
+    hold: &AtomicBool,
+    req: Request<Incoming>,
+) -> Response<BoxBody> {
     let result = match check_token(state, &req).and_then(|()| check_basic_user(state, &req)) {
-        Ok(()) => dispatch(state, poweroff, req).await,
+        Ok(()) => dispatch(state, poweroff, hold, req).await,
         Err(e) => Err(e),
     };
     result.unwrap_or_else(ApiError::into_response)
 }
 
-async fn dispatch(state: &State, poweroff: &AtomicBool, req: Request<Incoming>) -> Reply {
+async fn dispatch(
+    state: &State,
+    poweroff: &AtomicBool,
+    hold: &AtomicBool,
+    req: Request<Incoming>,
+) -> Reply {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     if method == Method::GET {
@@ -246,8 +268,13 @@ async fn dispatch(state: &State, poweroff: &AtomicBool, req: Request<Incoming>) 
         fsw::REMOVE_WATCHER_PATH => watch::remove_watcher(state, req).await,
         wire::FILES_PATH => files::upload(state, req).await,
         wire::INIT_PATH => init(state, req).await,
-        wire::POWEROFF_PATH => {
-            poweroff.store(true, Ordering::SeqCst);
+        wire::POWEROFF_PATH | wire::CHECKPOINT_HOLD_PATH => {
+            let flag = if path == wire::POWEROFF_PATH {
+                poweroff
+            } else {
+                hold
+            };
+            flag.store(true, Ordering::SeqCst);
             let mut resp = status_only(StatusCode::NO_CONTENT);
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
