@@ -94,6 +94,12 @@ async fn upload(target: &Target, local: &str, id: &str, path: &str, user: Option
         envd.upload(&dest, tokio::io::stdin()).await
     } else {
         match tokio::fs::File::open(local).await {
+            Ok(file) if file.metadata().await.is_ok_and(|m| m.is_dir()) => {
+                return fail(
+                    &format!("{local} is a directory: sandcell cp copies one file (tar it first)"),
+                    EXIT_USAGE,
+                );
+            }
             Ok(file) => envd.upload(&dest, file).await,
             Err(e) => return fail(&format!("opening {local}: {e}"), EXIT_FAILED),
         }

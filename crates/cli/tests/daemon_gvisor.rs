@@ -371,6 +371,13 @@ fn cp_streams_both_ways_intact() {
     assert!(!missing.exists());
     let out = d.run(&["cp", local_s, back.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "two local paths are refused");
+    let out = d.run(&["cp", dir.to_str().unwrap(), &format!("{id}:/tmp/d")]);
+    assert_eq!(out.status.code(), Some(2), "a directory is refused");
+    assert!(
+        text(&out.stderr).contains("is a directory"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
