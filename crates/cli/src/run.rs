@@ -158,6 +158,18 @@ fn report(outcome: Outcome) -> i32 {
         Outcome::SandboxDied(exit @ SandboxExit::OutOfMemory { .. }) => {
             fail(&exit.to_string(), EXIT_OOM)
         }
+        // A power-off is the guest's own clean ending (busybox `poweroff`, `kill 1`): the
+        // command asked for it, so it is reported but is not a failure.
+        Outcome::SandboxDied(
+            SandboxExit::Vm {
+                status: sandcell_proto::vmm::ExitStatus::PowerOff,
+                ..
+            }
+            | SandboxExit::Exited { code: 0, .. },
+        ) => {
+            eprintln!("sandcell: the sandbox powered off before the command ended");
+            0
+        }
         Outcome::SandboxDied(exit) => fail(&format!("the sandbox died: {exit}"), EXIT_SANDCELL),
         Outcome::TimedOut(secs) => fail(
             &format!(

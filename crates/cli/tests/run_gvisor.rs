@@ -149,6 +149,24 @@ fn exit_statuses_pass_through() {
     );
 }
 
+/// busybox `poweroff` inside the sandbox (SIGUSR2 to the agent, PID 1) ends it cleanly: the
+/// command goes no further, and `sandcell run` reports the power-off with status 0.
+#[test]
+fn poweroff_inside_the_sandbox_ends_it_cleanly() {
+    let env = env();
+    let out = env.run(&["--", "sh", "-c", "poweroff; sleep 20; echo STILL_RUNNING"]);
+    assert!(
+        !text(&out.stdout).contains("STILL_RUNNING"),
+        "the command ran on"
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("powered off"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn argv_is_passed_as_given_without_a_shell() {
     let env = env();
