@@ -91,11 +91,6 @@ def test_coreutils_stat_works(sbx):
     assert sbx.commands.run("stat -c %U /tmp/", user="root").stdout == "root\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="E2B runs commands as `user` when none is named (the orchestrator's /init sets the "
-    "template's default user); sandcell's daemon sends no defaultUser, so the agent uses root",
-)
 def test_commands_default_user_is_user(sbx):
     assert sbx.commands.run("whoami").stdout == "user\n"
 

@@ -132,7 +132,12 @@ impl Server {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                Some(outcome) = off_rx.recv() => return Ok(outcome),
+                Some(outcome) = off_rx.recv() => {
+                    // Every connection is gone before the listener is (the caller drops it):
+                    // a checkpoint must find no host socket left.
+                    connections.shutdown().await;
+                    return Ok(outcome);
+                }
             }
         }
     }
@@ -357,8 +362,13 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
                 d.user_env = env;
             }
             d.access_token = body.access_token.filter(|t| !t.is_empty());
+            // A default user the image does not have would make every later process fail:
+            // keep the current one and say so (the host sends E2B's `user` to every image).
             if let Some(user) = body.default_user.filter(|u| !u.is_empty()) {
-                d.user = user;
+                match state.shared.users.lookup(&user) {
+                    Ok(_) => d.user = user,
+                    Err(e) => crate::log!("/init: keeping default user {:?}: {e}", d.user),
+                }
             }
             if let Some(w) = body.default_workdir.filter(|w| !w.is_empty()) {
                 d.workdir = Some(w);

@@ -556,9 +556,12 @@ async fn init_agent(
     env: &BTreeMap<String, String>,
     access_token: Option<&str>,
 ) -> ApiResult<String> {
+    // E2B runs commands as `user` unless a request names another; the agent keeps root for
+    // images that have no such account.
     let mut body = serde_json::json!({
         "envVars": env,
         "timestamp": rfc3339(now_ms()),
+        "defaultUser": "user",
     });
     if let Some(token) = access_token {
         body["accessToken"] = serde_json::Value::String(token.to_string());
