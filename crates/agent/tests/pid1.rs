@@ -36,9 +36,16 @@ async fn spawn_pid1() -> Pid1Agent {
         euid, 0,
         "this test needs root (unshare of PID and mount namespaces)"
     );
-    // The agent mounts a tmpfs on /tmp and /run in its namespace: the socket lives elsewhere.
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&base).expect("creating CARGO_TARGET_TMPDIR");
+    // The agent mounts a tmpfs on /tmp and /run in its namespace: the socket lives elsewhere,
+    // also when the checkout (and so CARGO_TARGET_TMPDIR) is itself under /tmp or /run.
+    let target_tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let masked = target_tmp.starts_with("/tmp") || target_tmp.starts_with("/run");
+    let base = if masked {
+        PathBuf::from("/var/tmp")
+    } else {
+        target_tmp
+    };
+    std::fs::create_dir_all(&base).expect("creating the socket's parent dir");
     let dir = tempfile::tempdir_in(&base).expect("temp dir");
     let sock = dir.path().join("agent.sock");
     let mut child = Command::new("unshare")
