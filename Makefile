@@ -20,9 +20,14 @@ run: deps build-release install
 	@target/release/sandcell doctor
 	@echo "==> sandcell run -- sh -c 'echo hello from a sandbox; uname -a; id'"
 	@target/release/sandcell run --verbose -- sh -c 'echo hello from a sandbox; uname -a; id'
-	@echo "==> sandcell serve --data-dir $(DATA_DIR) (listening on http://127.0.0.1:3000)"
-	@echo "    export E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3000"
-	@echo "    export E2B_API_KEY=\$$(cat $(DATA_DIR)/admin.key)"
+	@echo "==> sandcell serve --data-dir $(DATA_DIR): E2B API and envd proxy on http://127.0.0.1:3000 (Ctrl-C stops it)"
+	@echo "    API key: $(DATA_DIR)/admin.key (written at the first start, mode 0600; sandcell keys create makes more)"
+	@echo "    E2B Python SDK (pip install e2b), from another shell:"
+	@echo "      export E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3000 E2B_API_KEY=\$$(sudo cat $(DATA_DIR)/admin.key)"
+	@echo "      then in python3:  from e2b import Sandbox"
+	@echo "                        sbx = Sandbox.create()"
+	@echo "                        print(sbx.commands.run(\"uname -a\").stdout)"
+	@echo "    CLI (as root on this host): target/release/sandcell create, ls, exec ID -- uname -a, shell ID, cp, kill"
 	@target/release/sandcell serve --data-dir $(DATA_DIR)
 
 ## make test: every test: unit, payloads on /dev/kvm, the gvisor suite, images, the nested-KVM harness.
