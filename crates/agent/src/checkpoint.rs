@@ -3,12 +3,14 @@
 //! gVisor refuses to save a sandbox that holds a host socket ("Cannot save endpoint with
 //! bound host socket"): our Unix listener in the host-shared directory is one, and so is
 //! every connection accepted on it. So on request the agent closes them all (the server
-//! returns [`crate::server::ServeOutcome::CheckpointRequested`]), removes its socket file,
-//! and waits here, without any host socket, until the file
+//! returns [`crate::server::ServeOutcome::CheckpointRequested`] once its connections are
+//! gone, and the listener is dropped then: the host sees its connections refused from that
+//! moment) and waits here, without any host socket, until the file
 //! [`sandcell_proto::agent::RESUME_MARKER`] appears next to where its socket was. The runtime
 //! writes that marker into the socket directory of each restored copy before `runsc restore`
 //! (a fresh directory per copy), and into the original one when the checkpoint failed or the
-//! original resumes. The agent then removes the marker and listens again.
+//! original resumes. The agent then removes the marker and listens again. The socket file
+//! itself is the host's to remove (gVisor refuses to unlink a host socket from inside).
 //!
 //! Processes started through the agent keep running throughout; only the host's streams to
 //! the agent end (clients reconnect, as after any network cut).
@@ -36,13 +38,7 @@ pub fn marker_path(addr: &ListenAddr) -> Option<PathBuf> {
 /// the marker. Returns whether the marker was seen (false: gave up waiting, and the caller
 /// listens again anyway, so that a runtime that died mid-checkpoint does not leave a deaf
 /// agent behind).
-pub async fn hold_until_resumed(socket: &Path, marker: &Path, max: Duration) -> bool {
-    // The socket file is a host socket too (gVisor's gofer made it): gone before the save.
-    if let Err(e) = std::fs::remove_file(socket)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        crate::log!("removing {} before a checkpoint: {e}", socket.display());
-    }
+pub async fn hold_until_resumed(marker: &Path, max: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + max;
     let seen = loop {
         if std::fs::symlink_metadata(marker).is_ok() {
@@ -79,9 +75,7 @@ mod tests {
     async fn waits_for_the_marker_and_consumes_it() {
         let dir = std::env::temp_dir().join(format!("sc-hold-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
-        let socket = dir.join("agent.sock");
         let marker = dir.join(RESUME_MARKER);
-        let _ = std::fs::write(&socket, b"");
         let writer = {
             let marker = marker.clone();
             tokio::spawn(async move {
@@ -89,11 +83,10 @@ mod tests {
                 let _ = std::fs::write(&marker, b"");
             })
         };
-        assert!(hold_until_resumed(&socket, &marker, Duration::from_secs(10)).await);
+        assert!(hold_until_resumed(&marker, Duration::from_secs(10)).await);
         let _ = writer.await;
-        assert!(!socket.exists(), "the socket file is removed");
         assert!(!marker.exists(), "the marker is consumed");
-        assert!(!hold_until_resumed(&socket, &marker, Duration::from_millis(10)).await);
+        assert!(!hold_until_resumed(&marker, Duration::from_millis(10)).await);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

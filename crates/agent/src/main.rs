@@ -161,11 +161,8 @@ fn main() -> ExitCode {
             match served.map_err(|e| format!("serving on {addr}: {e}"))? {
                 // The listener is closed by now (dropped with the serve future).
                 ServeOutcome::CheckpointRequested => {
-                    if let (ListenAddr::Unix(socket), Some(marker)) =
-                        (&addr, sandcell_agent::checkpoint::marker_path(&addr))
-                    {
+                    if let Some(marker) = sandcell_agent::checkpoint::marker_path(&addr) {
                         let seen = sandcell_agent::checkpoint::hold_until_resumed(
-                            socket,
                             &marker,
                             CHECKPOINT_HOLD_MAX,
                         )

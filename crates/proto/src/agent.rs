@@ -43,6 +43,14 @@ pub const CONNECT_JSON: &str = "application/connect+json";
 /// Ours, not envd's: answer 204, then sync and power the VM off (the agent must be PID 1;
 /// otherwise the agent just exits).
 pub const POWEROFF_PATH: &str = "/sandcell/poweroff";
+/// Ours: answer 204, then close every connection and the listening socket, and listen again
+/// only once the file [`RESUME_MARKER`] appears next to the (Unix) socket. gVisor cannot
+/// checkpoint a sandbox that holds a bound or connected host socket, so the runtime calls
+/// this before `runsc checkpoint`; the restored agent (and the original one, if the
+/// checkpoint failed) finds the marker the runtime put in its new socket directory.
+pub const CHECKPOINT_HOLD_PATH: &str = "/sandcell/checkpoint-hold";
+/// See [`CHECKPOINT_HOLD_PATH`]: the file name, in the directory of the agent's socket.
+pub const RESUME_MARKER: &str = "agent.resume";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -113,6 +113,18 @@ pub enum Error {
         id: String,
         problem: String,
     },
+
+    /// A snapshot that cannot be used: missing, corrupt, of another version or runtime.
+    #[error("snapshot {path}: {problem}")]
+    Snapshot { path: PathBuf, problem: String },
+
+    /// What this runtime (or this version of its tools) cannot do; `why` says what instead.
+    #[error("{runtime} runtime: cannot {op}: {why}")]
+    Unsupported {
+        runtime: RuntimeKind,
+        op: &'static str,
+        why: String,
+    },
 }
 
 impl Error {

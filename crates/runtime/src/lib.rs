@@ -23,6 +23,7 @@ pub mod image;
 pub mod microvm;
 mod owner;
 pub mod select;
+pub mod snapshot;
 mod supervise;
 mod util;
 
@@ -31,6 +32,7 @@ pub use error::{Error, Result};
 pub use gvisor::network::NetworkSpec;
 pub use image::Image;
 pub use sandcell_net as net;
+pub use snapshot::{RestoreSpec, SnapshotHandle, SnapshotKind};
 
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -267,6 +269,16 @@ pub trait Runtime: Send + Sync {
     /// the [`Sandbox::handle`] that owner saved: this process becomes its owner. A sandbox
     /// that ended meanwhile has its leftovers removed and gives [`Error::Gone`].
     async fn adopt(&self, handle: &SandboxHandle) -> Result<Box<dyn Sandbox>>;
+
+    /// A new, running sandbox from a snapshot ([`Sandbox::snapshot`]), returned once its
+    /// agent accepts connections. Its processes, memory and files are the snapshot's; its
+    /// id, sockets and writable layer are its own. The caller then gives the agent the new
+    /// identity (`POST /init`: env vars, access token, clock).
+    async fn restore(
+        &self,
+        snapshot: &SnapshotHandle,
+        spec: RestoreSpec,
+    ) -> Result<Box<dyn Sandbox>>;
 }
 
 /// One sandbox. Every method takes `&self` so that one task can wait for the sandbox's end
@@ -298,6 +310,23 @@ pub trait Sandbox: Send + Sync {
     /// Stops the sandbox if it runs and removes every file, socket, mount, cgroup and
     /// process of it. Idempotent.
     async fn destroy(&self) -> Result<()>;
+
+    /// Saves the running sandbox into `dest` (a new directory) and keeps it running (see
+    /// [`snapshot`] for what each runtime writes and can do). gvisor: the runsc in use
+    /// cannot checkpoint and keep running, so the sandbox is checkpointed (it stops) and
+    /// restored in place at once: its processes continue, but open connections to it end.
+    async fn snapshot(&self, dest: &std::path::Path, kind: SnapshotKind) -> Result<SnapshotHandle>;
+
+    /// A full snapshot into `dest`, then the sandbox stops and its files are removed
+    /// (except the snapshot): resume with [`Runtime::restore`].
+    async fn pause_to_disk(&self, dest: &std::path::Path) -> Result<SnapshotHandle>;
+
+    /// `count` new running sandboxes that continue from this one's present state, each on
+    /// its own writable layer; the parent keeps running (gvisor: restored in place, as for
+    /// [`Sandbox::snapshot`]). The snapshot they come from is kept in `dest` (the caller
+    /// deletes it when the last of them is gone; microvm fork snapshots live only as long as
+    /// the parent). Children made before a failure are destroyed.
+    async fn fork(&self, count: usize, dest: &std::path::Path) -> Result<Vec<Box<dyn Sandbox>>>;
 }
 
 /// Opens one stream to the agent of a sandbox per call: what the agent client needs.

@@ -119,6 +119,16 @@ impl Shared {
         id: &str,
         network: bool,
     ) -> tokio::process::Command {
+        let mut cmd = self.sandbox_command(network);
+        cmd.arg("run")
+            .arg(format!("--bundle={}", bundle.display()))
+            .arg(id);
+        cmd
+    }
+
+    /// runsc with the global flags of our sandboxes (also what `runsc restore` needs: the
+    /// same platform and flags as the checkpointed sandbox).
+    pub(super) fn sandbox_command(&self, network: bool) -> tokio::process::Command {
         let mut cmd = self.runsc();
         cmd.arg(format!("--platform={}", self.runsc.platform))
             .arg(if network {
@@ -130,9 +140,6 @@ impl Shared {
         if self.runsc.overlay2 {
             cmd.arg("--overlay2=root:memory");
         }
-        cmd.arg("run")
-            .arg(format!("--bundle={}", bundle.display()))
-            .arg(id);
         cmd
     }
 
@@ -327,7 +334,7 @@ impl Runtime for GvisorRuntime {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
-        if let Err(e) = sandbox.prepare(&spec, &base).await {
+        if let Err(e) = sandbox.prepare(&spec, &[&base]).await {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
@@ -385,6 +392,15 @@ impl Runtime for GvisorRuntime {
             paths,
             pidfd,
         )))
+    }
+
+    async fn restore(
+        &self,
+        snapshot: &crate::SnapshotHandle,
+        spec: crate::RestoreSpec,
+    ) -> Result<Box<dyn Sandbox>> {
+        let sandbox = sandbox::restore_new(self.shared.clone(), snapshot, spec).await?;
+        Ok(Box::new(sandbox))
     }
 }
 

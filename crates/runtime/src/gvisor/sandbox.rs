@@ -2,6 +2,9 @@
 //! docs of [`super`] for the layout).
 
 use super::{RT, Shared, bundle, network};
+// A child module, so that checkpoint/restore can rebuild this sandbox's process in place.
+#[path = "checkpoint.rs"]
+mod checkpoint;
 use crate::cgroup::SandboxCgroup;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, log_tail, open_log};
@@ -10,6 +13,7 @@ use crate::{
     SandboxHandle, SandboxSpec, SandboxStatus,
 };
 use async_trait::async_trait;
+pub(super) use checkpoint::restore_new;
 use sandcell_agent::client::{AgentClient, ClientError, UnixConnector};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -74,6 +78,14 @@ pub struct GvisorSandbox {
     vcpus: u8,
     /// Set once started detached (or adopted).
     handle: Mutex<Option<SandboxHandle>>,
+    /// What a snapshot records (checkpoint.rs); the image is unknown for adopted sandboxes.
+    image: crate::Image,
+    env: std::collections::BTreeMap<String, String>,
+    /// The next [`Sandbox::start`] runs `runsc restore` from this checkpoint image.
+    restore_from: Mutex<Option<PathBuf>>,
+    /// Bumped when a checkpoint replaces the `runsc` process: the end of an older one is
+    /// then not the sandbox's end.
+    launch: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl GvisorSandbox {
@@ -95,6 +107,10 @@ impl GvisorSandbox {
             outlive_owner: spec.outlive_owner,
             vcpus: spec.vcpus,
             handle: Mutex::new(None),
+            image: spec.image.clone(),
+            env: spec.env.clone(),
+            restore_from: Mutex::new(None),
+            launch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
     }
 
@@ -196,14 +212,15 @@ impl GvisorSandbox {
         self.net.lock().await.as_ref().map(|n| n.network().clone())
     }
 
-    /// Layer, mount, cgroup and bundle: everything before a process runs.
-    pub(super) async fn prepare(&self, spec: &SandboxSpec, base: &Path) -> Result<()> {
+    /// Layer, mount, cgroup and bundle: everything before a process runs. `lowers`: the
+    /// image tree, under the frozen layers of a snapshot if restoring one (top first).
+    pub(super) async fn prepare(&self, spec: &SandboxSpec, lowers: &[&Path]) -> Result<()> {
         let p = &self.paths;
         for dir in [&p.bundle, &p.rootfs, &p.upper, &p.work, &p.host] {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::io(RT, format!("creating {}", dir.display()), e))?;
         }
-        mount_overlay(base, &p.upper, &p.work, &p.rootfs)?;
+        mount_overlay(lowers, &p.upper, &p.work, &p.rootfs)?;
         let mount_point = p
             .rootfs
             .join(bundle::HOST_DIR_IN_SANDBOX.trim_start_matches('/'));
@@ -308,8 +325,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
-    for p in [lower, upper, work] {
+fn mount_overlay(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<()> {
+    for p in lowers.iter().copied().chain([upper, work]) {
         let s = p.to_string_lossy();
         if s.contains([',', ':', '\\']) {
             return Err(Error::InvalidSpec {
@@ -320,9 +337,10 @@ fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Resu
             });
         }
     }
+    let lower: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
     let options = format!(
         "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
+        lower.join(":"),
         upper.display(),
         work.display()
     );
@@ -422,9 +440,18 @@ impl Sandbox for GvisorSandbox {
             .try_clone()
             .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
         let netns_path = lock(&self.netns).clone();
-        let mut command =
-            self.shared
-                .run_command(&self.paths.bundle, &self.id, netns_path.is_some());
+        let restore_from = lock(&self.restore_from).take();
+        let mut command = match &restore_from {
+            Some(image) => self.shared.restore_command(
+                &self.paths.bundle,
+                &self.id,
+                netns_path.is_some(),
+                image,
+            ),
+            None => self
+                .shared
+                .run_command(&self.paths.bundle, &self.id, netns_path.is_some()),
+        };
         // Opened here and kept until the spawn below (enter_netns uses its descriptor).
         let netns = match &netns_path {
             Some(path) => Some(std::fs::File::open(path).map_err(|e| {
@@ -475,8 +502,14 @@ impl Sandbox for GvisorSandbox {
             self.memory_mib,
             self.paths.console.clone(),
         );
+        let (launch, this_launch) = (self.launch.clone(), self.launch.load(Ordering::SeqCst));
         tokio::spawn(async move {
-            let ended = match child.wait().await {
+            let status = child.wait().await;
+            if launch.load(Ordering::SeqCst) != this_launch {
+                // Checkpointed and replaced by a restored runsc (checkpoint.rs).
+                return;
+            }
+            let ended = match status {
                 Ok(status) => classify(
                     status,
                     stopping.load(Ordering::SeqCst),
@@ -542,6 +575,22 @@ impl Sandbox for GvisorSandbox {
 
     async fn wait(&self) -> SandboxExit {
         self.exit.wait().await
+    }
+
+    async fn snapshot(
+        &self,
+        dest: &Path,
+        kind: crate::SnapshotKind,
+    ) -> Result<crate::SnapshotHandle> {
+        checkpoint::snapshot(self, dest, kind).await
+    }
+
+    async fn pause_to_disk(&self, dest: &Path) -> Result<crate::SnapshotHandle> {
+        checkpoint::pause_to_disk(self, dest).await
+    }
+
+    async fn fork(&self, count: usize, dest: &Path) -> Result<Vec<Box<dyn Sandbox>>> {
+        checkpoint::fork(self, count, dest).await
     }
 
     async fn destroy(&self) -> Result<()> {

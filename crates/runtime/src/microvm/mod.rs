@@ -261,6 +261,15 @@ impl Runtime for MicrovmRuntime {
             pidfd,
         )))
     }
+
+    async fn restore(
+        &self,
+        snapshot: &crate::SnapshotHandle,
+        spec: crate::RestoreSpec,
+    ) -> Result<Box<dyn Sandbox>> {
+        let sandbox = sandbox::restore_new(&self.dirs, &self.vmm, snapshot, spec).await?;
+        Ok(Box::new(sandbox))
+    }
 }
 
 impl MicrovmRuntime {

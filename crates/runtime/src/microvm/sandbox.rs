@@ -2,6 +2,9 @@
 //! the module docs of [`super`] for the files).
 
 use super::{CONTROL_TIMEOUT, MAX_CONTROL_LINE, Paths, RT, remove_files, vsock};
+// A child module, so that snapshots can drive this sandbox's VMM and restores start one.
+#[path = "snapshot.rs"]
+mod snapshot;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, last_line, log_tail, open_log};
 use crate::{
@@ -10,6 +13,7 @@ use crate::{
 };
 use async_trait::async_trait;
 use sandcell_proto::vmm::{ControlRequest, ControlResponse, ExitStatus, VmState};
+pub(super) use snapshot::restore_new;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +39,8 @@ pub struct MicrovmSandbox {
     vcpus: u8,
     /// Set once started detached (or adopted).
     handle: Mutex<Option<SandboxHandle>>,
+    /// What snapshots record and build on (snapshot.rs).
+    snap: snapshot::SnapState,
 }
 
 /// How the VMM ending translates into how the sandbox ended.
@@ -63,6 +69,7 @@ impl MicrovmSandbox {
         spec: &SandboxSpec,
         paths: Paths,
     ) -> MicrovmSandbox {
+        let paths_overlay = paths.overlay.clone();
         MicrovmSandbox {
             dirs,
             vmm,
@@ -78,6 +85,7 @@ impl MicrovmSandbox {
             outlive_owner: spec.outlive_owner,
             vcpus: spec.vcpus,
             handle: Mutex::new(None),
+            snap: snapshot::SnapState::new(spec, &paths_overlay),
         }
     }
 
@@ -156,6 +164,11 @@ impl MicrovmSandbox {
     }
 
     async fn control(&self, request: &ControlRequest) -> Result<VmState> {
+        self.control_within(request, CONTROL_TIMEOUT).await
+    }
+
+    /// One control exchange, answered within `timeout`.
+    async fn control_within(&self, request: &ControlRequest, timeout: Duration) -> Result<VmState> {
         let fail = |problem: String| Error::Control {
             runtime: RT,
             id: self.id.clone(),
@@ -185,9 +198,9 @@ impl MicrovmSandbox {
                 Err(e) => Err(fail(format!("bad answer {:?}: {e}", reply.trim()))),
             }
         };
-        tokio::time::timeout(CONTROL_TIMEOUT, exchange)
+        tokio::time::timeout(timeout, exchange)
             .await
-            .unwrap_or_else(|_| Err(fail(format!("no answer within {CONTROL_TIMEOUT:?}"))))
+            .unwrap_or_else(|_| Err(fail(format!("no answer within {timeout:?}"))))
     }
 
     /// Waits up to `timeout` for the VMM to exit; true if it did.
@@ -235,9 +248,11 @@ impl Sandbox for MicrovmSandbox {
         } else {
             crate::util::supervised(&mut command);
         }
+        match self.snap.take_restore_args() {
+            Some(args) => command.args(args),
+            None => command.arg("--config").arg(&self.paths.config),
+        };
         let mut child = command
-            .arg("--config")
-            .arg(&self.paths.config)
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -359,6 +374,22 @@ impl Sandbox for MicrovmSandbox {
 
     async fn wait(&self) -> SandboxExit {
         self.exit.wait().await
+    }
+
+    async fn snapshot(
+        &self,
+        dest: &std::path::Path,
+        kind: crate::SnapshotKind,
+    ) -> Result<crate::SnapshotHandle> {
+        snapshot::snapshot(self, dest, kind).await
+    }
+
+    async fn pause_to_disk(&self, dest: &std::path::Path) -> Result<crate::SnapshotHandle> {
+        snapshot::pause_to_disk(self, dest).await
+    }
+
+    async fn fork(&self, count: usize, dest: &std::path::Path) -> Result<Vec<Box<dyn Sandbox>>> {
+        snapshot::fork(self, count, dest).await
     }
 
     async fn destroy(&self) -> Result<()> {

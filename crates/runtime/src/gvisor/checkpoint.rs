@@ -1,0 +1,387 @@
+//! Snapshots of gVisor sandboxes: `runsc checkpoint` and `runsc restore`.
+//!
+//! What runsc 20221219 (Debian bookworm) does, measured, and what follows:
+//!
+//! - `runsc checkpoint` saves every process and the sandbox's memory, and with
+//!   `--overlay2=root:memory` also every write to the root (it lives in sandbox memory): the
+//!   host overlayfs upper layer then only holds mount points. We still freeze a copy of it
+//!   (`upper/`) and restore over `[upper/, image tree]`, which is correct for runsc versions
+//!   without `--overlay2` too.
+//! - A sandbox holding a bound or connected host Unix socket cannot be saved ("Cannot save
+//!   endpoint with bound host socket"): the agent's listener and its connections are such
+//!   sockets. So the agent is asked to close them first (`/sandcell/checkpoint-hold`, see
+//!   `sandcell_agent::checkpoint`) and listens again, in the restored sandbox, once the
+//!   runtime puts the resume marker in its socket directory.
+//! - The checkpointed sandbox stops (`--leave-running` hangs in this version and leaves the
+//!   sandbox unusable), so a snapshot or fork of a running sandbox restores the parent in
+//!   place at once from the same image: same id, same socket, its processes continue; open
+//!   connections to it end. This is the closest correct thing to "keep running".
+//! - `runsc restore` into a new container id with a new bundle (new root mount, new socket
+//!   directory) works: that is how restores and fork children are made.
+//! - Restored sandboxes keep the snapshot's hostname (the kernel state is restored).
+//! - Sandboxes with a network cannot be snapshotted yet (the restored netstack would need
+//!   the same namespace set up again).
+
+use super::*;
+use crate::snapshot::{RestoreSpec, SnapshotFiles, SnapshotHandle, SnapshotKind};
+use sandcell_proto::agent::RESUME_MARKER;
+
+const CHECKPOINT_DIR: &str = "checkpoint";
+const UPPER_DIR: &str = "upper";
+/// How long the agent gets to answer the hold request and close its socket.
+const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the checkpointed `runsc run` gets to exit by itself.
+const OLD_RUNSC_EXIT: Duration = Duration::from_secs(10);
+
+impl Shared {
+    /// `runsc restore` of `image` into container `id` from `bundle`, with the flags of
+    /// [`Shared::sandbox_command`].
+    pub(in crate::gvisor) fn restore_command(
+        &self,
+        bundle: &Path,
+        id: &str,
+        network: bool,
+        image: &Path,
+    ) -> tokio::process::Command {
+        let mut cmd = self.sandbox_command(network);
+        cmd.arg("restore")
+            .arg(format!("--image-path={}", image.display()))
+            .arg(format!("--bundle={}", bundle.display()))
+            .arg(id);
+        cmd
+    }
+}
+
+fn unsupported(op: &'static str, why: impl Into<String>) -> Error {
+    Error::Unsupported {
+        runtime: RT,
+        op,
+        why: why.into(),
+    }
+}
+
+/// Checkpoints the running sandbox into `dest` (created; must not exist). Afterwards the
+/// sandbox's runsc processes are gone and its files are still there; the caller restores it
+/// in place or removes it.
+async fn checkpoint_to(
+    sb: &GvisorSandbox,
+    dest: &Path,
+    kind: SnapshotKind,
+) -> Result<SnapshotHandle> {
+    sb.require_running("snapshot")?;
+    if sb.paused.load(Ordering::SeqCst) {
+        return Err(unsupported(
+            "snapshot a paused sandbox",
+            "resume it first (runsc checkpoints running sandboxes)",
+        ));
+    }
+    if lock(&sb.netns).is_some() {
+        return Err(unsupported(
+            "snapshot",
+            "sandboxes with a network cannot be checkpointed yet",
+        ));
+    }
+    if sb.image.rootfs_dir.is_none() {
+        return Err(unsupported(
+            "snapshot",
+            "the image of an adopted sandbox is not known to this process",
+        ));
+    }
+    let Phase::Started(pid) = *lock(&sb.phase) else {
+        return Err(Error::WrongState {
+            runtime: RT,
+            id: sb.id.clone(),
+            state: sb.phase_name().into(),
+            op: "snapshot",
+        });
+    };
+    let io = |what: String| move |e| Error::io(RT, what, e);
+    let images = dest.join(CHECKPOINT_DIR);
+    let upper = dest.join(UPPER_DIR);
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+    }
+    std::fs::create_dir(dest).map_err(io(format!(
+        "creating snapshot directory {} (it must not exist)",
+        dest.display()
+    )))?;
+    std::fs::create_dir(&images).map_err(io(format!("creating {}", images.display())))?;
+
+    // The agent lets go of its host sockets. It drops its listener after its connections,
+    // so a refused connection says it has let go of all of them.
+    let marker = sb.paths.host.join(RESUME_MARKER);
+    let _ = std::fs::remove_file(&marker);
+    let client = AgentClient::new(UnixConnector(sb.paths.socket.clone()));
+    match tokio::time::timeout(HOLD_TIMEOUT, client.checkpoint_hold()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(hold_failed(sb, format!("asking the agent to hold: {e}"))),
+        Err(_) => {
+            return Err(hold_failed(
+                sb,
+                format!("no answer within {HOLD_TIMEOUT:?}"),
+            ));
+        }
+    }
+    let deadline = tokio::time::Instant::now() + HOLD_TIMEOUT;
+    while tokio::net::UnixStream::connect(&sb.paths.socket)
+        .await
+        .is_ok()
+    {
+        if tokio::time::Instant::now() >= deadline {
+            let _ = resume_agent(sb);
+            return Err(hold_failed(
+                sb,
+                format!(
+                    "the agent still accepts connections {HOLD_TIMEOUT:?} after agreeing to \
+                     hold{}",
+                    sb.console_tail()
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // gVisor cannot unlink a host socket from inside: the agent's next bind needs it gone.
+    remove_socket_file(sb)?;
+
+    // From here the end of this `runsc run` is not the sandbox's end (its waiter stays
+    // silent), unless the checkpoint fails.
+    let launch = sb.launch.fetch_add(1, Ordering::SeqCst);
+    let image_arg = format!("--image-path={}", images.display());
+    if let Err(e) = sb
+        .shared
+        .runsc_ok(&["checkpoint", &image_arg, &sb.id])
+        .await
+    {
+        if crate::owner::process_start_time(pid).is_some() && sb.shared.has_state(&sb.id) {
+            sb.launch.store(launch, Ordering::SeqCst);
+            let _ = resume_agent(sb);
+        } else {
+            sb.exit.set(SandboxExit::Exited {
+                code: -1,
+                detail: format!("the sandbox stopped in a failed checkpoint: {e}"),
+            });
+        }
+        return Err(e);
+    }
+    wait_gone(sb, pid).await?;
+
+    copy_tree(&sb.paths.upper, &upper).await?;
+    let handle = SnapshotHandle {
+        format: crate::snapshot::SNAPSHOT_FORMAT,
+        runtime: RT,
+        kind,
+        dir: dest.to_path_buf(),
+        source_id: sb.id.clone(),
+        image: (&sb.image).into(),
+        vcpus: sb.vcpus,
+        memory_mib: sb.memory_mib,
+        env: sb.env.clone(),
+        files: SnapshotFiles::Gvisor {
+            checkpoint_dir: images,
+            upper_dir: upper,
+        },
+    };
+    handle.save()?;
+    Ok(handle)
+}
+
+fn hold_failed(sb: &GvisorSandbox, problem: String) -> Error {
+    Error::Connect {
+        runtime: RT,
+        id: sb.id.clone(),
+        port: AGENT_PORT,
+        problem: format!("preparing a checkpoint: {problem}"),
+    }
+}
+
+fn remove_socket_file(sb: &GvisorSandbox) -> Result<()> {
+    match std::fs::remove_file(&sb.paths.socket) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(
+            RT,
+            format!("removing the agent socket {}", sb.paths.socket.display()),
+            e,
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Lets a holding agent listen again (see `sandcell_agent::checkpoint`).
+fn resume_agent(sb: &GvisorSandbox) -> Result<()> {
+    remove_socket_file(sb)?;
+    let marker = sb.paths.host.join(RESUME_MARKER);
+    std::fs::write(&marker, b"").map_err(|e| {
+        Error::io(
+            RT,
+            format!("writing the resume marker {}", marker.display()),
+            e,
+        )
+    })
+}
+
+/// Waits for the checkpointed `runsc run` (pid) to exit and for runsc to forget the
+/// container, forcing both after [`OLD_RUNSC_EXIT`].
+async fn wait_gone(sb: &GvisorSandbox, pid: u32) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + OLD_RUNSC_EXIT;
+    while crate::owner::process_start_time(pid).is_some() || sb.shared.has_state(&sb.id) {
+        if tokio::time::Instant::now() >= deadline {
+            kill_pid(pid, libc::SIGKILL);
+            sb.shared.force_delete(&sb.id).await?;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// `cp -a` (keeps overlayfs whiteouts and their xattrs).
+async fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    let out = tokio::process::Command::new("cp")
+        .arg("-a")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| Error::io(RT, "running cp", e))?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            runtime: RT,
+            command: format!("cp -a {} {}", from.display(), to.display()),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Restores the checkpointed sandbox `sb` from `images` into itself (same id, files and
+/// socket; see the module docs for why).
+async fn restore_in_place(sb: &GvisorSandbox, images: &Path) -> Result<()> {
+    // runsc removes the container's cgroup with the container; ours holds the limits.
+    SandboxCgroup::create(sb.shared.cgroups, &sb.id, sb.memory_mib, sb.vcpus)?;
+    resume_agent(sb)?;
+    *lock(&sb.restore_from) = Some(images.to_path_buf());
+    *lock(&sb.phase) = Phase::Created;
+    sb.start().await
+}
+
+pub(super) async fn snapshot(
+    sb: &GvisorSandbox,
+    dest: &Path,
+    kind: SnapshotKind,
+) -> Result<SnapshotHandle> {
+    let handle = checkpoint_to(sb, dest, kind).await?;
+    let images = dest.join(CHECKPOINT_DIR);
+    restore_in_place(sb, &images).await?;
+    Ok(handle)
+}
+
+pub(super) async fn pause_to_disk(sb: &GvisorSandbox, dest: &Path) -> Result<SnapshotHandle> {
+    let handle = checkpoint_to(sb, dest, SnapshotKind::Full).await?;
+    // Its processes are gone already: recorded as stopped on request, so that destroy only
+    // removes files.
+    sb.stopping.store(true, Ordering::SeqCst);
+    sb.exit.set(SandboxExit::Destroyed);
+    sb.destroy().await?;
+    Ok(handle)
+}
+
+pub(super) async fn fork(
+    sb: &GvisorSandbox,
+    count: usize,
+    dest: &Path,
+) -> Result<Vec<Box<dyn Sandbox>>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let handle = checkpoint_to(sb, dest, SnapshotKind::Fork).await?;
+    restore_in_place(sb, &dest.join(CHECKPOINT_DIR)).await?;
+    let mut restores = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        let spec = RestoreSpec {
+            id: crate::new_sandbox_id()?,
+            boot_timeout: sb.boot_timeout,
+            outlive_owner: sb.outlive_owner,
+        };
+        let (shared, handle) = (sb.shared.clone(), handle.clone());
+        restores.spawn(async move { restore_new(shared, &handle, spec).await });
+    }
+    let mut children: Vec<Box<dyn Sandbox>> = Vec::with_capacity(count);
+    let mut first: Option<Error> = None;
+    while let Some(joined) = restores.join_next().await {
+        match joined {
+            Ok(Ok(child)) => children.push(Box::new(child)),
+            Ok(Err(e)) => {
+                first.get_or_insert(e);
+            }
+            Err(e) => {
+                first.get_or_insert(Error::io(RT, "a restore task", std::io::Error::other(e)));
+            }
+        }
+    }
+    if let Some(e) = first {
+        for child in &children {
+            let _ = child.destroy().await;
+        }
+        return Err(e);
+    }
+    Ok(children)
+}
+
+/// A new sandbox restored from a gvisor snapshot, running once its agent listens.
+pub(in crate::gvisor) async fn restore_new(
+    shared: Arc<Shared>,
+    snapshot: &SnapshotHandle,
+    restore: RestoreSpec,
+) -> Result<GvisorSandbox> {
+    let SnapshotFiles::Gvisor {
+        checkpoint_dir,
+        upper_dir,
+    } = &snapshot.files
+    else {
+        return Err(Error::InvalidSpec {
+            runtime: RT,
+            problem: format!(
+                "snapshot {} is of the {} runtime",
+                snapshot.dir.display(),
+                snapshot.runtime
+            ),
+        });
+    };
+    if !crate::validate_id(&restore.id) {
+        return Err(Error::InvalidSpec {
+            runtime: RT,
+            problem: format!("bad sandbox id {:?}", restore.id),
+        });
+    }
+    snapshot.check_files()?;
+    let image: crate::Image = (&snapshot.image).into();
+    let base = image.rootfs_dir.clone().ok_or_else(|| Error::Image {
+        image: image.name.clone(),
+        problem: "has no unpacked rootfs/ tree, which the gvisor runtime needs".into(),
+    })?;
+    let mut spec = SandboxSpec::new(restore.id.clone(), image);
+    spec.vcpus = snapshot.vcpus;
+    spec.memory_mib = snapshot.memory_mib;
+    spec.env = snapshot.env.clone();
+    spec.boot_timeout = restore.boot_timeout;
+    spec.outlive_owner = restore.outlive_owner;
+    let paths = Paths::new(&shared.dirs, &spec.id);
+    crate::owner::create_run_dir(&shared.dirs, &spec.id, RT, spec.outlive_owner)?;
+    let sandbox = GvisorSandbox::new(shared, &spec, paths);
+    let started = async {
+        sandbox.prepare(&spec, &[upper_dir, &base]).await?;
+        resume_agent(&sandbox)?;
+        *lock(&sandbox.restore_from) = Some(checkpoint_dir.clone());
+        sandbox.start().await
+    };
+    if let Err(e) = started.await {
+        let _ = sandbox.destroy().await;
+        return Err(Error::Snapshot {
+            path: snapshot.dir.clone(),
+            problem: format!("restoring it as {}: {e}", restore.id),
+        });
+    }
+    Ok(sandbox)
+}

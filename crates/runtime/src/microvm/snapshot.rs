@@ -1,0 +1,358 @@
+//! Snapshots of microVM sandboxes through `sandcell-vmm`'s control socket, and restores
+//! into new `sandcell-vmm --restore` processes.
+//!
+//! - snapshot: control `snapshot {state_path, mem_path, mode, disk_new_top}`. The VMM
+//!   pauses, saves and returns the VM to its previous state; the disk's writable top is
+//!   frozen (O(1)) into an immutable layer and the VM continues on a new top in its state
+//!   dir, so the snapshot and the parent never share a writable file.
+//! - `full` writes the memory to `vm.mem`; `fork` freezes the memfd in place and `vm.mem` is
+//!   a symlink into the parent VMM (`/proc/<pid>/fd/<n>`): restorable only while the parent
+//!   runs.
+//! - Frozen layers stay where the VMM froze them (the parent's state dir): the state file
+//!   records their paths and a restore has no override for them. So they must outlive the
+//!   parent: [`Sandbox::destroy`] of the parent removes them, which makes its snapshots
+//!   unrestorable (refused by [`SnapshotHandle::check_files`]). Keeping layers alive by
+//!   reference count is the daemon's job; a `disk_layers` restore override in the VMM
+//!   would let them move into the snapshot directory.
+//! - pause_to_disk: a full snapshot without freezing the disk, then the VMM stops and its
+//!   writable top moves into the snapshot (`disk.top`); each restore starts on a copy of it.
+//! - restore: `sandcell-vmm --restore STATE --mem MEM` with the new sandbox's vsock socket,
+//!   disk top, console log and control socket. (A warm pool of `--wait-restore` VMMs is the
+//!   daemon's next step; the control request is the same.)
+//!
+//! The guest's clock, RNG and identity are the caller's to refresh through the agent's
+//! `/init` after a restore.
+
+use super::*;
+use crate::snapshot::{RestoreSpec, SnapshotFiles, SnapshotHandle, SnapshotKind};
+use sandcell_proto::vmm::SnapshotMode;
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::atomic::AtomicU32;
+
+const STATE_FILE: &str = "vm.state";
+const MEM_FILE: &str = "vm.mem";
+const PAUSED_TOP: &str = "disk.top";
+/// A full snapshot writes all of guest memory: give the control exchange time for it.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a microVM sandbox knows for its snapshots.
+pub(super) struct SnapState {
+    image: crate::Image,
+    env: std::collections::BTreeMap<String, String>,
+    /// Frozen disk layers under the current top, oldest first.
+    layers: Mutex<Vec<PathBuf>>,
+    /// The writable top the VM runs on now.
+    top: Mutex<PathBuf>,
+    /// Numbers the tops made by snapshots.
+    next_top: AtomicU32,
+    /// The next start runs `sandcell-vmm` with these arguments instead of `--config`.
+    restore_args: Mutex<Option<Vec<OsString>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SnapState {
+    pub(super) fn new(spec: &SandboxSpec, top: &Path) -> SnapState {
+        SnapState {
+            image: spec.image.clone(),
+            env: spec.env.clone(),
+            layers: Mutex::new(Vec::new()),
+            top: Mutex::new(top.to_path_buf()),
+            next_top: AtomicU32::new(1),
+            restore_args: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn take_restore_args(&self) -> Option<Vec<OsString>> {
+        lock(&self.restore_args).take()
+    }
+}
+
+/// The `sandcell-vmm` arguments that restore `files` into a sandbox with `paths`.
+fn restore_args(state: &Path, memory: &Path, paths: &Paths) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut push = |flag: &str, value: &Path| {
+        args.push(flag.into());
+        args.push(value.as_os_str().to_owned());
+    };
+    push("--restore", state);
+    push("--mem", memory);
+    push("--vsock-uds", &paths.vsock);
+    push("--disk-overlay", &paths.overlay);
+    push("--serial-log", &paths.console);
+    push("--control-socket", &paths.control);
+    args
+}
+
+/// Sends `snapshot` to the VMM of `sb` into `dest`; `freeze_disk`: continue the VM on a new
+/// top (for snapshots the parent outlives).
+async fn take(
+    sb: &MicrovmSandbox,
+    dest: &Path,
+    kind: SnapshotKind,
+    freeze_disk: bool,
+) -> Result<SnapshotHandle> {
+    sb.require_running("snapshot")?;
+    let io = |what: String| move |e| Error::io(RT, what, e);
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+    }
+    std::fs::create_dir(dest).map_err(io(format!(
+        "creating snapshot directory {} (it must not exist)",
+        dest.display()
+    )))?;
+    let (state_path, mem_path) = (dest.join(STATE_FILE), dest.join(MEM_FILE));
+    let old_top = lock(&sb.snap.top).clone();
+    let new_top = freeze_disk.then(|| {
+        let n = sb.snap.next_top.fetch_add(1, Ordering::SeqCst);
+        sb.paths.state_dir.join(format!("disk.top.{n}"))
+    });
+    let request = ControlRequest::Snapshot {
+        state_path: state_path.clone(),
+        mem_path: mem_path.clone(),
+        mode: match kind {
+            SnapshotKind::Full => SnapshotMode::Full,
+            SnapshotKind::Fork => SnapshotMode::Fork,
+        },
+        disk_new_top: new_top.clone(),
+    };
+    sb.control_within(&request, SNAPSHOT_TIMEOUT).await?;
+    let layers = {
+        let mut layers = lock(&sb.snap.layers);
+        if let Some(new_top) = new_top {
+            layers.push(old_top);
+            *lock(&sb.snap.top) = new_top;
+        }
+        layers.clone()
+    };
+    let handle = SnapshotHandle {
+        format: crate::snapshot::SNAPSHOT_FORMAT,
+        runtime: RT,
+        kind,
+        dir: dest.to_path_buf(),
+        source_id: sb.id.clone(),
+        image: (&sb.snap.image).into(),
+        vcpus: sb.vcpus,
+        memory_mib: sb.memory_mib,
+        env: sb.snap.env.clone(),
+        files: SnapshotFiles::Microvm {
+            state: state_path,
+            memory: mem_path,
+            disk_base: sb.snap.image.rootfs_ext4.clone(),
+            disk_layers: layers,
+            disk_top: None,
+            memory_owner_pid: (kind == SnapshotKind::Fork).then(|| sb.pid()).flatten(),
+        },
+    };
+    handle.save()?;
+    Ok(handle)
+}
+
+pub(super) async fn snapshot(
+    sb: &MicrovmSandbox,
+    dest: &Path,
+    kind: SnapshotKind,
+) -> Result<SnapshotHandle> {
+    take(sb, dest, kind, true).await
+}
+
+pub(super) async fn pause_to_disk(sb: &MicrovmSandbox, dest: &Path) -> Result<SnapshotHandle> {
+    sb.require_running("pause to disk")?;
+    // Paused first, so that nothing changes between the save and the stop.
+    sb.control(&ControlRequest::Pause).await?;
+    let mut handle = take(sb, dest, SnapshotKind::Full, false).await?;
+    sb.stopping.store(true, Ordering::SeqCst);
+    let _ = sb.control(&ControlRequest::Shutdown).await;
+    if !sb.exited_within(Duration::from_secs(5)).await
+        && let Some(pid) = sb.pid()
+    {
+        kill_pid(pid, libc::SIGKILL);
+        sb.exited_within(Duration::from_secs(2)).await;
+    }
+    let top = lock(&sb.snap.top).clone();
+    let kept = dest.join(PAUSED_TOP);
+    if top.exists() {
+        move_file(&top, &kept)?;
+        if let SnapshotFiles::Microvm { disk_top, .. } = &mut handle.files {
+            *disk_top = Some(kept);
+        }
+        handle.save()?;
+    }
+    sb.destroy().await?;
+    Ok(handle)
+}
+
+fn move_file(from: &Path, to: &Path) -> Result<()> {
+    let failed = |e| {
+        Error::io(
+            RT,
+            format!("moving {} to {}", from.display(), to.display()),
+            e,
+        )
+    };
+    match std::fs::rename(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            std::fs::copy(from, to).map_err(failed)?;
+            std::fs::remove_file(from).map_err(failed)
+        }
+        Err(e) => Err(failed(e)),
+    }
+}
+
+pub(super) async fn fork(
+    sb: &MicrovmSandbox,
+    count: usize,
+    dest: &Path,
+) -> Result<Vec<Box<dyn Sandbox>>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let handle = take(sb, dest, SnapshotKind::Fork, true).await?;
+    let mut restores = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        let mut spec = RestoreSpec::new(crate::new_sandbox_id()?);
+        spec.boot_timeout = sb.boot_timeout;
+        spec.outlive_owner = sb.outlive_owner;
+        let (dirs, vmm, handle) = (sb.dirs.clone(), sb.vmm.clone(), handle.clone());
+        restores.spawn(async move { restore_new(&dirs, &vmm, &handle, spec).await });
+    }
+    let mut children: Vec<Box<dyn Sandbox>> = Vec::with_capacity(count);
+    let mut first: Option<Error> = None;
+    while let Some(joined) = restores.join_next().await {
+        match joined {
+            Ok(Ok(child)) => children.push(Box::new(child)),
+            Ok(Err(e)) => {
+                first.get_or_insert(e);
+            }
+            Err(e) => {
+                first.get_or_insert(Error::io(RT, "a restore task", std::io::Error::other(e)));
+            }
+        }
+    }
+    if let Some(e) = first {
+        for child in &children {
+            let _ = child.destroy().await;
+        }
+        return Err(e);
+    }
+    Ok(children)
+}
+
+/// A new sandbox restored from a microvm snapshot, running once its agent answers.
+pub(in crate::microvm) async fn restore_new(
+    dirs: &Dirs,
+    vmm: &Path,
+    snapshot: &SnapshotHandle,
+    restore: RestoreSpec,
+) -> Result<MicrovmSandbox> {
+    let SnapshotFiles::Microvm {
+        state,
+        memory,
+        disk_layers,
+        disk_top,
+        ..
+    } = &snapshot.files
+    else {
+        return Err(Error::InvalidSpec {
+            runtime: RT,
+            problem: format!(
+                "snapshot {} is of the {} runtime",
+                snapshot.dir.display(),
+                snapshot.runtime
+            ),
+        });
+    };
+    if !crate::validate_id(&restore.id) {
+        return Err(Error::InvalidSpec {
+            runtime: RT,
+            problem: format!("bad sandbox id {:?}", restore.id),
+        });
+    }
+    snapshot.check_files()?;
+    let mut spec = SandboxSpec::new(restore.id.clone(), (&snapshot.image).into());
+    spec.vcpus = snapshot.vcpus;
+    spec.memory_mib = snapshot.memory_mib;
+    spec.env = snapshot.env.clone();
+    spec.boot_timeout = restore.boot_timeout;
+    spec.outlive_owner = restore.outlive_owner;
+    let paths = Paths::new(dirs, &spec.id);
+    crate::owner::create_run_dir(dirs, &spec.id, RT, spec.outlive_owner)?;
+    let sandbox = MicrovmSandbox::new(dirs.clone(), vmm.to_path_buf(), &spec, paths);
+    *lock(&sandbox.snap.layers) = disk_layers.clone();
+    let started = async {
+        let state_dir = &sandbox.paths.state_dir;
+        std::fs::create_dir_all(state_dir)
+            .map_err(|e| Error::io(RT, format!("creating {}", state_dir.display()), e))?;
+        if let Some(top) = disk_top {
+            std::fs::copy(top, &sandbox.paths.overlay).map_err(|e| {
+                Error::io(
+                    RT,
+                    format!("copying the paused disk top {}", top.display()),
+                    e,
+                )
+            })?;
+        }
+        *lock(&sandbox.snap.restore_args) = Some(restore_args(state, memory, &sandbox.paths));
+        sandbox.start().await
+    };
+    if let Err(e) = started.await {
+        let _ = sandbox.destroy().await;
+        return Err(Error::Snapshot {
+            path: snapshot.dir.clone(),
+            problem: format!("restoring it as {}: {e}", restore.id),
+        });
+    }
+    Ok(sandbox)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restores_get_their_own_sockets_and_disk_top() {
+        let dirs = Dirs::new("/d", "/r");
+        let paths = Paths::new(&dirs, "sc-2");
+        let args = restore_args(Path::new("/s/vm.state"), Path::new("/s/vm.mem"), &paths);
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "--restore",
+                "/s/vm.state",
+                "--mem",
+                "/s/vm.mem",
+                "--vsock-uds",
+                "/r/sc-2/vsock.sock",
+                "--disk-overlay",
+                "/d/sandboxes/sc-2/disk.overlay",
+                "--serial-log",
+                "/r/sc-2/console.log",
+                "--control-socket",
+                "/r/sc-2/control.sock",
+            ]
+        );
+    }
+
+    #[test]
+    fn snapshot_requests_freeze_the_disk_on_a_new_top() {
+        let request = ControlRequest::Snapshot {
+            state_path: "/s/vm.state".into(),
+            mem_path: "/s/vm.mem".into(),
+            mode: SnapshotMode::Fork,
+            disk_new_top: Some("/d/sandboxes/sc-1/disk.top.1".into()),
+        };
+        let json = serde_json::to_value(&request).unwrap();
+        assert_eq!(json["op"], "snapshot");
+        assert_eq!(json["mode"], "fork");
+        assert_eq!(json["disk_new_top"], "/d/sandboxes/sc-1/disk.top.1");
+    }
+}

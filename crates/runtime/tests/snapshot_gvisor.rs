@@ -1,0 +1,371 @@
+//! Snapshots on the gvisor runtime against the real runsc, agent and minimal image: a
+//! sandbox's files and processes (a counter in memory) survive checkpoint and restore,
+//! restores of one snapshot are independent, a bad snapshot is refused, pause-to-disk and
+//! fork work, and nothing is left behind. Needs root, runsc and `<data-dir>/images/minimal`
+//! built with the current agent (`make images install`); fails loudly without them.
+
+#![allow(clippy::unwrap_used)]
+
+use sandcell_agent::client::{OutputKind, decode_data};
+use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
+use sandcell_runtime::cgroup::{self, SandboxCgroup};
+use sandcell_runtime::gvisor::GvisorRuntime;
+use sandcell_runtime::{
+    Dirs, Error, Image, RestoreSpec, Runtime, Sandbox, SandboxSpec, SnapshotHandle, SnapshotKind,
+    agent_client, new_sandbox_id,
+};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Env {
+    tmp: tempfile::TempDir,
+    dirs: Dirs,
+    image: Image,
+}
+
+fn env() -> Env {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the gvisor snapshot tests need root (runsc, overlayfs, cgroups)"
+    );
+    let data = std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
+    let image = Image::resolve(&Path::new(&data).join("images"), "minimal").unwrap_or_else(|e| {
+        panic!("the tests need the minimal image (run `make images install`): {e}")
+    });
+    let tmp = tempfile::Builder::new()
+        .prefix("sc-snap")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
+    Env { tmp, dirs, image }
+}
+
+impl Env {
+    fn snapshot_dir(&self, name: &str) -> PathBuf {
+        self.tmp.path().join("snapshots").join(name)
+    }
+}
+
+/// Unmounts and removes the cgroups of every sandbox a failed test left (by run dir).
+impl Drop for Env {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(&self.dirs.run) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            let _ = std::process::Command::new("runsc")
+                .arg(format!("--root={}", self.dirs.runsc_root().display()))
+                .args(["delete", "--force", &id])
+                .output();
+            if let Some(version) = cgroup::detect_version() {
+                let _ = SandboxCgroup::of(version, &id).remove();
+            }
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(entry.path().join("rootfs"))
+                .status();
+        }
+    }
+}
+
+async fn runtime(env: &Env) -> GvisorRuntime {
+    GvisorRuntime::new(env.dirs.clone())
+        .await
+        .expect("runsc is needed (apt install runsc)")
+}
+
+async fn start(env: &Env, rt: &GvisorRuntime) -> Arc<dyn Sandbox> {
+    let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), env.image.clone());
+    spec.memory_mib = 256;
+    spec.boot_timeout = Duration::from_secs(60);
+    let sb: Arc<dyn Sandbox> = Arc::from(rt.create(spec).await.unwrap());
+    sb.start().await.unwrap();
+    sb
+}
+
+fn restore_spec() -> RestoreSpec {
+    let mut spec = RestoreSpec::new(new_sandbox_id().unwrap());
+    spec.boot_timeout = Duration::from_secs(60);
+    spec
+}
+
+/// `sh -c SCRIPT` in the sandbox: stdout, and the exit status. Fails after 60 s rather than
+/// hanging the test run when an agent stops answering.
+async fn sh(sb: &Arc<dyn Sandbox>, script: &str) -> (String, i32) {
+    match tokio::time::timeout(Duration::from_secs(60), sh_unbounded(sb, script)).await {
+        Ok(result) => result,
+        Err(_) => panic!("{script:?} in {} got no answer within 60 s", sb.id()),
+    }
+}
+
+async fn sh_unbounded(sb: &Arc<dyn Sandbox>, script: &str) -> (String, i32) {
+    let req = StartRequest {
+        process: ProcessConfig {
+            cmd: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut stream = agent_client(sb.clone()).start(&req).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(ev) = stream.next().await {
+        match ev.unwrap().event {
+            Event::Data(d) => {
+                if let (OutputKind::Stdout, b) = decode_data(&d).unwrap() {
+                    out.extend(b);
+                }
+            }
+            Event::End(end) => {
+                return (
+                    String::from_utf8_lossy(&out).into_owned(),
+                    end.shell_status(),
+                );
+            }
+            _ => {}
+        }
+    }
+    panic!("the process stream of {script:?} ended without an end event");
+}
+
+/// Starts the counter: a background shell that counts in its own memory and writes each
+/// value to /tmp/count; its pid goes to /tmp/counter.pid.
+async fn start_counter(sb: &Arc<dyn Sandbox>) {
+    let script = "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) \
+                  >/dev/null 2>&1 & echo $! > /tmp/counter.pid";
+    assert_eq!(sh(sb, script).await.1, 0);
+}
+
+async fn count(sb: &Arc<dyn Sandbox>) -> u64 {
+    // The counter rewrites the file: a read can fall between truncation and write.
+    let mut last = String::new();
+    for _ in 0..20 {
+        let (out, status) = sh(sb, "cat /tmp/count").await;
+        assert_eq!(status, 0, "no /tmp/count");
+        if let Ok(n) = out.trim().parse() {
+            return n;
+        }
+        last = out;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("/tmp/count holds {last:?}");
+}
+
+/// Waits until the counter has reached at least `n` (and so provably counts).
+async fn count_at_least(sb: &Arc<dyn Sandbox>, n: u64) -> u64 {
+    for _ in 0..600 {
+        let c = count(sb).await;
+        if c >= n {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the counter never reached {n}");
+}
+
+/// The counter process is the one from before the snapshot: same pid, still alive.
+async fn same_counter_runs(sb: &Arc<dyn Sandbox>, pid_before: &str) {
+    let (pid, _) = sh(sb, "cat /tmp/counter.pid").await;
+    assert_eq!(pid.trim(), pid_before);
+    let (ps, status) = sh(sb, &format!("test -d /proc/{pid_before} && ps")).await;
+    assert_eq!(status, 0, "process {pid_before} is gone: {ps}");
+}
+
+async fn runsc_containers(rt: &GvisorRuntime) -> String {
+    let out = tokio::process::Command::new("runsc")
+        .arg(format!("--root={}", rt.runsc_root().display()))
+        .args(["list", "--quiet"])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+async fn assert_gone(env: &Env, rt: &GvisorRuntime, id: &str) {
+    let run_dir = env.dirs.sandbox_run_dir(id);
+    assert!(!run_dir.exists(), "{} is left", run_dir.display());
+    let listed = runsc_containers(rt).await;
+    assert!(!listed.contains(id), "runsc still lists {id}: {listed}");
+    let version = cgroup::detect_version().unwrap();
+    assert!(
+        !SandboxCgroup::existing_ids(version).contains(&id.to_string()),
+        "cgroup of {id} is left"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(id), "a mount of {id} is left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_and_restores_keep_files_and_processes_and_diverge() {
+    let env = env();
+    let rt = runtime(&env).await;
+    let parent = start(&env, &rt).await;
+    assert_eq!(sh(&parent, "echo kept > /root/before").await.1, 0);
+    start_counter(&parent).await;
+    let (pid, _) = sh(&parent, "cat /tmp/counter.pid").await;
+    let pid = pid.trim().to_string();
+    let at_snapshot = count_at_least(&parent, 20).await;
+
+    let snap = parent
+        .snapshot(&env.snapshot_dir("one"), SnapshotKind::Full)
+        .await
+        .unwrap();
+    assert_eq!(SnapshotHandle::load(&snap.dir).unwrap(), snap);
+
+    // The parent runs on (restored in place): same processes, still counting.
+    same_counter_runs(&parent, &pid).await;
+    let parent_now = count(&parent).await;
+    assert!(parent_now >= at_snapshot, "{parent_now} < {at_snapshot}");
+    count_at_least(&parent, parent_now + 3).await;
+
+    let a: Arc<dyn Sandbox> = Arc::from(rt.restore(&snap, restore_spec()).await.unwrap());
+    let b: Arc<dyn Sandbox> = Arc::from(rt.restore(&snap, restore_spec()).await.unwrap());
+    for clone in [&a, &b] {
+        assert_eq!(sh(clone, "cat /root/before").await.0, "kept\n");
+        // Continues from where it was: a restarted counter would start again at 1.
+        let first = count(clone).await;
+        assert!(first >= at_snapshot, "restarted? {first} < {at_snapshot}");
+        same_counter_runs(clone, &pid).await;
+        count_at_least(clone, first + 3).await;
+    }
+
+    // Each clone writes its own file; no one sees another's.
+    assert_eq!(sh(&a, "echo a > /root/mine").await.1, 0);
+    assert_eq!(sh(&b, "echo b > /root/mine").await.1, 0);
+    assert_eq!(sh(&a, "cat /root/mine").await.0, "a\n");
+    assert_eq!(sh(&b, "cat /root/mine").await.0, "b\n");
+    assert_ne!(
+        sh(&parent, "cat /root/mine").await.1,
+        0,
+        "the parent sees a clone's file"
+    );
+
+    let ids: Vec<String> = [&parent, &a, &b]
+        .iter()
+        .map(|s| s.id().to_string())
+        .collect();
+    for sb in [&parent, &a, &b] {
+        sb.destroy().await.unwrap();
+    }
+    for id in &ids {
+        assert_gone(&env, &rt, id).await;
+    }
+    snap.delete().unwrap();
+    assert!(!snap.dir.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_to_disk_then_restore_and_bad_snapshots_are_refused() {
+    let env = env();
+    let rt = runtime(&env).await;
+    let sb = start(&env, &rt).await;
+    assert_eq!(sh(&sb, "echo paused > /root/data").await.1, 0);
+    start_counter(&sb).await;
+    let (pid, _) = sh(&sb, "cat /tmp/counter.pid").await;
+    let at_pause = count_at_least(&sb, 10).await;
+    let id = sb.id().to_string();
+
+    let snap = sb.pause_to_disk(&env.snapshot_dir("paused")).await.unwrap();
+    assert_gone(&env, &rt, &id).await;
+
+    // A corrupt image: runsc refuses it and the error says which snapshot.
+    let corrupt = env.snapshot_dir("corrupt");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&snap.dir)
+        .arg(&corrupt)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let corrupt_snap = rebase(&snap, &corrupt);
+    std::fs::write(
+        corrupt.join("checkpoint/checkpoint.img"),
+        b"not a checkpoint",
+    )
+    .unwrap();
+    let spec = restore_spec();
+    let failed_id = spec.id.clone();
+    let err = match rt.restore(&corrupt_snap, spec).await {
+        Ok(_) => panic!("a corrupt checkpoint image was restored"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, Error::Snapshot { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&*corrupt.to_string_lossy()),
+        "{err}"
+    );
+    assert_gone(&env, &rt, &failed_id).await;
+
+    // A missing image.
+    std::fs::remove_file(corrupt.join("checkpoint/checkpoint.img")).unwrap();
+    let err = match rt.restore(&corrupt_snap, restore_spec()).await {
+        Ok(_) => panic!("a snapshot without its image was restored"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("checkpoint image is missing"), "{err}");
+
+    let resumed: Arc<dyn Sandbox> = Arc::from(rt.restore(&snap, restore_spec()).await.unwrap());
+    assert_eq!(sh(&resumed, "cat /root/data").await.0, "paused\n");
+    same_counter_runs(&resumed, pid.trim()).await;
+    let now = count(&resumed).await;
+    assert!(now >= at_pause, "{now} < {at_pause}");
+    count_at_least(&resumed, now + 3).await;
+    let resumed_id = resumed.id().to_string();
+    resumed.destroy().await.unwrap();
+    assert_gone(&env, &rt, &resumed_id).await;
+}
+
+/// `snap` as if it had been taken into `dir` (its files moved along).
+fn rebase(snap: &SnapshotHandle, dir: &Path) -> SnapshotHandle {
+    let mut h = snap.clone();
+    h.dir = dir.to_path_buf();
+    h.files = sandcell_runtime::snapshot::SnapshotFiles::Gvisor {
+        checkpoint_dir: dir.join("checkpoint"),
+        upper_dir: dir.join("upper"),
+    };
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_children_are_independent_and_the_parent_runs_on() {
+    let env = env();
+    let rt = runtime(&env).await;
+    let parent = start(&env, &rt).await;
+    assert_eq!(sh(&parent, "echo family > /root/shared").await.1, 0);
+    start_counter(&parent).await;
+    let (pid, _) = sh(&parent, "cat /tmp/counter.pid").await;
+    count_at_least(&parent, 5).await;
+
+    let children: Vec<Arc<dyn Sandbox>> = parent
+        .fork(2, &env.snapshot_dir("fork"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    assert_eq!(children.len(), 2);
+    assert_ne!(children[0].id(), children[1].id());
+    for (i, child) in children.iter().enumerate() {
+        assert_eq!(sh(child, "cat /root/shared").await.0, "family\n");
+        same_counter_runs(child, pid.trim()).await;
+        assert_eq!(sh(child, &format!("echo {i} > /root/child")).await.1, 0);
+    }
+    same_counter_runs(&parent, pid.trim()).await;
+    assert_eq!(sh(&children[0], "cat /root/child").await.0, "0\n");
+    assert_eq!(sh(&children[1], "cat /root/child").await.0, "1\n");
+    assert_ne!(sh(&parent, "cat /root/child").await.1, 0);
+
+    let mut ids = vec![parent.id().to_string()];
+    for child in &children {
+        ids.push(child.id().to_string());
+        child.destroy().await.unwrap();
+    }
+    parent.destroy().await.unwrap();
+    for id in &ids {
+        assert_gone(&env, &rt, id).await;
+    }
+}
