@@ -18,6 +18,11 @@
 //!   connections to it end. This is the closest correct thing to "keep running".
 //! - `runsc restore` into a new container id with a new bundle (new root mount, new socket
 //!   directory) works: that is how restores and fork children are made.
+//! - Concurrent checkpoints/restores (even of different sandboxes) sometimes left restored
+//!   agents that accept connections and never answer; one at a time they always worked, so
+//!   this process runs them one at a time (`RESTORES`). A fork of N costs N restores.
+//! - gVisor cannot unlink a host socket from inside the sandbox: the runtime removes the
+//!   agent's socket file before a restored agent binds it again.
 //! - Restored sandboxes keep the snapshot's hostname (the kernel state is restored).
 //! - Sandboxes with a network cannot be snapshotted yet (the restored netstack would need
 //!   the same namespace set up again).
@@ -30,6 +35,11 @@ const CHECKPOINT_DIR: &str = "checkpoint";
 const UPPER_DIR: &str = "upper";
 /// How long the agent gets to answer the hold request and close its socket.
 const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Serializes checkpoints and restores in this process (a restore up to the restored agent
+/// answering): with concurrent ones, restored agents sometimes accepted connections and
+/// never answered (runsc 20221219; cause unknown; one at a time they work every time).
+static RESTORES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// How long the checkpointed `runsc run` gets to exit by itself.
 const OLD_RUNSC_EXIT: Duration = Duration::from_secs(10);
 
@@ -107,6 +117,7 @@ async fn checkpoint_to(
     )))?;
     std::fs::create_dir(&images).map_err(io(format!("creating {}", images.display())))?;
 
+    let _one_at_a_time = RESTORES.lock().await;
     // The agent lets go of its host sockets. It drops its listener after its connections,
     // so a refused connection says it has let go of all of them.
     let marker = sb.paths.host.join(RESUME_MARKER);
@@ -258,6 +269,7 @@ async fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 /// Restores the checkpointed sandbox `sb` from `images` into itself (same id, files and
 /// socket; see the module docs for why).
 async fn restore_in_place(sb: &GvisorSandbox, images: &Path) -> Result<()> {
+    let _one_at_a_time = RESTORES.lock().await;
     // runsc removes the container's cgroup with the container; ours holds the limits.
     SandboxCgroup::create(sb.shared.cgroups, &sb.id, sb.memory_mib, sb.vcpus)?;
     resume_agent(sb)?;
@@ -297,34 +309,23 @@ pub(super) async fn fork(
     }
     let handle = checkpoint_to(sb, dest, SnapshotKind::Fork).await?;
     restore_in_place(sb, &dest.join(CHECKPOINT_DIR)).await?;
-    let mut restores = tokio::task::JoinSet::new();
+    // One after the other (see RESTORES).
+    let mut children: Vec<Box<dyn Sandbox>> = Vec::with_capacity(count);
     for _ in 0..count {
         let spec = RestoreSpec {
             id: crate::new_sandbox_id()?,
             boot_timeout: sb.boot_timeout,
             outlive_owner: sb.outlive_owner,
         };
-        let (shared, handle) = (sb.shared.clone(), handle.clone());
-        restores.spawn(async move { restore_new(shared, &handle, spec).await });
-    }
-    let mut children: Vec<Box<dyn Sandbox>> = Vec::with_capacity(count);
-    let mut first: Option<Error> = None;
-    while let Some(joined) = restores.join_next().await {
-        match joined {
-            Ok(Ok(child)) => children.push(Box::new(child)),
-            Ok(Err(e)) => {
-                first.get_or_insert(e);
-            }
+        match restore_new(sb.shared.clone(), &handle, spec).await {
+            Ok(child) => children.push(Box::new(child)),
             Err(e) => {
-                first.get_or_insert(Error::io(RT, "a restore task", std::io::Error::other(e)));
+                for child in &children {
+                    let _ = child.destroy().await;
+                }
+                return Err(e);
             }
         }
-    }
-    if let Some(e) = first {
-        for child in &children {
-            let _ = child.destroy().await;
-        }
-        return Err(e);
     }
     Ok(children)
 }
@@ -370,6 +371,7 @@ pub(in crate::gvisor) async fn restore_new(
     let paths = Paths::new(&shared.dirs, &spec.id);
     crate::owner::create_run_dir(&shared.dirs, &spec.id, RT, spec.outlive_owner)?;
     let sandbox = GvisorSandbox::new(shared, &spec, paths);
+    let _one_at_a_time = RESTORES.lock().await;
     let started = async {
         sandbox.prepare(&spec, &[upper_dir, &base]).await?;
         resume_agent(&sandbox)?;
