@@ -533,7 +533,8 @@ fn shell_is_an_interactive_pty() {
     let out = Command::new("python3")
         .arg(&driver)
         .arg(env!("CARGO_BIN_EXE_sandcell"))
-        .args(["shell", &id])
+        // As root, so the prompt the driver waits for is `# ` (the default user is `user`).
+        .args(["shell", "-u", "root", &id])
         .env("SANDCELL_URL", &d.url)
         .env("SANDCELL_DATA_DIR", d.data())
         .env("SANDCELL_CONFIG", d.tmp.path().join("no-config.toml"))
