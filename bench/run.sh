@@ -11,7 +11,7 @@ runs=20
 mkdir -p bench/results
 status=0
 suites=()
-for suite in vmm gvisor; do
+for suite in vmm gvisor api snapshot; do
   echo "==> bench/$suite" >&2
   if bench/$suite/run.sh --runs "$runs" >/dev/null; then
     suites+=("$suite")
@@ -26,6 +26,9 @@ out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="
 for s in sys.argv[1:]:
     with open(f"bench/{s}/results.json") as f:
         out[s] = json.load(f)
+    if s == "vmm":
+        with open("bench/vmm/snapshot-results.json") as f:
+            out["vmm_snapshot"] = json.load(f)
 print(json.dumps(out, indent=2))
 PY
 echo "bench/results/latest.json written" >&2
