@@ -40,6 +40,42 @@ const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
 /// never answered (runsc 20221219; cause unknown; one at a time they work every time).
 static RESTORES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The same across processes: the daemon, a `sandcell run` beside it and test binaries all
+/// drive the host's one runsc, so the in-process mutex alone is not enough.
+const HOST_LOCK: &str = "/run/sandcell-gvisor-checkpoint.lock";
+
+/// Held across one checkpoint or restore: the in-process mutex first (so that waiting tasks
+/// do not each hold a blocking thread), then an exclusive `flock` on [`HOST_LOCK`], released
+/// when the file closes (on drop, or when the process dies).
+struct OneAtATime {
+    _file: std::fs::File,
+    _guard: tokio::sync::MutexGuard<'static, ()>,
+}
+
+async fn one_at_a_time() -> Result<OneAtATime> {
+    let guard = RESTORES.lock().await;
+    let file = tokio::task::spawn_blocking(|| -> std::io::Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(HOST_LOCK)?;
+        // SAFETY: flock(2) on a file descriptor we own; no memory is involved.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(f)
+    })
+    .await
+    .map_err(|e| Error::io(RT, format!("locking {HOST_LOCK}"), std::io::Error::other(e)))?
+    .map_err(|e| Error::io(RT, format!("locking {HOST_LOCK}"), e))?;
+    Ok(OneAtATime {
+        _file: file,
+        _guard: guard,
+    })
+}
+
 /// How long the checkpointed `runsc run` gets to exit by itself.
 const OLD_RUNSC_EXIT: Duration = Duration::from_secs(10);
 
@@ -117,7 +153,7 @@ async fn checkpoint_to(
     )))?;
     std::fs::create_dir(&images).map_err(io(format!("creating {}", images.display())))?;
 
-    let _one_at_a_time = RESTORES.lock().await;
+    let _one_at_a_time = one_at_a_time().await?;
     // The agent lets go of its host sockets. It drops its listener after its connections,
     // so a refused connection says it has let go of all of them.
     let marker = sb.paths.host.join(RESUME_MARKER);
@@ -269,7 +305,7 @@ async fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 /// Restores the checkpointed sandbox `sb` from `images` into itself (same id, files and
 /// socket; see the module docs for why).
 async fn restore_in_place(sb: &GvisorSandbox, images: &Path) -> Result<()> {
-    let _one_at_a_time = RESTORES.lock().await;
+    let _one_at_a_time = one_at_a_time().await?;
     // runsc removes the container's cgroup with the container; ours holds the limits.
     SandboxCgroup::create(sb.shared.cgroups, &sb.id, sb.memory_mib, sb.vcpus)?;
     resume_agent(sb)?;
@@ -371,7 +407,7 @@ pub(in crate::gvisor) async fn restore_new(
     let paths = Paths::new(&shared.dirs, &spec.id);
     crate::owner::create_run_dir(&shared.dirs, &spec.id, RT, spec.outlive_owner)?;
     let sandbox = GvisorSandbox::new(shared, &spec, paths);
-    let _one_at_a_time = RESTORES.lock().await;
+    let _one_at_a_time = one_at_a_time().await?;
     let started = async {
         sandbox.prepare(&spec, &[upper_dir, &base]).await?;
         resume_agent(&sandbox)?;
