@@ -20,6 +20,7 @@ pub mod process;
 pub mod process_api;
 pub mod pty;
 pub mod reaper;
+pub mod repoll;
 pub mod rfc3339;
 pub mod server;
 pub mod state;

@@ -12,7 +12,9 @@ use std::str::FromStr;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+
+use crate::repoll::RepollUnix;
 
 use crate::vsock::{VsockListener, VsockStream};
 
@@ -86,7 +88,10 @@ impl Listener {
     pub async fn accept(&self) -> io::Result<Stream> {
         match self {
             Listener::Vsock(l) => l.accept().await.map(Stream::Vsock),
-            Listener::Unix(l) => l.accept().await.map(|(s, _)| Stream::Unix(s)),
+            Listener::Unix(l) => l
+                .accept()
+                .await
+                .map(|(s, _)| Stream::Unix(RepollUnix::new(s))),
             Listener::Tcp(l) => l.accept().await.map(|(s, _)| Stream::Tcp(s)),
         }
     }
@@ -108,7 +113,8 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
 #[derive(Debug)]
 pub enum Stream {
     Vsock(VsockStream),
-    Unix(UnixStream),
+    /// Wrapped: gVisor's host-backed Unix sockets can lose readiness events.
+    Unix(RepollUnix),
     Tcp(TcpStream),
 }
 
