@@ -9,6 +9,7 @@ pub mod body;
 pub mod checkpoint;
 pub mod client;
 pub mod connect;
+pub mod entropy;
 pub mod files;
 pub mod fs_api;
 pub mod hub;

@@ -88,10 +88,9 @@ impl Listener {
     pub async fn accept(&self) -> io::Result<Stream> {
         match self {
             Listener::Vsock(l) => l.accept().await.map(Stream::Vsock),
-            Listener::Unix(l) => l
-                .accept()
+            Listener::Unix(l) => crate::repoll::accept(l)
                 .await
-                .map(|(s, _)| Stream::Unix(RepollUnix::new(s))),
+                .map(|s| Stream::Unix(RepollUnix::new(s))),
             Listener::Tcp(l) => l.accept().await.map(|(s, _)| Stream::Tcp(s)),
         }
     }

@@ -17,13 +17,13 @@
 
 use std::future::Future;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::UnixStream;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::time::Sleep;
 
 /// First retry after a read or write would block.
@@ -196,6 +196,43 @@ impl AsyncWrite for RepollUnix {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Accepts the next connection on `listener`, also trying a plain non-blocking `accept4`
+/// on a backoff timer (the same lost readiness events hit the listening socket of a
+/// restored gVisor sandbox: the host end connects, the agent is never told).
+pub async fn accept(listener: &UnixListener) -> io::Result<UnixStream> {
+    let mut delay = FIRST_RETRY;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => return accepted.map(|(s, _)| s),
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(MAX_RETRY);
+        // SAFETY: accept4 on the listening descriptor `listener` keeps open; null address
+        // pointers are allowed (the peer's address is not wanted).
+        let fd = unsafe {
+            libc::accept4(
+                listener.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            if would_block(&e) {
+                continue;
+            }
+            return Err(e);
+        }
+        crate::log!(
+            "unix socket: accepted a connection without a readiness event (lost wakeup recovered)"
+        );
+        // SAFETY: accept4 returned a new descriptor that nothing else owns.
+        let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+        return UnixStream::from_std(std_stream);
     }
 }
 

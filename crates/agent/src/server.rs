@@ -332,8 +332,30 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
         })?),
         None => None,
     };
+    let entropy = match body.sandcell_entropy.as_deref() {
+        Some(hex) => Some(crate::entropy::decode(hex).map_err(|e| {
+            ApiError::rest(StatusCode::BAD_REQUEST, format!("sandcellEntropy: {e}"))
+        })?),
+        None => None,
+    };
+    if let Some(bytes) = &entropy {
+        crate::entropy::reseed(bytes);
+    }
     {
         let mut d = state.shared.defaults_mut();
+        // A new identity in an old memory image (restored from a snapshot): start over.
+        if let Some(id) = body
+            .sandcell_sandbox_id
+            .as_deref()
+            .filter(|id| !id.is_empty())
+            && d.sandbox_id.as_deref() != Some(id)
+        {
+            d.sandbox_id = Some(id.to_owned());
+            d.access_token = None;
+            d.last_init = None;
+            d.internal_env
+                .insert("E2B_SANDBOX_ID".to_owned(), id.to_owned());
+        }
         if let Some(current) = &d.access_token {
             let same = body
                 .access_token

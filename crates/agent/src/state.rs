@@ -27,6 +27,8 @@ pub struct Defaults {
     pub access_token: Option<String>,
     /// Unix nanoseconds of the newest `/init` timestamp applied; older ones are ignored.
     pub last_init: Option<i128>,
+    /// The host's id of this sandbox from the last `/init` that named one.
+    pub sandbox_id: Option<String>,
 }
 
 impl Defaults {
@@ -41,6 +43,7 @@ impl Defaults {
             workdir: None,
             access_token: None,
             last_init: None,
+            sandbox_id: None,
         }
     }
 

@@ -403,3 +403,64 @@ async fn selectors_and_signals_are_checked() {
         (501, Some("unimplemented"))
     );
 }
+
+/// A sandbox restored from a snapshot is a new identity in an old memory image: `/init` with
+/// another `sandcellSandboxId` may set a new access token (and must, for a `secure` one),
+/// while the same id keeps envd's rule (the token cannot be reset). Bad entropy is refused.
+#[tokio::test]
+async fn a_new_sandbox_id_starts_a_new_identity() {
+    let envd = Envd::spawn(&[]).await;
+    let init = |body: Value, token: Option<&str>| {
+        let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+        if let Some(t) = token {
+            headers.push(("x-access-token".to_string(), t.to_string()));
+        }
+        let sock = envd.sock().to_owned();
+        async move {
+            let resp = common::envd::send(
+                &sock,
+                "POST",
+                "/init",
+                &headers,
+                body.to_string().into_bytes(),
+            )
+            .await;
+            resp.status().as_u16()
+        }
+    };
+    let entropy = "ab".repeat(32);
+    let first = json!({"sandcellSandboxId": "sc-parent", "accessToken": "tok-a", "sandcellEntropy": entropy});
+    assert_eq!(init(first, None).await, 204);
+    // Same identity: a different token is refused.
+    let same = json!({"sandcellSandboxId": "sc-parent", "accessToken": "tok-b"});
+    assert_eq!(init(same, Some("tok-a")).await, 401);
+    // A clone: new id, new token, accepted.
+    let clone = json!({"sandcellSandboxId": "sc-child", "accessToken": "tok-c"});
+    assert_eq!(init(clone, Some("tok-a")).await, 204);
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[("x-access-token".into(), "tok-c".into())],
+        sh_request("echo $E2B_SANDBOX_ID", json!({})),
+    )
+    .await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "sc-child\n");
+    // The old token no longer works.
+    let resp = common::envd::send(
+        envd.sock(),
+        "POST",
+        START,
+        &[
+            ("content-type".into(), "application/json".into()),
+            ("x-access-token".into(), "tok-a".into()),
+        ],
+        sh_request("true", json!({})).to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 401);
+    let bad =
+        json!({"sandcellSandboxId": "sc-child", "accessToken": "tok-c", "sandcellEntropy": "xyz"});
+    assert_eq!(init(bad, Some("tok-c")).await, 400);
+}

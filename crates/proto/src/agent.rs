@@ -202,7 +202,22 @@ pub struct InitRequest {
     pub default_user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_workdir: Option<String>,
+    /// Our extension: the sandbox id the host knows this agent by. When it differs from
+    /// the one the agent last got (a sandbox restored from a template, a pause or a fork is a
+    /// new identity in an old memory image), the agent starts over as a fresh sandbox: the
+    /// access-token rule and the replay guard are reset, `E2B_SANDBOX_ID` changes. Only the
+    /// host can send it: the daemon's proxy refuses `/init` from users.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandcell_sandbox_id: Option<String>,
+    /// Our extension: hex of fresh random bytes (at most [`MAX_INIT_ENTROPY`]) the agent
+    /// mixes into the guest kernel's RNG and credits, then forces a reseed, so that sandboxes
+    /// restored from one snapshot never share RNG state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandcell_entropy: Option<String>,
 }
+
+/// Largest `sandcellEntropy` accepted, in bytes.
+pub const MAX_INIT_ENTROPY: usize = 512;
 
 /// envd's REST error body (`/files`, `/init`, auth failures): `{"code": 404, "message"}`,
 /// the code being the HTTP status.
