@@ -5,6 +5,7 @@
 //!              [--image minimal|PATH] [--timeout SECS] [-e KEY=VALUE]... [--verbose] -- CMD [ARGS...]
 //! sandcell doctor [--json]
 //! sandcell serve [--listen ADDR:PORT] [--runtime auto|microvm|gvisor] [--domain DOMAIN]
+//! sandcell image pull REF [--name N] [--insecure-registry HOST] | import PATH --name N | ls | rm NAME
 //! sandcell keys create [--name N] [--max-sandboxes N] [--json] | ls [--json] | revoke ID|NAME
 //!
 //! (against a running daemon)
@@ -24,6 +25,7 @@ mod cp;
 mod daemon;
 mod doctor;
 mod exec;
+mod image;
 mod run;
 mod sandboxes;
 mod term;
@@ -60,6 +62,11 @@ enum Command {
     Keys {
         #[command(subcommand)]
         command: sandcell_server::KeysCommand,
+    },
+    /// OCI images: pull from a registry, import a layout or `docker save` tarball, ls, rm
+    Image {
+        #[command(subcommand)]
+        command: image::ImageCommand,
     },
     #[command(flatten)]
     Client(ClientCommand),
@@ -167,6 +174,7 @@ fn main() {
             Command::Doctor(args) => doctor::doctor(dirs, args).await,
             Command::Serve(args) => sandcell_server::serve(dirs, args).await,
             Command::Keys { command } => sandcell_server::keys(dirs, command).await,
+            Command::Image { command } => image::run(&dirs, command).await,
             Command::Client(command) => client(&dirs, command).await,
         }
     });

@@ -3,6 +3,8 @@
 //! - [`vmm`]: the configuration `sandcell-vmm` boots from, its newline-delimited JSON control
 //!   protocol and its documented exit statuses.
 //! - [`agent`]: the guest agent's envd-shaped HTTP protocol (Connect JSON envelopes).
+//! - [`image`]: the defaults an OCI-made image carries (`images/<name>/config.json`).
 
 pub mod agent;
+pub mod image;
 pub mod vmm;

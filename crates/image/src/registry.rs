@@ -1,0 +1,267 @@
+//! Pulls an image from an OCI registry (oci-client): anonymous, basic or bearer auth, an
+//! index resolved to linux/amd64, plain HTTP only for the hosts the caller lists. The
+//! config and layers land in the [`BlobCache`] verified; cached layers are not fetched again.
+
+use crate::cache::BlobCache;
+use crate::digest::{Digest, Hasher};
+use crate::progress::{Event, Progress};
+use crate::spec::{ImageConfigFile, ResolvedImage};
+use crate::{Error, Limits, Result};
+use futures_util::{StreamExt, TryStreamExt};
+use oci_client::client::{ClientConfig, ClientProtocol, linux_amd64_resolver};
+use oci_client::manifest::OciDescriptor;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use std::io::Write;
+
+/// How to authenticate to the registry.
+#[derive(Clone, Default)]
+pub enum Auth {
+    #[default]
+    Anonymous,
+    /// HTTP basic, or the credentials for a bearer-token realm (the registry's challenge
+    /// decides).
+    Basic { username: String, password: String },
+    /// A ready bearer token.
+    Bearer(String),
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Auth::Anonymous => f.write_str("Anonymous"),
+            Auth::Basic { username, .. } => write!(f, "Basic({username}, <redacted>)"),
+            Auth::Bearer(_) => f.write_str("Bearer(<redacted>)"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    pub auth: Auth,
+    /// Registries (`host` or `host:port`, as in the reference) spoken to over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    pub limits: Limits,
+    /// Layers downloaded at once.
+    pub concurrency: usize,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions {
+            auth: Auth::Anonymous,
+            insecure_registries: Vec::new(),
+            limits: Limits::default(),
+            concurrency: 3,
+        }
+    }
+}
+
+/// Parses `REF` as Docker does (`alpine` = `docker.io/library/alpine:latest`).
+pub fn parse_reference(reference: &str) -> Result<Reference> {
+    reference
+        .parse::<Reference>()
+        .map_err(|e| Error::Reference {
+            reference: reference.into(),
+            problem: e.to_string(),
+        })
+}
+
+/// Pulls `reference` (by tag or `@sha256:` digest) into `cache`.
+pub async fn pull(
+    reference: &str,
+    cache: &BlobCache,
+    options: &PullOptions,
+    progress: &dyn Progress,
+) -> Result<ResolvedImage> {
+    // reqwest is built without a default TLS provider (no aws-lc C build): ring it is. A
+    // second call finds one installed and changes nothing.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let image = parse_reference(reference)?;
+    let registry_error = |e| Error::Registry {
+        reference: reference.into(),
+        source: Box::new(e),
+    };
+    let protocol = if options.insecure_registries.is_empty() {
+        ClientProtocol::Https
+    } else {
+        ClientProtocol::HttpsExcept(options.insecure_registries.clone())
+    };
+    let client = Client::new(ClientConfig {
+        protocol,
+        platform_resolver: Some(Box::new(linux_amd64_resolver)),
+        connect_timeout: Some(std::time::Duration::from_secs(30)),
+        read_timeout: Some(std::time::Duration::from_secs(120)),
+        ..ClientConfig::default()
+    });
+    let auth = match &options.auth {
+        Auth::Anonymous => RegistryAuth::Anonymous,
+        Auth::Basic { username, password } => {
+            RegistryAuth::Basic(username.clone(), password.clone())
+        }
+        Auth::Bearer(token) => RegistryAuth::Bearer(token.clone()),
+    };
+    // Ask for the token (or find out it is basic auth) up front, so that bad credentials
+    // say so rather than show up as a 401 on the manifest.
+    client
+        .auth(&image, &auth, oci_client::RegistryOperation::Pull)
+        .await
+        .map_err(registry_error)?;
+    let (manifest, manifest_digest, config, list_digest) = client
+        .pull_manifest_and_config_and_list_digest(&image, &auth)
+        .await
+        .map_err(registry_error)?;
+    let manifest_digest = Digest::parse(&manifest_digest)?;
+    if let Some(wanted) = image.digest() {
+        // By digest: the registry's answer must be that document (the index's, when it is
+        // an index).
+        let got = list_digest
+            .clone()
+            .unwrap_or_else(|| manifest_digest.to_string());
+        Digest::parse(wanted)?.verify(&Digest::parse(&got)?, format!("manifest of {reference}"))?;
+    }
+
+    let config_digest = Digest::parse(&manifest.config.digest)?;
+    let limit = options.limits.max_document_bytes;
+    let (got, _) = cache.insert_from_reader(
+        config.as_bytes(),
+        Some(&config_digest),
+        limit,
+        "image config",
+    )?;
+    let config =
+        ImageConfigFile::parse(config.as_bytes(), &format!("config {got} of {reference}"))?;
+
+    let mut listed = Vec::new();
+    for layer in &manifest.layers {
+        let digest = Digest::parse(&layer.digest)?;
+        let size = u64::try_from(layer.size).unwrap_or(0);
+        if size > options.limits.max_blob_bytes {
+            return Err(Error::TooLarge {
+                layer: digest.to_string(),
+                what: "the compressed layer".into(),
+                limit: options.limits.max_blob_bytes,
+                unit: "bytes",
+            });
+        }
+        listed.push((digest, size));
+    }
+    let layers = ResolvedImage::layers_from(&listed, &config, reference)?;
+    progress.event(Event::Resolved {
+        manifest_digest: manifest_digest.to_string(),
+        layers: listed.iter().map(|(d, s)| (d.to_string(), *s)).collect(),
+    });
+
+    futures_util::stream::iter(manifest.layers.iter().zip(&listed))
+        .map(|(descriptor, (digest, size))| {
+            fetch_layer(
+                &client,
+                &image,
+                descriptor,
+                digest,
+                *size,
+                cache,
+                options.limits,
+                progress,
+            )
+        })
+        .buffer_unordered(options.concurrency.max(1))
+        .try_collect::<Vec<()>>()
+        .await
+        .map_err(|e| match e {
+            Error::Registry { source, .. } => Error::Registry {
+                reference: reference.into(),
+                source,
+            },
+            other => other,
+        })?;
+
+    Ok(ResolvedImage {
+        source: reference.to_string(),
+        manifest_digest,
+        config,
+        layers,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn fetch_layer(
+    client: &Client,
+    image: &Reference,
+    descriptor: &OciDescriptor,
+    digest: &Digest,
+    size: u64,
+    cache: &BlobCache,
+    limits: Limits,
+    progress: &dyn Progress,
+) -> Result<()> {
+    if cache.contains(digest) {
+        progress.event(Event::LayerStart {
+            digest: digest.to_string(),
+            size,
+            cached: true,
+        });
+        progress.event(Event::LayerDone {
+            digest: digest.to_string(),
+        });
+        return Ok(());
+    }
+    progress.event(Event::LayerStart {
+        digest: digest.to_string(),
+        size,
+        cached: false,
+    });
+    let mut stream = client
+        .pull_blob_stream(image, descriptor)
+        .await
+        .map_err(|e| Error::Registry {
+            reference: digest.to_string(),
+            source: Box::new(e),
+        })?
+        .stream;
+    let (mut file, tmp) = cache.temp_file()?;
+    let result: Result<Digest> = async {
+        let mut hasher = Hasher::default();
+        let mut bytes = 0u64;
+        let limit = limits.max_blob_bytes;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| Error::Io {
+                what: "downloading layer",
+                path: digest.to_string().into(),
+                source: e,
+            })?;
+            bytes += chunk.len() as u64;
+            if bytes > limit || (size > 0 && bytes > size) {
+                return Err(Error::TooLarge {
+                    layer: digest.to_string(),
+                    what: format!("the download (manifest says {size} bytes)"),
+                    limit: if size > 0 { size.min(limit) } else { limit },
+                    unit: "bytes",
+                });
+            }
+            hasher.update(&chunk);
+            // Small synchronous writes into the page cache: not worth a blocking thread.
+            file.write_all(&chunk)
+                .map_err(Error::io("writing layer", &tmp))?;
+            progress.event(Event::LayerBytes {
+                digest: digest.to_string(),
+                bytes,
+            });
+        }
+        file.flush().map_err(Error::io("writing layer", &tmp))?;
+        Ok(hasher.finish())
+    }
+    .await;
+    let actual = match result {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    cache.commit(&tmp, digest, &actual, &format!("layer {digest}"))?;
+    progress.event(Event::LayerDone {
+        digest: digest.to_string(),
+    });
+    Ok(())
+}
