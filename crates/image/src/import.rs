@@ -242,7 +242,7 @@ fn import_tar(
             .find(|e| {
                 e.repo_tags
                     .as_ref()
-                    .is_some_and(|t| t.iter().any(|t| t == tag))
+                    .is_some_and(|t| t.iter().any(|t| same_tag(t, tag)))
             })
             .ok_or_else(|| bad(format!("no image tagged {tag:?}")))?,
         None if saved.len() == 1 => &saved[0],
@@ -272,6 +272,15 @@ fn import_tar(
         config,
         layers,
     })
+}
+
+/// `docker.io/library/app:v1`, `library/app:v1` and `app:v1` are one tag.
+fn same_tag(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    let whole = |s: &str| crate::registry::parse_reference(s).ok().map(|r| r.whole());
+    whole(a).is_some_and(|w| Some(w) == whole(b))
 }
 
 fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>> {
