@@ -218,6 +218,11 @@ pub struct RestoreSpec {
     pub boot_timeout: Duration,
     /// As [`crate::SandboxSpec::outlive_owner`].
     pub outlive_owner: bool,
+    /// The restored sandbox's network, made new for it (gvisor: a new namespace and
+    /// address; gVisor's netstack is rebuilt from that namespace on restore, so connections
+    /// that were open at the snapshot are gone and programs see the new address). `None`:
+    /// no network. [`crate::Sandbox::fork`] gives each child its parent's.
+    pub network: Option<crate::NetworkSpec>,
 }
 
 impl RestoreSpec {
@@ -226,6 +231,7 @@ impl RestoreSpec {
             id,
             boot_timeout: Duration::from_secs(30),
             outlive_owner: false,
+            network: None,
         }
     }
 }

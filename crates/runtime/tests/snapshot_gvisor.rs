@@ -98,8 +98,24 @@ fn restore_spec() -> RestoreSpec {
 async fn sh(sb: &Arc<dyn Sandbox>, script: &str) -> (String, i32) {
     match tokio::time::timeout(Duration::from_secs(60), sh_unbounded(sb, script)).await {
         Ok(result) => result,
-        Err(_) => panic!("{script:?} in {} got no answer within 60 s", sb.id()),
+        Err(_) => panic!(
+            "{script:?} in {} got no answer within 60 s; its console:\n{}",
+            sb.id(),
+            console_of(sb.id())
+        ),
     }
+}
+
+/// The console log of sandbox `id` (found under the tests' temp dirs), for failure messages.
+fn console_of(id: &str) -> String {
+    let Ok(tmps) = std::fs::read_dir("/tmp") else {
+        return String::new();
+    };
+    tmps.flatten()
+        .map(|e| e.path().join("run").join(id).join("console.log"))
+        .find(|p| p.exists())
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_else(|| "(no console log found)".into())
 }
 
 async fn sh_unbounded(sb: &Arc<dyn Sandbox>, script: &str) -> (String, i32) {

@@ -121,10 +121,18 @@ async fn checkpoint_to(
             "resume it first (runsc checkpoints running sandboxes)",
         ));
     }
-    if lock(&sb.netns).is_some() {
+    if lock(&sb.netns).is_some() && !sb.shared.runsc.net_disconnect_ok {
+        // gVisor then refuses to save any connected TCP endpoint, TIME_WAIT ones included
+        // (which /proc/net/tcp does not show, so there is no reliable check up front), and
+        // a refused save ends the sandbox: refuse before touching it.
         return Err(unsupported(
             "snapshot",
-            "sandboxes with a network cannot be checkpointed yet",
+            format!(
+                "{} cannot checkpoint a sandbox with a network (it cannot save TCP \
+                 connections); runsc 2023 or later (--net-disconnect-ok) can: `make deps` \
+                 installs Debian 13's",
+                sb.shared.runsc.version
+            ),
         ));
     }
     if sb.image.rootfs_dir.is_none() {
@@ -194,14 +202,28 @@ async fn checkpoint_to(
     // silent), unless the checkpoint fails.
     let launch = sb.launch.fetch_add(1, Ordering::SeqCst);
     let image_arg = format!("--image-path={}", images.display());
+    let netns = lock(&sb.netns).clone();
     if let Err(e) = sb
         .shared
-        .runsc_ok(&["checkpoint", &image_arg, &sb.id])
+        .runsc_ok_in(netns.as_deref(), &["checkpoint", &image_arg, &sb.id])
         .await
     {
         if crate::owner::process_start_time(pid).is_some() && sb.shared.has_state(&sb.id) {
             sb.launch.store(launch, Ordering::SeqCst);
-            let _ = resume_agent(sb);
+            if resume_agent(sb).is_ok() {
+                wait_listening(sb).await;
+            }
+            if let Error::Command { stderr, .. } = &e
+                && stderr.contains("unsupported networking state")
+            {
+                return Err(unsupported(
+                    "snapshot",
+                    &format!(
+                        "the sandbox has TCP connections open or closed less than 60 s ago,                          and {} cannot save those (runsc 2023 or later with                          --net-disconnect-ok resets them instead); close them, wait a minute                          and retry",
+                        sb.shared.runsc.version
+                    ),
+                ));
+            }
         } else {
             sb.exit.set(SandboxExit::Exited {
                 code: -1,
@@ -265,6 +287,19 @@ fn resume_agent(sb: &GvisorSandbox) -> Result<()> {
     })
 }
 
+/// Waits (at most [`HOLD_TIMEOUT`]) for a resumed agent to accept connections again, so
+/// that a failed snapshot hands back a sandbox that answers.
+async fn wait_listening(sb: &GvisorSandbox) {
+    let deadline = tokio::time::Instant::now() + HOLD_TIMEOUT;
+    while tokio::net::UnixStream::connect(&sb.paths.socket)
+        .await
+        .is_err()
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// Waits for the checkpointed `runsc run` (pid) to exit and for runsc to forget the
 /// container, forcing both after [`OLD_RUNSC_EXIT`].
 async fn wait_gone(sb: &GvisorSandbox, pid: u32) -> Result<()> {
@@ -308,6 +343,9 @@ async fn restore_in_place(sb: &GvisorSandbox, images: &Path) -> Result<()> {
     let _one_at_a_time = one_at_a_time().await?;
     // runsc removes the container's cgroup with the container; ours holds the limits.
     SandboxCgroup::create(sb.shared.cgroups, &sb.id, sb.memory_mib, sb.vcpus)?;
+    if let Some(net) = sb.network().await {
+        super::network::readdress(&net).await?;
+    }
     resume_agent(sb)?;
     *lock(&sb.restore_from) = Some(images.to_path_buf());
     *lock(&sb.phase) = Phase::Created;
@@ -352,6 +390,7 @@ pub(super) async fn fork(
             id: crate::new_sandbox_id()?,
             boot_timeout: sb.boot_timeout,
             outlive_owner: sb.outlive_owner,
+            network: lock(&sb.network_spec).clone(),
         };
         match restore_new(sb.shared.clone(), &handle, spec).await {
             Ok(child) => children.push(Box::new(child)),
@@ -409,6 +448,11 @@ pub(in crate::gvisor) async fn restore_new(
     let sandbox = GvisorSandbox::new(shared, &spec, paths);
     let _one_at_a_time = one_at_a_time().await?;
     let started = async {
+        // Before prepare: the bundle names the namespace, and prepare points the restored
+        // root's resolv.conf at this network's DNS server.
+        if let Some(net) = &restore.network {
+            sandbox.attach_network(net).await?;
+        }
         sandbox.prepare(&spec, &[upper_dir, &base]).await?;
         resume_agent(&sandbox)?;
         *lock(&sandbox.restore_from) = Some(checkpoint_dir.clone());

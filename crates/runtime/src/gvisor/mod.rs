@@ -140,14 +140,40 @@ impl Shared {
         if self.runsc.overlay2 {
             cmd.arg("--overlay2=root:memory");
         }
+        if network && self.runsc.net_disconnect_ok {
+            cmd.arg("--net-disconnect-ok");
+        }
         cmd
     }
 
     /// `runsc ARGS`, failing with its stderr.
     pub(super) async fn runsc_ok(&self, args: &[&str]) -> Result<String> {
-        let out = self
-            .runsc()
-            .args(args)
+        self.runsc_ok_in(None, args).await
+    }
+
+    /// `runsc ARGS` run in the network namespace `netns` when given: runsc reaches a
+    /// sandbox's control server through an abstract Unix socket, and abstract sockets belong
+    /// to a network namespace; from any other namespace runsc finds no server and reports
+    /// the sandbox "stopped" (checkpoint, pause and resume then fail).
+    pub(super) async fn runsc_ok_in(&self, netns: Option<&Path>, args: &[&str]) -> Result<String> {
+        let mut cmd = self.runsc();
+        cmd.args(args);
+        // Kept open until the command has been spawned (the child's setns uses it).
+        let _netns_file = match netns {
+            Some(path) => {
+                let file = std::fs::File::open(path).map_err(|e| {
+                    Error::io(
+                        RT,
+                        format!("opening network namespace {}", path.display()),
+                        e,
+                    )
+                })?;
+                network::join_netns(&mut cmd, &file);
+                Some(file)
+            }
+            None => None,
+        };
+        let out = cmd
             .output()
             .await
             .map_err(|e| Error::io(RT, format!("running runsc {}", args.join(" ")), e))?;

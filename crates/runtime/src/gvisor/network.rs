@@ -39,8 +39,10 @@ fn net_error(what: &str, e: sandcell_net::Error) -> Error {
     }
 }
 
+/// Through the process's network registry: from its warm pool if one is installed (the
+/// daemon's), and findable by the sandbox id (`sandcell_net::registry::get`).
 pub(super) async fn create(id: &str, spec: &NetworkSpec) -> Result<SandboxNet> {
-    SandboxNet::create(&spec.config, id, &spec.egress)
+    sandcell_net::registry::attach(&spec.config, id, &spec.egress)
         .await
         .map_err(|e| net_error(&format!("creating the network of sandbox {id}"), e))
 }
@@ -66,8 +68,12 @@ pub(super) async fn teardown(id: &str, net: SandboxNet) -> Result<()> {
 
 /// Removes what a sandbox of a dead owner left of its network; cheap when it had none.
 pub(super) async fn remove_leftover(id: &str) -> Result<()> {
-    let id = id.to_string();
     let what = format!("removing the leftover network of sandbox {id}");
+    // One this process registered (e.g. an adopted sandbox's, registered by the daemon).
+    sandcell_net::registry::release(id)
+        .await
+        .map_err(|e| net_error(&what, e))?;
+    let id = id.to_string();
     tokio::task::spawn_blocking(move || sandcell_net::network::remove(&id))
         .await
         .map_err(|e| Error::io(RT, what.clone(), std::io::Error::other(e)))?
@@ -118,4 +124,62 @@ pub(super) fn enter_netns(cmd: &mut tokio::process::Command, netns: &std::fs::Fi
             Ok(())
         });
     }
+}
+
+/// Makes `cmd` start in the network namespace open as `netns` (nothing else changes).
+/// `netns` must stay open until the command is spawned.
+pub(super) fn join_netns(cmd: &mut tokio::process::Command, netns: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    let fd = netns.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and makes one system call
+    // (setns, async-signal-safe) on a descriptor the parent keeps open across the spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Gives the sandbox's interface its address and default route again, for a restore into
+/// the namespace a checkpointed sandbox left: gVisor's netstack takes the address over from
+/// the host interface when it starts (it deletes it there, so that the host stack does not
+/// answer for it), and a restore builds its netstack from what the namespace holds then.
+pub(super) async fn readdress(net: &sandcell_net::Network) -> Result<()> {
+    let guest = format!("{}/{}", net.guest, net.prefix);
+    let gateway = net.gateway.to_string();
+    let steps: [&[&str]; 3] = [
+        &[
+            "-n",
+            &net.netns,
+            "addr",
+            "replace",
+            &guest,
+            "dev",
+            &net.guest_if,
+        ],
+        &["-n", &net.netns, "link", "set", &net.guest_if, "up"],
+        &[
+            "-n", &net.netns, "route", "replace", "default", "via", &gateway,
+        ],
+    ];
+    for args in steps {
+        let out = tokio::process::Command::new("ip")
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| Error::io(RT, format!("running ip {}", args.join(" ")), e))?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                runtime: RT,
+                command: format!("ip {}", args.join(" ")),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+    }
+    Ok(())
 }

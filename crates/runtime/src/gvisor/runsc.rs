@@ -28,6 +28,12 @@ pub struct RunscInfo {
     pub overlay2: bool,
     /// `--host-uds` exists (our agent transport needs it).
     pub host_uds: bool,
+    /// `--net-disconnect-ok` exists (runsc 2023+): a sandbox with a network can then be
+    /// checkpointed while it has TCP connections (they are reset on restore). Without it
+    /// gVisor refuses to save any connected endpoint, TIME_WAIT included (60 s after a
+    /// connection the sandbox closed).
+    #[serde(default)]
+    pub net_disconnect_ok: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -121,6 +127,7 @@ impl RunscInfo {
             platform: platform.to_string(),
             overlay2: has_flag("overlay2"),
             host_uds: has_flag("host-uds"),
+            net_disconnect_ok: has_flag("net-disconnect-ok"),
             platforms,
             path,
         };

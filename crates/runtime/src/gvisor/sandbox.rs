@@ -73,6 +73,9 @@ pub struct GvisorSandbox {
     net: tokio::sync::Mutex<Option<sandcell_net::SandboxNet>>,
     /// The namespace runsc joins, known once the network exists.
     netns: Mutex<Option<PathBuf>>,
+    /// What the network was made from, with the egress policy in force now: what a fork
+    /// child's network is made from (see checkpoint.rs).
+    pub(super) network_spec: Mutex<Option<network::NetworkSpec>>,
     /// [`SandboxSpec::outlive_owner`]: `runsc run` is started detached.
     outlive_owner: bool,
     vcpus: u8,
@@ -104,6 +107,7 @@ impl GvisorSandbox {
             destroyed: tokio::sync::Mutex::new(false),
             net: tokio::sync::Mutex::new(None),
             netns: Mutex::new(None),
+            network_spec: Mutex::new(None),
             outlive_owner: spec.outlive_owner,
             vcpus: spec.vcpus,
             handle: Mutex::new(None),
@@ -173,19 +177,25 @@ impl GvisorSandbox {
         let net = network::create(&self.id, spec).await?;
         *lock(&self.netns) = Some(net.network().netns_path());
         *self.net.lock().await = Some(net);
+        *lock(&self.network_spec) = Some(spec.clone());
         Ok(())
     }
 
     /// Replaces the egress policy live (new connections follow it at once).
     pub async fn set_egress(&self, egress: &sandcell_net::EgressSpec) -> Result<()> {
         match &*self.net.lock().await {
-            Some(net) => net
-                .set_policy(egress)
-                .await
-                .map_err(|e| Error::InvalidSpec {
-                    runtime: RT,
-                    problem: format!("egress policy of {}: {e}", self.id),
-                }),
+            Some(net) => {
+                net.set_policy(egress)
+                    .await
+                    .map_err(|e| Error::InvalidSpec {
+                        runtime: RT,
+                        problem: format!("egress policy of {}: {e}", self.id),
+                    })?;
+                if let Some(spec) = lock(&self.network_spec).as_mut() {
+                    spec.egress = egress.clone();
+                }
+                Ok(())
+            }
             None => Err(Error::InvalidSpec {
                 runtime: RT,
                 problem: format!("sandbox {} was created without a network", self.id),
@@ -545,14 +555,20 @@ impl Sandbox for GvisorSandbox {
 
     async fn pause(&self) -> Result<()> {
         self.require_running("pause")?;
-        self.shared.runsc_ok(&["pause", &self.id]).await?;
+        let netns = lock(&self.netns).clone();
+        self.shared
+            .runsc_ok_in(netns.as_deref(), &["pause", &self.id])
+            .await?;
         self.paused.store(true, Ordering::SeqCst);
         Ok(())
     }
 
     async fn resume(&self) -> Result<()> {
         self.require_running("resume")?;
-        self.shared.runsc_ok(&["resume", &self.id]).await?;
+        let netns = lock(&self.netns).clone();
+        self.shared
+            .runsc_ok_in(netns.as_deref(), &["resume", &self.id])
+            .await?;
         self.paused.store(false, Ordering::SeqCst);
         Ok(())
     }
