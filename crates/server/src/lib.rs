@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod models;
 pub mod proxy;
 pub mod state;
+pub mod template_defaults;
 pub mod util;
 
 pub use keys_cli::{KeysCommand, keys};

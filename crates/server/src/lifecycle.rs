@@ -194,6 +194,11 @@ impl Lifecycle {
                 "invalid envVars name {bad:?}"
             )));
         }
+        // An OCI-made template's Env under the request's (crates/server/src/template_defaults.rs).
+        let env = crate::template_defaults::merge_env(
+            crate::template_defaults::load(&self.dirs, &req.template_id).as_ref(),
+            env,
+        );
         let secure = req.secure.unwrap_or(secure_by_default);
         let access_token = if secure {
             Some(random_hex(20).map_err(Error::io("getrandom for an access token"))?)
@@ -285,7 +290,12 @@ impl Lifecycle {
     ) -> ApiResult<SandboxRow> {
         let envd_version = match tokio::time::timeout(
             INIT_TIMEOUT,
-            init_agent(&sandbox, env, row.access_token.as_deref()),
+            init_agent_with(
+                &sandbox,
+                env,
+                row.access_token.as_deref(),
+                crate::template_defaults::load(&self.dirs, &row.template_id).as_ref(),
+            ),
         )
         .await
         {
@@ -556,6 +566,16 @@ async fn init_agent(
     env: &BTreeMap<String, String>,
     access_token: Option<&str>,
 ) -> ApiResult<String> {
+    init_agent_with(sandbox, env, access_token, None).await
+}
+
+/// [`init_agent`] with a template's defaults (user, working directory) applied.
+pub(crate) async fn init_agent_with(
+    sandbox: &Arc<dyn Sandbox>,
+    env: &BTreeMap<String, String>,
+    access_token: Option<&str>,
+    defaults: Option<&sandcell_proto::image::ImageDefaults>,
+) -> ApiResult<String> {
     // E2B runs commands as `user` unless a request names another; the agent keeps root for
     // images that have no such account.
     let mut body = serde_json::json!({
@@ -563,6 +583,7 @@ async fn init_agent(
         "timestamp": rfc3339(now_ms()),
         "defaultUser": "user",
     });
+    crate::template_defaults::apply_to_init(&mut body, defaults);
     if let Some(token) = access_token {
         body["accessToken"] = serde_json::Value::String(token.to_string());
     }
