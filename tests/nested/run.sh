@@ -73,12 +73,12 @@ kernel=${SANDCELL_NESTED_KERNEL:-$(nice "$root/scripts/build-kernel.sh" | tail -
 image_dir=$(nice "$root/scripts/build-image.sh" minimal --agent "$agent" | tail -n 1)
 l1=$("$here/l1-kernel.sh" | tail -n 1)
 
-probe_key=$(cat "$here/probe/nested_probe.rs" | sha256sum | cut -c1-16)
+probe_key=$(cat "$here"/probe/*.rs | sha256sum | cut -c1-16)
 probe=$cache/nested/nested-probe-$probe_key
 if [ ! -x "$probe" ]; then
   log "compiling nested-probe"
   mkdir -p "$cache/nested"
-  nice rustc --edition 2021 -O -C strip=symbols -C target-feature=+crt-static --target "$triple" \
+  nice rustc --edition 2024 -O -C strip=symbols -C target-feature=+crt-static --target "$triple" \
     "$here/probe/nested_probe.rs" -o "$probe.tmp"
   mv "$probe.tmp" "$probe"
 fi

@@ -270,6 +270,10 @@ test_run_panic() {
   pass "guest panic -> sandcell run exit $s, stderr: $(grep -i panic $d/err | head -n 1 | cut -c1-80)"
 }
 
+# ---- snapshots (snapshot.sh) -----------------------------------------------------------------
+
+. "$(dirname "$SELF")/snapshot.sh"
+
 # ---- runner ----------------------------------------------------------------------------------
 
 run_one() {
@@ -296,7 +300,7 @@ run_one() {
     return 0
   fi
   echo "NESTED-RESULT $name FAIL ${secs}s ${detail:-exit status $rc}"
-  tail -n 30 "$log" | sed "s/^/NESTED-LOG $name | /"
+  tail -n 60 "$log" | sed "s/^/NESTED-LOG $name | /"
   return 1
 }
 
@@ -309,7 +313,7 @@ case "$1" in
     mkdir -p /tmp/nested-logs
     only=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^nested\.only=//p' | tr ',' ' ')
     plan=
-    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF"); do
+    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF" "$(dirname "$SELF")/snapshot.sh"); do
       if [ -z "$only" ] || echo " $only " | grep -q " $t "; then plan="$plan $t"; fi
     done
     echo "NESTED-PLAN$plan"

@@ -11,8 +11,12 @@
 //! `poweroff_status=N` when asked, `vmm_exit=N` (or `vmm_exit=signal:N`). Exit status 0 when
 //! every step happened, 1 otherwise (the reason on stderr).
 //!
+//! Other operations (exec, post, control, wait-agent): see ops.rs.
+//!
 //! Built with plain `rustc` (std only, static) by tests/nested/build-initramfs.sh, so it
 //! needs no crate of the workspace and no cargo.
+
+mod ops;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -191,6 +195,12 @@ fn run(a: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(op) = argv.first().filter(|op| op.as_str() != "boot")
+        && let Some(code) = ops::run(op, &argv[1..])
+    {
+        return code;
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

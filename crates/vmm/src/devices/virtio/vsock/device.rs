@@ -265,6 +265,9 @@ pub struct VsockState {
     pub guest_cid: u64,
     pub uds_path: PathBuf,
     pub reset_pending: bool,
+    /// The next host port for a host-initiated connection: a restore continues from here,
+    /// never reusing a port the guest may still hold a stale socket for (muxer.rs).
+    pub next_host_port: u32,
 }
 
 impl Vsock {
@@ -285,6 +288,7 @@ impl Persist for Vsock {
             guest_cid: self.guest_cid,
             uds_path: self.uds_path.clone(),
             reset_pending: self.reset_pending,
+            next_host_port: self.muxer.next_local_port(),
         }
     }
 
@@ -305,6 +309,7 @@ impl Persist for Vsock {
         let mut v = Vsock::new(s.guest_cid, path)
             .map_err(|e| DeviceStateError::new("virtio-vsock", e.to_string()))?;
         v.reset_pending = s.reset_pending;
+        v.muxer.set_next_local_port(s.next_host_port);
         Ok(v)
     }
 }

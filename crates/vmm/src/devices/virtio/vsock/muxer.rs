@@ -476,6 +476,20 @@ impl Muxer {
         }
     }
 
+    /// The host port the next host-initiated connection gets (saved in snapshots).
+    pub fn next_local_port(&self) -> u32 {
+        self.next_local_port
+    }
+
+    /// Continues host port numbering where a saved VM left it. A restored guest may still
+    /// hold a connected socket for a port it used before the snapshot: a transport reset
+    /// only marks such sockets closed, they stay in the guest's connection table until
+    /// their owner closes them, and a REQUEST from a port that matches one is answered
+    /// with RST. Ports below `FIRST_LOCAL_PORT` are not ours to hand out.
+    pub fn set_next_local_port(&mut self, port: u32) {
+        self.next_local_port = port.max(FIRST_LOCAL_PORT);
+    }
+
     /// Drop every connection without telling the guest (a device or transport reset
     /// already tells it). Host clients still handshaking stay.
     pub fn reset(&mut self) {

@@ -600,6 +600,20 @@ fn transport_reset_event_drops_connections() {
 }
 
 #[test]
+fn a_restore_continues_host_port_numbering() {
+    use crate::snapshot::Persist;
+    let mem = guest_memory();
+    let mut g = Guest::new(&mem);
+    let (_s, used) = g.host_connect(4500);
+    let state = lock(&g.dev).save();
+    assert_eq!(state.next_host_port, used + 1);
+    // A restored guest may still hold a stale socket for `used` (a transport reset only
+    // marks it closed): the restore must not hand that port out again.
+    let restored = Vsock::restore(Some(g.uds.with_extension("restored")), &state).unwrap();
+    assert_eq!(restored.save().next_host_port, used + 1);
+}
+
+#[test]
 fn rx_is_shared_fairly_between_connections() {
     let mem = guest_memory();
     let mut g = Guest::new(&mem);
