@@ -26,21 +26,27 @@ mod error;
 pub mod network;
 pub mod nft;
 pub mod policy;
+pub mod pool;
+pub mod registry;
 pub mod testing;
 
 pub use error::{Error, Result};
 pub use network::{NetConfig, Network, reconcile};
 pub use nft::DeniedFlow;
 pub use policy::{Cidr, EgressSpec, Policy};
+pub use pool::NetPool;
 
 use dns::{DeniedName, DnsServer, DnsState};
 use std::sync::Arc;
 
 /// A sandbox's network with its DNS server running: what a runtime holds for a sandbox.
+/// Clones share the network (the [`registry`] keeps one for the daemon); the first
+/// [`SandboxNet::teardown`] removes it for all.
+#[derive(Clone)]
 pub struct SandboxNet {
     net: Network,
     state: Arc<DnsState>,
-    dns: Option<DnsServer>,
+    dns: Arc<std::sync::Mutex<Option<DnsServer>>>,
 }
 
 /// What was refused for a sandbox.
@@ -73,27 +79,67 @@ impl SandboxNet {
             Network::create(&c, &i, &p)
         })
         .await?;
+        match SandboxNet::serve(cfg, net.clone(), policy).await {
+            Ok(sn) => Ok(sn),
+            Err(e) => {
+                let _ = blocking("removing a sandbox network", move || net.teardown()).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes over network `id` left by a dead owner (see [`Network::find`]) with `spec` as
+    /// its policy (put in force again) and a new DNS server; `None` if it is gone.
+    pub async fn adopt(cfg: &NetConfig, id: &str, spec: &EgressSpec) -> Result<Option<SandboxNet>> {
+        let policy = Policy::from_spec(spec)?;
+        let (c, i) = (cfg.clone(), id.to_string());
+        let Some(net) =
+            blocking("finding a sandbox network", move || Network::find(&c, &i)).await?
+        else {
+            return Ok(None);
+        };
+        let (n, p) = (net.clone(), policy.clone());
+        blocking("restoring a sandbox's egress policy", move || {
+            n.set_policy(&p, &[])
+        })
+        .await?;
+        SandboxNet::serve(cfg, net, policy).await.map(Some)
+    }
+
+    /// Starts the DNS server of `net`.
+    async fn serve(cfg: &NetConfig, net: Network, policy: Policy) -> Result<SandboxNet> {
         let state = Arc::new(DnsState::new(
             net.slot,
             net.pool,
             cfg.upstream_dns.clone(),
             policy,
         ));
-        match DnsServer::start(net.gateway, state.clone()).await {
-            Ok(dns) => Ok(SandboxNet {
-                net,
-                state,
-                dns: Some(dns),
-            }),
-            Err(e) => {
-                let n = net.clone();
-                let _ = blocking("removing a sandbox network", move || n.teardown()).await;
-                Err(Error::io(
-                    format!("starting the DNS server on {}:53", net.gateway),
-                    e,
-                ))
-            }
-        }
+        let dns = DnsServer::start(net.gateway, state.clone())
+            .await
+            .map_err(|e| Error::io(format!("starting the DNS server on {}:53", net.gateway), e))?;
+        Ok(SandboxNet {
+            net,
+            state,
+            dns: Arc::new(std::sync::Mutex::new(Some(dns))),
+        })
+    }
+
+    /// Replaces the private-network peers of this sandbox: (name, guest address) of every
+    /// sandbox it shares a private network with. They become reachable by address (both
+    /// ways only once each lists the other) and their names resolve in our DNS server.
+    pub async fn set_peers(&self, peers: &[(String, std::net::Ipv4Addr)]) -> Result<()> {
+        let ips: Vec<std::net::Ipv4Addr> = peers.iter().map(|(_, ip)| *ip).collect();
+        let script = nft::peers_script(self.net.slot, &ips);
+        blocking("replacing a sandbox's private-network peers", move || {
+            nft::apply(&script)
+        })
+        .await?;
+        let mut map = self.state.peers.lock().unwrap_or_else(|p| p.into_inner());
+        *map = peers
+            .iter()
+            .map(|(n, ip)| (n.to_ascii_lowercase(), *ip))
+            .collect();
+        Ok(())
     }
 
     pub fn network(&self) -> &Network {
@@ -129,8 +175,9 @@ impl SandboxNet {
     }
 
     /// Stops the DNS server and removes everything of the network.
-    pub async fn teardown(mut self) -> Result<()> {
-        self.dns.take();
+    pub async fn teardown(self) -> Result<()> {
+        self.dns.lock().unwrap_or_else(|p| p.into_inner()).take();
+        registry::forget_net(&self.net.id);
         let net = self.net.clone();
         blocking("removing a sandbox network", move || net.teardown()).await
     }

@@ -83,6 +83,32 @@ pub struct Network {
 }
 
 impl Network {
+    /// The names and addresses of network `id` in slot `slot` of the pool.
+    fn at_slot(cfg: &NetConfig, id: &str, slot: u32) -> Network {
+        let base = u32::from(cfg.pool.addr) + slot * 4;
+        Network {
+            id: id.to_string(),
+            slot,
+            netns: format!("{NETNS_PREFIX}{id}"),
+            host_if: format!("{HOST_IF_PREFIX}{slot}"),
+            guest_if: format!("{GUEST_IF_PREFIX}{slot}"),
+            gateway: Ipv4Addr::from(base + 1),
+            guest: Ipv4Addr::from(base + 2),
+            prefix: 30,
+            pool: cfg.pool,
+        }
+    }
+
+    /// The network `id` made earlier (by this or a dead process), if its veth and namespace
+    /// are still there: what a restarted owner takes over.
+    pub fn find(cfg: &NetConfig, id: &str) -> Result<Option<Network>> {
+        let slot = used_slots()?
+            .into_iter()
+            .find(|s| alias_of(&format!("{HOST_IF_PREFIX}{s}")).as_deref() == Some(id));
+        let found = slot.map(|slot| Network::at_slot(cfg, id, slot));
+        Ok(found.filter(|n| n.netns_path().exists()))
+    }
+
     pub fn netns_path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.netns)
     }
@@ -202,7 +228,8 @@ fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-fn enable_forwarding() -> Result<()> {
+/// Turns on IPv4 forwarding host-wide (idempotent): nothing of ours works without it.
+pub fn enable_forwarding() -> Result<()> {
     let path = "/proc/sys/net/ipv4/ip_forward";
     if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
         return Ok(());
@@ -234,23 +261,19 @@ fn claim_slot(cfg: &NetConfig, id: &str, netns: &str) -> Result<Network> {
     let slot = (0..slots)
         .find(|s| !used.contains(s))
         .ok_or_else(|| Error::PoolExhausted(cfg.pool.to_string()))?;
-    let base = u32::from(cfg.pool.addr) + slot * 4;
-    let host_if = format!("{HOST_IF_PREFIX}{slot}");
-    let guest_if = format!("{GUEST_IF_PREFIX}{slot}");
+    let net = Network::at_slot(cfg, id, slot);
     ip(&[
-        "link", "add", &host_if, "type", "veth", "peer", "name", &guest_if, "netns", netns,
+        "link",
+        "add",
+        &net.host_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &net.guest_if,
+        "netns",
+        netns,
     ])?;
-    let net = Network {
-        id: id.to_string(),
-        slot,
-        netns: netns.to_string(),
-        host_if,
-        guest_if,
-        gateway: Ipv4Addr::from(base + 1),
-        guest: Ipv4Addr::from(base + 2),
-        prefix: 30,
-        pool: cfg.pool,
-    };
     if let Err(e) = ip(&[
         "link",
         "set",

@@ -52,6 +52,8 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
   set allow_reserved {{ type ipv4_addr; flags interval; auto-merge; }}
   set deny {{ type ipv4_addr; flags interval; auto-merge; }}
   set dns_allow {{ type ipv4_addr; flags timeout; }}
+  # Members of a private network this sandbox is in: reachable both ways (peers_script).
+  set peers {{ type ipv4_addr; }}
   set denied {{ type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size 4096; }}
   counter denied_packets {{ }}
   chain postrouting {{
@@ -67,6 +69,7 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
   chain inbound {{
     type filter hook forward priority -5; policy accept;
     oifname "{hif}" ct state established,related accept
+    oifname "{hif}" ip saddr @peers accept
     oifname "{hif}" drop
   }}
   chain input {{
@@ -118,6 +121,9 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
         let _ = writeln!(s, "add rule inet {name} egress {r}");
     };
     rule("ct state established,related accept");
+    // Private-network peers (in the pool, so before the reserved ranges); their own table
+    // lets the packet in only if this sandbox is in their `peers` set too.
+    rule("ip daddr @peers accept");
     // No IPv6 route is given to sandboxes: whatever IPv6 they send is refused.
     rule("meta nfproto ipv6 jump denied");
     rule("ip daddr @allow_reserved accept");
@@ -149,6 +155,18 @@ pub fn learn_script(slot: u32, learned: &[(Ipv4Addr, Duration)]) -> String {
              delete element inet {name} dns_allow {{ {ip} }}\n\
              add element inet {name} dns_allow {{ {ip} timeout {secs}s }}"
         );
+    }
+    s
+}
+
+/// Replaces the `peers` set: the guest addresses of the members of this sandbox's private
+/// networks.
+pub fn peers_script(slot: u32, peers: &[Ipv4Addr]) -> String {
+    let name = table_name(slot);
+    let mut s = format!("flush set inet {name} peers\n");
+    if !peers.is_empty() {
+        let list: Vec<String> = peers.iter().map(Ipv4Addr::to_string).collect();
+        let _ = writeln!(s, "add element inet {name} peers {{ {} }}", list.join(", "));
     }
     s
 }

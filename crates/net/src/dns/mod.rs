@@ -30,6 +30,8 @@ const TCP_IDLE: Duration = Duration::from_secs(10);
 const MAX_IN_FLIGHT: usize = 64;
 const MAX_DENIED_NAMES: usize = 256;
 const UDP_BUF: usize = 4096;
+/// Peers' addresses change only when they leave: a short TTL keeps stale answers short.
+const PEER_TTL: u32 = 5;
 
 /// A name the DNS server refused.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -67,6 +69,8 @@ pub(crate) struct DnsState {
     /// under it never interleave.
     pub(crate) inner: Mutex<Inner>,
     pub(crate) denied: std::sync::Mutex<VecDeque<DeniedName>>,
+    /// Private-network peers by name (their sandbox id): answered here, never forwarded.
+    pub(crate) peers: std::sync::Mutex<HashMap<String, Ipv4Addr>>,
 }
 
 impl DnsState {
@@ -80,6 +84,7 @@ impl DnsState {
                 learned: HashMap::new(),
             }),
             denied: std::sync::Mutex::new(VecDeque::new()),
+            peers: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -96,6 +101,11 @@ impl DnsState {
             qtype,
             at,
         });
+    }
+
+    fn peer(&self, name: &str) -> Option<Ipv4Addr> {
+        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        peers.get(name.trim_end_matches('.')).copied()
     }
 
     pub(crate) fn denied_names(&self) -> Vec<DeniedName> {
@@ -198,6 +208,13 @@ pub(crate) async fn handle(state: &DnsState, msg: &[u8], tcp: bool) -> Option<Ve
         return wire::error_reply(msg, RCODE_REFUSED);
     }
     let name = &query.question.name;
+    if let Some(ip) = state.peer(name) {
+        return match query.question.qtype {
+            wire::TYPE_A => wire::a_reply(msg, &[ip], PEER_TTL),
+            // The name exists, with no record of that type (e.g. AAAA).
+            _ => wire::error_reply(msg, 0),
+        };
+    }
     if !state.inner.lock().await.policy.resolves(name) {
         state.note_denied(name, query.question.qtype);
         return wire::error_reply(msg, RCODE_NXDOMAIN);

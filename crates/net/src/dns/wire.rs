@@ -198,6 +198,29 @@ pub fn error_reply(query: &[u8], rcode: u8) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// A successful reply to `query` (its header and question) with one A record per address,
+/// owner = the question's name (a compression pointer to it). `None` as for
+/// [`error_reply`].
+pub fn a_reply(query: &[u8], addresses: &[Ipv4Addr], ttl: u32) -> Option<Vec<u8>> {
+    let mut out = error_reply(query, 0)?;
+    // error_reply dropped an unparsable question: then there is nothing to answer.
+    if u16_at(&out, 4).ok() != Some(1) {
+        return Some(out);
+    }
+    out[2] |= 0x04; // AA: we are the authority for these names
+    let count = u16::try_from(addresses.len()).ok()?;
+    out[6..8].copy_from_slice(&count.to_be_bytes());
+    for ip in addresses {
+        out.extend_from_slice(&[0xC0, HEADER_LEN as u8]);
+        out.extend_from_slice(&TYPE_A.to_be_bytes());
+        out.extend_from_slice(&CLASS_IN.to_be_bytes());
+        out.extend_from_slice(&ttl.to_be_bytes());
+        out.extend_from_slice(&4u16.to_be_bytes());
+        out.extend_from_slice(&ip.octets());
+    }
+    Some(out)
+}
+
 /// A query for `name`/A with id `id`, recursion desired (for the proxy's own lookups and
 /// tests).
 pub fn build_query(id: u16, name: &str, qtype: u16) -> Option<Vec<u8>> {
@@ -295,6 +318,17 @@ mod tests {
             parse_query(&build_query(1, &long, TYPE_A).unwrap()),
             Err(WireError::BadName)
         );
+    }
+
+    #[test]
+    fn a_reply_parses_back() {
+        let q = build_query(0x1234, "sc-abc", TYPE_A).unwrap();
+        let r = a_reply(&q, &[Ipv4Addr::new(10, 200, 0, 6)], 5).unwrap();
+        let a = parse_answer(&r).unwrap();
+        assert_eq!(a.id, 0x1234);
+        assert_eq!(a.rcode, 0);
+        assert_eq!(a.question.name, "sc-abc");
+        assert_eq!(a.addresses, vec![(Ipv4Addr::new(10, 200, 0, 6), 5)]);
     }
 
     #[test]

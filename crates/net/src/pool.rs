@@ -1,0 +1,129 @@
+//! A warm pool of prepared sandbox networks, so that making a sandbox does not wait for the
+//! ~10 `ip`/`nft` processes a network costs: namespace, veth, open policy and DNS server
+//! are ready; taking one is a queue pop, and only a non-default policy costs one `nft`
+//! transaction ([`SandboxNet::set_policy`]).
+//!
+//! Networks are named `<prefix><12 hex digits>`: an owner gives its own prefix, so that
+//! [`crate::reconcile`] at its start can remove its leftovers (prepared or used) and leave
+//! the networks of other owners on the host alone.
+
+use crate::{EgressSpec, Error, NetConfig, Result, SandboxNet};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// After a failed preparation (pool exhausted, `ip` missing): wait before trying again.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+pub struct NetPool {
+    cfg: NetConfig,
+    prefix: String,
+    target: usize,
+    ready: Mutex<VecDeque<SandboxNet>>,
+    wake: Arc<Notify>,
+}
+
+impl Drop for NetPool {
+    fn drop(&mut self) {
+        // Lets the filler see that the pool is gone.
+        self.wake.notify_one();
+    }
+}
+
+impl NetPool {
+    /// A pool keeping `target` networks ready (0: none, every take creates one), filled by
+    /// a background task that ends when the pool is dropped.
+    pub fn start(cfg: NetConfig, prefix: &str, target: usize) -> Arc<NetPool> {
+        let pool = Arc::new(NetPool {
+            cfg,
+            prefix: prefix.to_string(),
+            target,
+            ready: Mutex::new(VecDeque::new()),
+            wake: Arc::new(Notify::new()),
+        });
+        if target > 0 {
+            tokio::spawn(fill(Arc::downgrade(&pool), pool.wake.clone()));
+        }
+        pool
+    }
+
+    pub fn config(&self) -> &NetConfig {
+        &self.cfg
+    }
+
+    /// Whether network `id` is one of this owner's (by its prefix).
+    pub fn owns(&self, id: &str) -> bool {
+        id.starts_with(&self.prefix)
+    }
+
+    fn new_id(&self) -> Result<String> {
+        let mut b = [0u8; 6];
+        // SAFETY: getrandom writes at most `b.len()` bytes into the buffer we own.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        if n != b.len() as isize {
+            return Err(Error::io(
+                "getrandom for a network id",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        Ok(format!("{}{hex}", self.prefix))
+    }
+
+    fn pop(&self) -> Option<SandboxNet> {
+        self.ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    fn len(&self) -> usize {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// A network with the open policy and no peers: a prepared one, or a new one when none
+    /// is ready.
+    pub async fn take(&self) -> Result<SandboxNet> {
+        let got = self.pop();
+        self.wake.notify_one();
+        match got {
+            Some(net) => Ok(net),
+            None => SandboxNet::create(&self.cfg, &self.new_id()?, &EgressSpec::default()).await,
+        }
+    }
+
+    /// Removes the prepared networks (at shutdown; a crash leaves them to `reconcile`).
+    pub async fn drain(&self) {
+        while let Some(net) = self.pop() {
+            let _ = net.teardown().await;
+        }
+    }
+}
+
+async fn fill(pool: Weak<NetPool>, wake: Arc<Notify>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        if p.len() >= p.target {
+            drop(p);
+            wake.notified().await;
+            continue;
+        }
+        let made = match p.new_id() {
+            Ok(id) => SandboxNet::create(&p.cfg, &id, &EgressSpec::default()).await,
+            Err(e) => Err(e),
+        };
+        match made {
+            Ok(net) => p
+                .ready
+                .lock()
+                .unwrap_or_else(|x| x.into_inner())
+                .push_back(net),
+            Err(e) => {
+                eprintln!("sandcell-net: preparing a sandbox network for the pool: {e}");
+                drop(p);
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+        }
+    }
+}
