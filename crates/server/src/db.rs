@@ -20,6 +20,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "lifecycle metering",
         include_str!("../migrations/0002_lifecycle_metering.sql"),
     ),
+    (
+        4,
+        "networks",
+        include_str!("../migrations/0004_networks.sql"),
+    ),
 ];
 
 pub use crate::state::State;
@@ -166,6 +171,11 @@ impl Db {
             .collect();
         Migrator::with_migrations(migrations).run(&pool).await?;
         Ok(Db { pool })
+    }
+
+    /// The pool, for the modules that keep their own tables (snapshot_store.rs).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     // ---- keys ----

@@ -20,6 +20,8 @@ pub mod lifecycle;
 pub mod metering;
 pub mod metrics;
 pub mod models;
+pub mod network_api;
+pub mod networks;
 pub mod proxy;
 pub mod state;
 pub mod template_defaults;
@@ -72,6 +74,61 @@ pub struct ServeArgs {
     /// `sandcell serve` adopts them)
     #[arg(long)]
     pub kill_on_exit: bool,
+    /// Sandboxes get no network at all (loopback only); default: each its own, with
+    /// E2B's egress rules
+    #[arg(long)]
+    pub no_network: bool,
+    /// Address pool of the sandbox networks (a /30 each); always unreachable from them
+    #[arg(long, default_value = "10.200.0.0/16", value_name = "CIDR")]
+    pub net_pool: String,
+    /// Resolvers the sandboxes' DNS server forwards allowed names to (default: the host's
+    /// /etc/resolv.conf)
+    #[arg(long, value_delimiter = ',', value_name = "IP[,IP...]")]
+    pub net_dns: Vec<std::net::Ipv4Addr>,
+    /// Sandbox networks kept prepared ahead of creates
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub net_warm: usize,
+}
+
+/// `sandcell serve`'s network options to settings (`None`: --no-network).
+fn net_settings(dirs: &Dirs, args: &ServeArgs) -> Result<Option<networks::NetSettings>, Error> {
+    if args.no_network {
+        return Ok(None);
+    }
+    let bad = |what: String| Error::Io {
+        what,
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    };
+    let pool = args
+        .net_pool
+        .parse()
+        .map_err(|e| bad(format!("--net-pool {}: {e}", args.net_pool)))?;
+    let mut config = if args.net_dns.is_empty() {
+        sandcell_runtime::net::NetConfig::from_host().unwrap_or_else(|e| {
+            eprintln!(
+                "sandcell serve: warning: sandboxes will resolve no names ({e}); use --net-dns"
+            );
+            sandcell_runtime::net::NetConfig {
+                pool,
+                upstream_dns: Vec::new(),
+            }
+        })
+    } else {
+        sandcell_runtime::net::NetConfig {
+            pool,
+            upstream_dns: args
+                .net_dns
+                .iter()
+                .map(|ip| SocketAddr::from((*ip, 53)))
+                .collect(),
+        }
+    };
+    config.pool = pool;
+    Ok(Some(networks::NetSettings {
+        config,
+        prefix: networks::prefix_for(&dirs.data),
+        warm: args.net_warm,
+    }))
 }
 
 fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
@@ -130,6 +187,14 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(api::connect_v1))
         .routes(routes!(api::list_templates))
         .routes(routes!(metering::usage))
+        .routes(routes!(network_api::set_network))
+        .routes(routes!(network_api::network_log))
+        .routes(routes!(
+            network_api::create_network,
+            network_api::list_networks
+        ))
+        .routes(routes!(network_api::delete_network))
+        .routes(routes!(network_api::attach, network_api::detach))
         .split_for_parts()
 }
 
@@ -187,6 +252,9 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             file.display()
         );
     }
+    if let Some(settings) = net_settings(&dirs, &args)? {
+        networks::configure(settings);
+    }
     let runtime = open_runtime(&dirs, args.runtime).await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let lifecycle = Arc::new(Lifecycle::new(
@@ -215,6 +283,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             lost.join(", ")
         );
     }
+    // After reconcile, which removes this daemon's unused networks, prepared ones too.
+    networks::start_pool()?;
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
     let app = Arc::new(App {
         db: db.clone(),
@@ -251,6 +321,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     reaper.abort();
     lifecycle.shutdown().await;
+    networks::shutdown().await;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
     db.close().await;

@@ -182,6 +182,14 @@ impl Lifecycle {
         let begun = std::time::Instant::now();
         let (vcpus, memory_mib) = self.size(req.cpu_count, req.memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
+        let net_req = crate::networks::check_request(
+            &self.db,
+            &key.id,
+            req.allow_internet_access,
+            req.network.as_ref(),
+            req.networks.as_deref(),
+        )
+        .await?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         if timeout > MAX_TIMEOUT_SECS {
             return Err(ApiError::bad_request(format!(
@@ -236,7 +244,16 @@ impl Lifecycle {
                 key.max_sandboxes.unwrap_or(0)
             )));
         }
-        match self.boot(&row, image, env.clone()).await {
+        // The network's rules are recorded before the runtime makes it (networks.rs).
+        let recorded = match &net_req {
+            Some(n) => crate::networks::record(&self.db, &id, &key.id, n).await,
+            None => Ok(()),
+        };
+        let booted = match recorded {
+            Ok(()) => self.boot(&row, image, env.clone()).await,
+            Err(e) => Err(e),
+        };
+        match booted {
             Ok(sandbox) => {
                 let row = self.finish_create(row, sandbox, &env, timeout).await?;
                 self.metrics.observe_create(begun.elapsed());
@@ -273,6 +290,7 @@ impl Lifecycle {
         // agent without `/init`.
         spec.env = env;
         spec.boot_timeout = BOOT_TIMEOUT;
+        spec.network = crate::networks::spec_of(&self.db, &row.id).await?;
         let sandbox: Arc<dyn Sandbox> = Arc::from(self.runtime.create(spec).await?);
         if let Err(e) = sandbox.start().await {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
@@ -334,6 +352,9 @@ impl Lifecycle {
         let handle = sandbox
             .handle()
             .and_then(|h| serde_json::to_string(&h).ok());
+        if let Err(e) = crate::networks::started(&self.db, &row.id).await {
+            eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
+        }
         self.db
             .mark_running(&row, started, end_at, &envd_version, handle.as_deref())
             .await?;
@@ -363,6 +384,7 @@ impl Lifecycle {
                 Ok(true) => {
                     lock(&this.live).remove(&id);
                     let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+                    crate::networks::ended(&this.db, &id).await;
                     let _ = this
                         .db
                         .transition(
@@ -404,6 +426,7 @@ impl Lifecycle {
                 }
             }
         }
+        crate::networks::ended(&self.db, id).await;
         self.db
             .transition(id, &[State::Killing], end.0, Some(&end.1), now_ms())
             .await?;
@@ -469,6 +492,9 @@ impl Lifecycle {
                             access_token: row.access_token.clone(),
                         }),
                     );
+                    if let Err(e) = crate::networks::adopt(&self.db, &row.id).await {
+                        eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
+                    }
                     self.watch(row.id.clone(), sandbox);
                     adopted.push(row.id);
                 }
@@ -529,6 +555,15 @@ impl Lifecycle {
             ),
             Ok(_) => {}
             Err(e) => eprintln!("sandcell serve: sweeping leftovers: {e}"),
+        }
+        match crate::networks::reconcile_host().await {
+            Ok(removed) if !removed.is_empty() => eprintln!(
+                "sandcell serve: removed {} leftover network(s): {}",
+                removed.len(),
+                removed.join(", ")
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!("sandcell serve: removing leftover networks: {e}"),
         }
         self.db.flush_usage(now_ms()).await?;
         Ok((adopted, lost))

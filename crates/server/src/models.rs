@@ -36,9 +36,15 @@ pub struct NewSandbox {
     /// Accepted; pausing is not implemented yet (the sandbox is killed at its timeout).
     #[serde(default)]
     pub auto_pause: Option<bool>,
-    /// Accepted; sandboxes have no network yet.
+    /// false: nothing out (as `denyOut: ["0.0.0.0/0"]`). Default true.
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+    /// E2B's egress rules (`allowOut`, `denyOut`); see network_api.rs.
+    #[serde(default)]
+    pub network: Option<crate::network_api::NetworkConfig>,
+    /// Private networks of the key to join (our extension; `POST /networks`).
+    #[serde(default)]
+    pub networks: Option<Vec<String>>,
 }
 
 /// A created or connected sandbox.

@@ -101,6 +101,15 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
     let Some(live) = app.lifecycle.live(&target.sandbox_id) else {
         return Err(not_found_in_sandbox(&target.sandbox_id));
     };
+    // Ports other than envd's: to whatever the sandbox serves there, through its network
+    // (network_api.rs). The envd access token guards envd only, as in E2B.
+    if target.port != sandcell_runtime::AGENT_PORT
+        && let Some(net) = sandcell_runtime::net::registry::get(&target.sandbox_id)
+    {
+        return Ok(
+            crate::network_api::forward_port(&net, &target.sandbox_id, target.port, req).await,
+        );
+    }
     if let Some(token) = &live.access_token {
         let given = req
             .headers()
@@ -166,6 +175,17 @@ pub async fn forward(
             "The sandbox {id} is running but port is not open: {other}"
         )),
     })?;
+    send(stream, &id, port, req).await
+}
+
+/// Sends `req` over `stream`, a fresh connection to `port` of sandbox `id`, and returns the
+/// answer with its body still streaming.
+pub async fn send(
+    stream: Box<dyn sandcell_runtime::AsyncStream>,
+    id: &str,
+    port: u32,
+    req: Request,
+) -> Result<Response<Body>, ApiError> {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| {
