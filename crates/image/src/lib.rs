@@ -89,9 +89,10 @@ pub enum Error {
     #[error("image {0:?} already exists (use --force to replace it)")]
     Exists(String),
     #[error(
-        "image {name:?} is in use by processes {pids:?} (sandboxes made from it); stop them first"
+        "image {name:?} is in use (sandboxes made from it: {}); stop them first",
+        users.join(", ")
     )]
-    InUse { name: String, pids: Vec<u32> },
+    InUse { name: String, users: Vec<String> },
     #[error("agent {}: {problem}", path.display())]
     Agent { path: PathBuf, problem: String },
 }

@@ -87,29 +87,30 @@ pub(crate) fn replace(images: &Path, name: &str, work: &Path) -> Result<()> {
 }
 
 fn refuse_if_used(name: &str, dir: &Path) -> Result<()> {
-    let pids = users_of(dir);
-    if pids.is_empty() {
+    let users = users_of(dir);
+    if users.is_empty() {
         Ok(())
     } else {
         Err(Error::InUse {
             name: name.into(),
-            pids,
+            users,
         })
     }
 }
 
-/// Processes with a file descriptor, working directory or root under `dir` (a gVisor
-/// gofer serving the tree, a VMM with the ext4 open). Processes we may not inspect are not
-/// seen: run as the daemon's user (root) for a complete answer. Sandboxes paused to disk
-/// have no process and are not seen either.
-pub fn users_of(dir: &Path) -> Vec<u32> {
+/// What uses `dir`: overlay mounts with a lower layer under it (the gVisor runtime mounts
+/// one per sandbox over the image's tree), and processes with a file descriptor, working
+/// directory or root under it (a VMM with the ext4 open). Processes we may not inspect are
+/// not seen: run as the daemon's user (root) for a complete answer. Sandboxes paused to
+/// disk have neither and are not seen.
+pub fn users_of(dir: &Path) -> Vec<String> {
     let Ok(dir) = std::fs::canonicalize(dir) else {
         return Vec::new();
     };
+    let mut users = overlay_mounts_over(&dir);
     let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return users;
     };
-    let mut pids = Vec::new();
     for proc_entry in procs.flatten() {
         let Some(pid) = proc_entry
             .file_name()
@@ -128,10 +129,62 @@ pub fn users_of(dir: &Path) -> Vec<u32> {
             .filter_map(|l| std::fs::read_link(l).ok())
             .any(|target| target.starts_with(&dir))
         {
-            pids.push(pid);
+            users.push(format!("process {pid}"));
         }
     }
-    pids
+    users
+}
+
+/// Mount points of overlays whose `lowerdir` lies under `dir` (from our mountinfo).
+fn overlay_mounts_over(dir: &Path) -> Vec<String> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for line in info.lines() {
+        // "id parent dev root mount-point options ... - fstype source super-options"
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut right = right.split(' ');
+        if right.next() != Some("overlay") {
+            continue;
+        }
+        let options = right.nth(1).unwrap_or("");
+        let under = options
+            .split(',')
+            .filter_map(|o| o.strip_prefix("lowerdir="))
+            .flat_map(|l| l.split(':'))
+            .any(|l| Path::new(&unescape_mountinfo(l)).starts_with(dir));
+        if under {
+            let point = left.split(' ').nth(4).map(unescape_mountinfo);
+            found.push(format!("overlay mount {}", point.unwrap_or_default()));
+        }
+    }
+    found
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo` (octal).
+fn unescape_mountinfo(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match octal {
+            Some(d) if bytes[i] == b'\\' => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            _ => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The agent of an installed image, to put into new ones: `minimal`'s, else `base`'s, else
@@ -158,4 +211,13 @@ pub fn find_agent(data_dir: &Path) -> Result<PathBuf> {
                 "no installed image carries the agent; run `make install` or pass --agent PATH"
                     .into(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
+        assert_eq!(super::unescape_mountinfo(r"/plain\0"), r"/plain\0");
+    }
 }
