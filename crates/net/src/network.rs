@@ -196,24 +196,37 @@ impl Network {
     /// Removes the table, the namespace and the veth pair (deleting the namespace deletes
     /// its veth end, and with it the pair). Keeps going on errors, reports the first.
     pub fn teardown(&self) -> Result<()> {
-        remove_parts(&self.netns, &self.host_if, self.slot)
+        let _lock = HostLock::take()?;
+        remove_parts(&self.netns, &self.host_if, self.slot, Some(&self.id))
     }
 }
 
-fn remove_parts(netns: &str, host_if: &str, slot: u32) -> Result<()> {
+/// Removes a network's parts. The caller holds the [`HostLock`]: the slot (the veth's and
+/// the table's name) is only ever touched while it is provably this network's, i.e. its
+/// veth carries `owner`'s alias (`None`: a nameless leftover, found under the same lock).
+/// Order: the table and the veth first (while they are ours; deleting the veth frees the
+/// slot for the next claim), then the namespace (named by the id, never reused).
+fn remove_parts(netns: &str, host_if: &str, slot: u32, owner: Option<&str>) -> Result<()> {
     let mut first = None;
-    // The table first: while the links still exist, no packet passes without its rules.
-    if let Err(e) = nft::delete_table(slot) {
-        first.get_or_insert(e);
+    let link_exists = PathBuf::from(SYSFS_NET).join(host_if).exists();
+    let ours = alias_of(host_if).as_deref() == owner;
+    if ours || !link_exists {
+        // The table first: while the link still exists, no packet passes without its
+        // rules. (No link: a table alone is left only by a crash between the two steps.)
+        if (ours || owner.is_none())
+            && let Err(e) = nft::delete_table(slot)
+        {
+            first.get_or_insert(e);
+        }
+        if link_exists
+            && let Err(e) = ip(&["link", "delete", host_if])
+            && PathBuf::from(SYSFS_NET).join(host_if).exists()
+        {
+            first.get_or_insert(e);
+        }
     }
     if PathBuf::from("/run/netns").join(netns).exists()
         && let Err(e) = ip(&["netns", "delete", netns])
-    {
-        first.get_or_insert(e);
-    }
-    if PathBuf::from(SYSFS_NET).join(host_if).exists()
-        && let Err(e) = ip(&["link", "delete", host_if])
-        && PathBuf::from(SYSFS_NET).join(host_if).exists()
     {
         first.get_or_insert(e);
     }
@@ -327,12 +340,13 @@ fn alias_of(host_if: &str) -> Option<String> {
 /// Removes the network of sandbox `id` if any part of it is left (its owner died). Looks
 /// only at sysfs and /run/netns first: no process is spawned when there is nothing.
 pub fn remove(id: &str) -> Result<()> {
+    let _lock = HostLock::take()?;
     let netns = format!("{NETNS_PREFIX}{id}");
     let slot = used_slots()?
         .into_iter()
         .find(|s| alias_of(&format!("{HOST_IF_PREFIX}{s}")).as_deref() == Some(id));
     match slot {
-        Some(slot) => remove_parts(&netns, &format!("{HOST_IF_PREFIX}{slot}"), slot),
+        Some(slot) => remove_parts(&netns, &format!("{HOST_IF_PREFIX}{slot}"), slot, Some(id)),
         None if PathBuf::from("/run/netns").join(&netns).exists() => {
             ip(&["netns", "delete", &netns]).map(|_| ())
         }
@@ -358,8 +372,9 @@ pub fn reconcile(keep: &dyn Fn(&str) -> bool) -> Result<Vec<String>> {
                 kept_netns.push(format!("{NETNS_PREFIX}{id}"));
             }
             owner => {
-                let id = owner.unwrap_or_else(|| host_if.clone());
-                match remove_parts(&format!("{NETNS_PREFIX}{id}"), &host_if, slot) {
+                let id = owner.clone().unwrap_or_else(|| host_if.clone());
+                let netns = format!("{NETNS_PREFIX}{id}");
+                match remove_parts(&netns, &host_if, slot, owner.as_deref()) {
                     Ok(()) => removed.push(id),
                     Err(e) => {
                         first.get_or_insert(e);
