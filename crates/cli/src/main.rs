@@ -15,6 +15,10 @@
 //! sandcell shell ID [--user U] [--cwd DIR] [--env K=V]... [-- CMD [ARGS...]]
 //! sandcell cp LOCAL ID:PATH | ID:PATH LOCAL  [--user U]
 //! sandcell kill ID...
+//! sandcell create ... [--allow-out DEST]... [--deny-out CIDR]... [--no-internet] [--network NAME]...
+//! sandcell net create NAME | ls | rm NAME... | join ID NAME | leave ID NAME [--json]
+//! sandcell net rules ID [--allow-out DEST]... [--deny-out CIDR]... [--no-internet]
+//! sandcell net log ID [--json]
 //! ```
 //! Global: `--data-dir D` (or `$SANDCELL_DATA_DIR`, default /var/lib/sandcell); the per-sandbox
 //! run dir is `$SANDCELL_RUN_DIR` (default /run/sandcell). The daemon commands find the
@@ -26,6 +30,7 @@ mod daemon;
 mod doctor;
 mod exec;
 mod image;
+mod net;
 mod run;
 mod sandboxes;
 mod term;
@@ -87,6 +92,12 @@ enum ClientCommand {
     Cp(cp::CpArgs),
     /// Kill sandboxes
     Kill(sandboxes::KillArgs),
+    /// Networks: private networks (create, ls, rm, join, leave), a sandbox's egress rules
+    /// and what they refused (rules, log)
+    Net {
+        #[command(subcommand)]
+        command: net::NetCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -151,6 +162,7 @@ async fn client(dirs: &Dirs, command: ClientCommand) -> i32 {
         ClientCommand::Shell(args) => exec::shell(&target, args).await,
         ClientCommand::Cp(args) => cp::cp(&target, args).await,
         ClientCommand::Kill(args) => sandboxes::kill(&target, args).await,
+        ClientCommand::Net { command } => net::run(&target, command).await,
     }
 }
 

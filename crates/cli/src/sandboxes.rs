@@ -26,6 +26,11 @@ pub struct CreateArgs {
     /// Print the daemon's answer as JSON instead of the id
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub egress: crate::net::EgressArgs,
+    /// Join this private network of the key (repeatable; `sandcell net create`)
+    #[arg(long = "network", value_name = "NAME")]
+    pub networks: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -83,13 +88,18 @@ pub async fn create(target: &Target, args: CreateArgs) -> i32 {
         (Err(msg), _) | (_, Err(msg)) => return fail(&msg, EXIT_USAGE),
     };
     let request = NewSandbox {
-        template_id: args.template,
+        template_id: args.template.clone(),
         timeout: args.timeout,
         metadata: (!metadata.is_empty()).then_some(metadata),
         env_vars: (!env.is_empty()).then_some(env),
         secure: None,
     };
-    match target.client.create_sandbox(&request).await {
+    let created = if args.egress.is_empty() && args.networks.is_empty() {
+        target.client.create_sandbox(&request).await
+    } else {
+        create_with_network(target, &request, &args).await
+    };
+    match created {
         Ok(sandbox) if args.json => print_json(&sandbox),
         Ok(sandbox) => {
             println!("{}", sandbox.sandbox_id);
@@ -97,6 +107,32 @@ pub async fn create(target: &Target, args: CreateArgs) -> i32 {
         }
         Err(e) => fail(&target.explain(&e, None), EXIT_FAILED),
     }
+}
+
+/// A create with network fields, which the client's request type does not carry.
+async fn create_with_network(
+    target: &Target,
+    request: &NewSandbox,
+    args: &CreateArgs,
+) -> Result<sandcell_client::Sandbox, sandcell_client::ClientError> {
+    let bad = |e: serde_json::Error| sandcell_client::ClientError::Decode {
+        what: "the create request".into(),
+        problem: e.to_string(),
+    };
+    let mut body = serde_json::to_value(request).map_err(bad)?;
+    args.egress.add_to_create(&mut body);
+    if !args.networks.is_empty() {
+        body["networks"] = serde_json::json!(args.networks);
+    }
+    let resp = target
+        .client
+        .api(hyper::Method::POST, "/v2/sandboxes", Some(&body))
+        .await
+        .and_then(sandcell_client::checked)?;
+    serde_json::from_slice(&resp.body).map_err(|e| sandcell_client::ClientError::Decode {
+        what: "/v2/sandboxes".into(),
+        problem: e.to_string(),
+    })
 }
 
 pub async fn ls(target: &Target, args: LsArgs) -> i32 {
