@@ -1,4 +1,5 @@
-//! Applies OCI layers, in order, to a root tree on the host.
+//! Applies OCI layers (gzip, zstd or plain tar: the bytes decide), in order, to a root tree
+//! on the host.
 //!
 //! Semantics (the OCI image spec's "Applying changesets", as Docker and containerd do them):
 //! - `.wh.NAME` removes NAME (from the layers below; not from its own layer); the whiteout
@@ -35,6 +36,7 @@ const MAX_SYMLINK_HOPS: u32 = 40;
 const MAX_PATH_BYTES: usize = 4096;
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 /// What one layer did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -114,7 +116,7 @@ impl Unpacker {
         &self.notes
     }
 
-    /// Applies one layer blob (gzip or plain tar; the bytes decide). `diff_id`, when
+    /// Applies one layer blob (gzip, zstd or plain tar; the bytes decide). `diff_id`, when
     /// given, must be the digest of the uncompressed tar.
     pub fn apply_layer(
         &mut self,
@@ -131,13 +133,8 @@ impl Unpacker {
             .unwrap_or_default();
         let stream: Box<dyn Read> = if magic.starts_with(&[0x1f, 0x8b]) {
             Box::new(flate2::read::MultiGzDecoder::new(buffered))
-        } else if magic == [0x28, 0xb5, 0x2f, 0xfd] {
-            return Err(Error::BadEntry {
-                layer: name.into(),
-                path: String::new(),
-                problem: "zstd-compressed layers are not supported yet (gzip and plain tar are)"
-                    .into(),
-            });
+        } else if magic == ZSTD_MAGIC {
+            Box::new(ZstdFrames::Between(buffered))
         } else {
             Box::new(buffered)
         };
@@ -636,6 +633,45 @@ impl Unpacker {
             }
         }
         Ok(())
+    }
+}
+
+/// A zstd stream of one or more frames (`zstd` writes one; parallel compressors several).
+enum ZstdFrames<R: BufRead> {
+    Between(R),
+    In(Box<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>),
+    Done,
+}
+
+impl<R: BufRead> Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            match std::mem::replace(self, ZstdFrames::Done) {
+                ZstdFrames::Done => return Ok(0),
+                ZstdFrames::Between(mut src) => {
+                    if src.fill_buf()?.is_empty() {
+                        return Ok(0);
+                    }
+                    let decoder = ruzstd::decoding::StreamingDecoder::new(src).map_err(|e| {
+                        io::Error::new(io::ErrorKind::InvalidData, format!("zstd: {e}"))
+                    })?;
+                    *self = ZstdFrames::In(Box::new(decoder));
+                }
+                ZstdFrames::In(mut decoder) => {
+                    let n = decoder.read(buf)?;
+                    if n == 0 {
+                        // End of this frame: another may follow.
+                        *self = ZstdFrames::Between(decoder.into_inner());
+                        continue;
+                    }
+                    *self = ZstdFrames::In(decoder);
+                    return Ok(n);
+                }
+            }
+        }
     }
 }
 

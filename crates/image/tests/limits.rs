@@ -147,3 +147,32 @@ fn symlinks_inside_the_root_are_followed_there_and_whiteouts_stay_inside() {
     assert!(matches!(e, Error::UnsafePath { .. }), "{e}");
     assert_eq!(std::fs::read(outside.join("precious")).unwrap(), b"keep me");
 }
+
+#[test]
+fn zstd_layers_of_several_frames_unpack() {
+    let mut l = LayerBuilder::new();
+    l.add(Entry::dir("z"))
+        .add(Entry::file("z/one", b"first"))
+        .add(Entry::file("z/two", &[9u8; 100_000]));
+    let tar = l.tar();
+    // Two frames, split mid-stream, as parallel compressors write them.
+    let (a, b) = tar.split_at(tar.len() / 2);
+    let mut zst = ruzstd::encoding::compress_to_vec(a, ruzstd::encoding::CompressionLevel::Fastest);
+    zst.extend(ruzstd::encoding::compress_to_vec(
+        b,
+        ruzstd::encoding::CompressionLevel::Fastest,
+    ));
+    let tmp = tempfile::tempdir().unwrap();
+    let mut unpacker = Unpacker::new(&tmp.path().join("root"), Limits::default()).unwrap();
+    unpacker
+        .apply_layer(&zst[..], "zstd", Some(&Digest::of(&tar)))
+        .unwrap();
+    assert_eq!(
+        std::fs::read(tmp.path().join("root/z/one")).unwrap(),
+        b"first"
+    );
+    assert_eq!(
+        std::fs::read(tmp.path().join("root/z/two")).unwrap(),
+        vec![9u8; 100_000]
+    );
+}
