@@ -387,6 +387,7 @@ pub async fn upload(state: &State, req: Request<Incoming>) -> Reply {
             }
             written.push(write_file(&target, &user, &meta, &mut parts).await?);
         }
+        parts.finish().await?;
     } else {
         return Err(rest(
             StatusCode::BAD_REQUEST,
@@ -416,6 +417,14 @@ impl Chunks {
         match self {
             Chunks::Part(m) => m.next_part().await.map_err(upload_error),
             Chunks::Raw(_) => Ok(None),
+        }
+    }
+
+    /// Reads what is left of the body (see [`Multipart::finish`]).
+    async fn finish(&mut self) -> Result<(), ApiError> {
+        match self {
+            Chunks::Part(m) => m.finish().await.map_err(upload_error),
+            Chunks::Raw(_) => Ok(()),
         }
     }
 }

@@ -15,6 +15,8 @@ const GZ_STEP: usize = 1024;
 const GZ_OUT: usize = 64 * 1024;
 /// Largest header block of one multipart part.
 const MAX_PART_HEADERS: usize = 16 * 1024;
+/// Largest epilogue (bytes after the closing boundary) read and dropped.
+const MAX_EPILOGUE: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UploadError {
@@ -304,6 +306,25 @@ impl Multipart {
         // The content starts right here; an empty one is followed at once by `\r\n--boundary`.
         self.state = State::InPart;
         Ok(Some(headers))
+    }
+
+    /// After the closing boundary: reads the rest of the body (the final CRLF, an epilogue)
+    /// and drops it, so that the answer is sent only once the client has sent everything.
+    /// Answering earlier makes the server close a connection the client is still writing
+    /// to, and the client (or a proxy in between) sees a failed upload.
+    pub async fn finish(&mut self) -> Result<(), UploadError> {
+        let mut dropped = self.buf.len();
+        self.buf.clear();
+        while self.fill().await? {
+            dropped += self.buf.len();
+            self.buf.clear();
+            if dropped > MAX_EPILOGUE {
+                return Err(UploadError::Form(format!(
+                    "multipart: more than {MAX_EPILOGUE} bytes after the closing boundary"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

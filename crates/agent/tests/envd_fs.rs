@@ -532,3 +532,46 @@ async fn init_sets_env_vars_and_the_access_token() {
     let resp = send(sock, "POST", "/sandcell/poweroff", &[], Vec::new()).await;
     assert_eq!(resp.status().as_u16(), 204);
 }
+
+/// The answer to a multipart upload comes only once the whole body was read: the final CRLF
+/// (and any epilogue) after the closing boundary too. Answering at the closing boundary let
+/// the agent close a connection the client was still writing to (a failed upload for the
+/// client, seen with the npm SDK through the daemon).
+#[tokio::test]
+async fn a_multipart_upload_is_answered_after_its_last_byte() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    require_root();
+    let envd = Envd::spawn(&[]).await;
+    let boundary = "tail-boundary";
+    let mut body = multipart(boundary, &[("tail.txt", b"content")]);
+    let epilogue = b"an epilogue the parser must read and drop\r\n";
+    body.extend_from_slice(epilogue);
+    // Up to and including `--boundary--`; the CRLF after it and the epilogue come later.
+    let (head, tail) = body.split_at(body.len() - epilogue.len() - 2);
+    assert!(head.ends_with(format!("--{boundary}--").as_bytes()));
+    let mut sock = tokio::net::UnixStream::connect(envd.sock())
+        .await
+        .expect("connect");
+    let request = format!(
+        "POST /files?username=user HTTP/1.1\r\nhost: x\r\ncontent-type: multipart/form-data; boundary={boundary}\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(request.as_bytes()).await.expect("headers");
+    sock.write_all(head).await.expect("head");
+    let mut buf = vec![0u8; 4096];
+    let early =
+        tokio::time::timeout(std::time::Duration::from_millis(300), sock.read(&mut buf)).await;
+    assert!(early.is_err(), "answered before the body ended: {early:?}");
+    sock.write_all(tail).await.expect("tail");
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), sock.read(&mut buf))
+        .await
+        .expect("no answer")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(
+        std::fs::read(envd.home.join("tail.txt")).expect("uploaded"),
+        b"content"
+    );
+}
