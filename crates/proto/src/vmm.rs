@@ -129,6 +129,11 @@ pub struct RestoreOverrides {
     /// The disk's writable top layer (created empty if missing) over the saved layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_overlay: Option<PathBuf>,
+    /// Where the saved immutable disk layers are now, oldest first, one for each saved
+    /// layer (a snapshot that moved its layers into its own directory). Default: the
+    /// saved paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_layers: Option<Vec<PathBuf>>,
     /// The file that receives serial console output (default: the saved one, or stdout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,

@@ -91,8 +91,8 @@ pub enum Command {
 pub const USAGE: &str =
     "usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]
        sandcell-vmm --restore STATE --mem MEM [--control-socket PATH] [--paused]
-                    [--vsock-uds PATH] [--disk-overlay PATH] [--serial-log PATH]
-                    [--overrides-json JSON]
+                    [--vsock-uds PATH] [--disk-overlay PATH] [--disk-layer PATH]...
+                    [--serial-log PATH] [--overrides-json JSON]
        sandcell-vmm --wait-restore --control-socket PATH
        sandcell-vmm flatten --base IMAGE [--layer LAYER]... --out LAYER";
 
@@ -125,6 +125,10 @@ pub fn parse_command<I: IntoIterator<Item = String>>(args: I) -> Result<Command,
             "--control-socket" => control_socket = Some(PathBuf::from(value(&mut it)?)),
             "--vsock-uds" => overrides.vsock_uds_path = Some(value(&mut it)?.into()),
             "--disk-overlay" => overrides.disk_overlay = Some(value(&mut it)?.into()),
+            "--disk-layer" => overrides
+                .disk_layers
+                .get_or_insert_with(Vec::new)
+                .push(value(&mut it)?.into()),
             "--serial-log" => overrides.serial_log = Some(value(&mut it)?.into()),
             "--overrides-json" => {
                 overrides = serde_json::from_str(&value(&mut it)?).map_err(ConfigError::Parse)?;
@@ -190,6 +194,9 @@ pub fn validate_restore(
         } else {
             creatable("disk overlay", overlay)?;
         }
+    }
+    for layer in o.disk_layers.iter().flatten() {
+        readable_file("disk layer", layer)?;
     }
     if let Some(log) = &o.serial_log {
         creatable("serial_log", log)?;

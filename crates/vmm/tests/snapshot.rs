@@ -535,6 +535,51 @@ fn a_snapshot_freezes_the_disk_top_and_restores_bring_their_own() {
         Some(ExitStatus::BadConfig.code()),
         "an existing output is refused"
     );
+    // A snapshot may move its frozen layers (into its own directory, say): the restore
+    // names where they are now, as many as were saved.
+    let moved = dir.path().join("moved.scovl");
+    std::fs::rename(&top, &moved).expect("move the frozen layer");
+    let restore_moved = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = ["--restore", s(&state), "--mem", s(&mem), "--disk-overlay"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let vmm_owned = |args: Vec<String>| vmm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = wait(vmm_owned(restore_moved(&[s(&dir.path().join("c3.scovl"))])));
+    assert_eq!(
+        out.status.code(),
+        Some(ExitStatus::BadConfig.code()),
+        "without the layer's new path: {}",
+        describe(&out)
+    );
+    let out = wait(vmm_owned(restore_moved(&[
+        s(&dir.path().join("c4.scovl")),
+        "--disk-layer",
+        s(&moved),
+        "--disk-layer",
+        s(&moved),
+    ])));
+    assert_eq!(
+        out.status.code(),
+        Some(ExitStatus::BadConfig.code()),
+        "one layer saved, two named: {}",
+        describe(&out)
+    );
+    let mlog = dir.path().join("moved.log");
+    let c = vmm_owned(restore_moved(&[
+        s(&dir.path().join("c5.scovl")),
+        "--disk-layer",
+        s(&moved),
+        "--serial-log",
+        s(&mlog),
+    ]));
+    wait_until("the restore over the moved layer counting", || {
+        counts(&mlog).len() >= 2
+    });
+    terminate(c);
     assert_eq!(
         ctl.request(&ControlRequest::Shutdown),
         ok(VmState::Stopping)

@@ -197,15 +197,18 @@ test_snap_restore() {
   pass "restore ${ms} ms, agent ready ${ready} ms; counter $counts; files kept; clock ${lag}s behind -> ${lag_after}s after /init; writes on its own top"
 }
 
-# The same snapshot again, through `sandcell-vmm --restore` (the runtime's way): other
-# random bytes after /init, none of the first restore's writes.
+# The same snapshot again, through `sandcell-vmm --restore` as the runtime does it, with the
+# frozen disk layer moved (as a paused sandbox's snapshot keeps its layers in its own
+# directory: --disk-layer names where it is now): other random bytes after /init, none of
+# the first restore's writes.
 test_snap_restore_again() {
   need sandcell-vmm nested-probe; need_l2; need_snapshot
   [ -f $SNAP/rand.r1 ] || fail "snap_restore must run first"
   d=$SNAP/r2; mkdir -p $d
+  mv $SNAP/parent/overlay $SNAP/disk.layer.0
   sandcell-vmm --restore $SNAP/vm.state --mem $SNAP/vm.mem --vsock-uds $d/vsock \
-    --disk-overlay $d/overlay --serial-log $d/serial.log --control-socket $d/control \
-    > $d/vmm.out 2>&1 &
+    --disk-overlay $d/overlay --disk-layer $SNAP/disk.layer.0 --serial-log $d/serial.log \
+    --control-socket $d/control > $d/vmm.out 2>&1 &
   echo $! > $d/pid
   $P wait-agent --uds $d/vsock --timeout 60 > $d/ready 2> $d/ready.err \
     || { cat $d/vmm.out; show_serial $d; fail "the agent of the --restore VMM never answered"; }
@@ -218,7 +221,8 @@ test_snap_restore_again() {
   lag=$(clock_lag $d)
   [ "$lag" -ge -1 ] && [ "$lag" -le 1 ] || fail "guest clock off by ${lag}s after /init"
   stop_vm $d
-  pass "--restore: counter $counts; no trace of the other restore; its own random bytes; clock off ${lag}s"
+  mv $SNAP/disk.layer.0 $SNAP/parent/overlay
+  pass "--restore over the moved layer: counter $counts; no trace of the other restore; its own random bytes; clock off ${lag}s"
 }
 
 # A damaged snapshot is refused before anything runs: exit 2 (BadConfig) from --restore, an

@@ -8,16 +8,17 @@
 //! - `full` writes the memory to `vm.mem`; `fork` freezes the memfd in place and `vm.mem` is
 //!   a symlink into the parent VMM (`/proc/<pid>/fd/<n>`): restorable only while the parent
 //!   runs.
-//! - Frozen layers stay where the VMM froze them (the parent's state dir): the state file
-//!   records their paths and a restore has no override for them. So they must outlive the
-//!   parent: [`Sandbox::destroy`] of the parent removes them, which makes its snapshots
-//!   unrestorable (refused by [`SnapshotHandle::check_files`]). Keeping layers alive by
-//!   reference count is the daemon's job; a `disk_layers` restore override in the VMM
-//!   would let them move into the snapshot directory.
-//! - pause_to_disk: a full snapshot without freezing the disk, then the VMM stops and its
-//!   writable top moves into the snapshot (`disk.top`); each restore starts on a copy of it.
+//! - Frozen layers stay where the VMM froze them (the parent's state dir), and the
+//!   manifest lists them. So they must outlive the parent: [`Sandbox::destroy`] of the
+//!   parent removes them, which makes its snapshots unrestorable (refused by
+//!   [`SnapshotHandle::check_files`]). Keeping layers alive by reference count is the
+//!   daemon's job.
+//! - pause_to_disk: a full snapshot that freezes the disk too (O(1)), then the VMM stops
+//!   and every layer of the sandbox is hard-linked (or copied across filesystems) into the
+//!   snapshot (`disk.layer.N`), so the paused snapshot outlives the sandbox.
 //! - restore: `sandcell-vmm --restore STATE --mem MEM` with the new sandbox's vsock socket,
-//!   disk top, console log and control socket. (A warm pool of `--wait-restore` VMMs is the
+//!   its own new empty disk top over the manifest's layers (`--disk-layer`, where they are
+//!   now), console log and control socket. (A warm pool of `--wait-restore` VMMs is the
 //!   daemon's next step; the control request is the same.)
 //!
 //! The guest's clock, RNG and identity are the caller's to refresh through the agent's
@@ -32,7 +33,6 @@ use std::sync::atomic::AtomicU32;
 
 const STATE_FILE: &str = "vm.state";
 const MEM_FILE: &str = "vm.mem";
-const PAUSED_TOP: &str = "disk.top";
 /// A full snapshot writes all of guest memory: give the control exchange time for it.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -71,8 +71,9 @@ impl SnapState {
     }
 }
 
-/// The `sandcell-vmm` arguments that restore `files` into a sandbox with `paths`.
-fn restore_args(state: &Path, memory: &Path, paths: &Paths) -> Vec<OsString> {
+/// The `sandcell-vmm` arguments that restore a snapshot (`state`, `memory`, its disk
+/// `layers` where they are now) into a sandbox with `paths`.
+fn restore_args(state: &Path, memory: &Path, layers: &[PathBuf], paths: &Paths) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     let mut push = |flag: &str, value: &Path| {
         args.push(flag.into());
@@ -82,6 +83,9 @@ fn restore_args(state: &Path, memory: &Path, paths: &Paths) -> Vec<OsString> {
     push("--mem", memory);
     push("--vsock-uds", &paths.vsock);
     push("--disk-overlay", &paths.overlay);
+    for layer in layers {
+        push("--disk-layer", layer);
+    }
     push("--serial-log", &paths.console);
     push("--control-socket", &paths.control);
     args
@@ -161,9 +165,11 @@ pub(super) async fn snapshot(
 
 pub(super) async fn pause_to_disk(sb: &MicrovmSandbox, dest: &Path) -> Result<SnapshotHandle> {
     sb.require_running("pause to disk")?;
-    // Paused first, so that nothing changes between the save and the stop.
+    // Paused first, so that nothing changes between the save and the stop. The disk's top
+    // is frozen like a snapshot's (O(1)); the new top the VM would go on with is never
+    // used, since the VM stops next.
     sb.control(&ControlRequest::Pause).await?;
-    let mut handle = take(sb, dest, SnapshotKind::Full, false).await?;
+    let mut handle = take(sb, dest, SnapshotKind::Full, true).await?;
     sb.stopping.store(true, Ordering::SeqCst);
     let _ = sb.control(&ControlRequest::Shutdown).await;
     if !sb.exited_within(Duration::from_secs(5)).await
@@ -172,32 +178,35 @@ pub(super) async fn pause_to_disk(sb: &MicrovmSandbox, dest: &Path) -> Result<Sn
         kill_pid(pid, libc::SIGKILL);
         sb.exited_within(Duration::from_secs(2)).await;
     }
-    let top = lock(&sb.snap.top).clone();
-    let kept = dest.join(PAUSED_TOP);
-    if top.exists() {
-        move_file(&top, &kept)?;
-        if let SnapshotFiles::Microvm { disk_top, .. } = &mut handle.files {
-            *disk_top = Some(kept);
+    // The sandbox's directory goes with it: the snapshot keeps its own links to the layers
+    // (restores name them with --disk-layer). Links, not moves: the sandbox's earlier
+    // snapshots name the same files.
+    if let SnapshotFiles::Microvm { disk_layers, .. } = &mut handle.files {
+        let mut kept = Vec::with_capacity(disk_layers.len());
+        for (i, layer) in disk_layers.iter().enumerate() {
+            let to = dest.join(format!("disk.layer.{i}"));
+            link_or_copy(layer, &to)?;
+            kept.push(to);
         }
-        handle.save()?;
+        *disk_layers = kept;
     }
+    handle.save()?;
     sb.destroy().await?;
     Ok(handle)
 }
 
-fn move_file(from: &Path, to: &Path) -> Result<()> {
+fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
     let failed = |e| {
         Error::io(
             RT,
-            format!("moving {} to {}", from.display(), to.display()),
+            format!("keeping {} as {}", from.display(), to.display()),
             e,
         )
     };
-    match std::fs::rename(from, to) {
+    match std::fs::hard_link(from, to) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            std::fs::copy(from, to).map_err(failed)?;
-            std::fs::remove_file(from).map_err(failed)
+            std::fs::copy(from, to).map(|_| ()).map_err(failed)
         }
         Err(e) => Err(failed(e)),
     }
@@ -287,16 +296,16 @@ pub(in crate::microvm) async fn restore_new(
         let state_dir = &sandbox.paths.state_dir;
         std::fs::create_dir_all(state_dir)
             .map_err(|e| Error::io(RT, format!("creating {}", state_dir.display()), e))?;
+        // Pauses that kept the disk's top unfrozen (before --disk-layer existed) saved a
+        // top path that no longer exists; the VMM would refuse them less clearly.
         if let Some(top) = disk_top {
-            std::fs::copy(top, &sandbox.paths.overlay).map_err(|e| {
-                Error::io(
-                    RT,
-                    format!("copying the paused disk top {}", top.display()),
-                    e,
-                )
-            })?;
+            return Err(Error::Snapshot {
+                path: top.clone(),
+                problem: "an unfrozen paused disk top (an older pause): cannot be restored".into(),
+            });
         }
-        *lock(&sandbox.snap.restore_args) = Some(restore_args(state, memory, &sandbox.paths));
+        *lock(&sandbox.snap.restore_args) =
+            Some(restore_args(state, memory, disk_layers, &sandbox.paths));
         sandbox.start().await
     };
     if let Err(e) = started.await {
@@ -318,7 +327,12 @@ mod tests {
     fn restores_get_their_own_sockets_and_disk_top() {
         let dirs = Dirs::new("/d", "/r");
         let paths = Paths::new(&dirs, "sc-2");
-        let args = restore_args(Path::new("/s/vm.state"), Path::new("/s/vm.mem"), &paths);
+        let args = restore_args(
+            Path::new("/s/vm.state"),
+            Path::new("/s/vm.mem"),
+            &[PathBuf::from("/s/disk.layer.0")],
+            &paths,
+        );
         let args: Vec<String> = args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
@@ -334,6 +348,8 @@ mod tests {
                 "/r/sc-2/vsock.sock",
                 "--disk-overlay",
                 "/d/sandboxes/sc-2/disk.overlay",
+                "--disk-layer",
+                "/s/disk.layer.0",
                 "--serial-log",
                 "/r/sc-2/console.log",
                 "--control-socket",

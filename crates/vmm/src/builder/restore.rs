@@ -22,7 +22,7 @@ use sandcell_proto::vmm::RestoreOverrides;
 
 use super::{BuildError, LegacyState, Prelude, attach_legacy, attach_virtio, finish};
 use crate::bus::Bus;
-use crate::devices::virtio::block::Block;
+use crate::devices::virtio::block::{Block, BlockOverrides};
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::kvm::vcpu_state;
@@ -123,7 +123,10 @@ pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildErr
     for slot in &state.devices.virtio {
         let handle = match &slot.device {
             VirtioDeviceState::Block(s) => VirtioHandle::Block(shared(Block::restore(
-                spec.overrides.disk_overlay.clone(),
+                BlockOverrides {
+                    top: spec.overrides.disk_overlay.clone(),
+                    layers: spec.overrides.disk_layers.clone(),
+                },
                 s,
             )?)),
             VirtioDeviceState::Rng(s) => VirtioHandle::Rng(shared(Rng::restore((), s)?)),

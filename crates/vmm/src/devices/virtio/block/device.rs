@@ -162,10 +162,18 @@ impl Block {
     }
 }
 
+/// What a restore changes in the saved disk.
+#[derive(Debug, Clone, Default)]
+pub struct BlockOverrides {
+    /// A new writable top (`overrides.disk_overlay`).
+    pub top: Option<std::path::PathBuf>,
+    /// The saved layers' new paths (`overrides.disk_layers`), one for each.
+    pub layers: Option<Vec<std::path::PathBuf>>,
+}
+
 impl Persist for Block {
     type State = BlockState;
-    /// A new writable top (`overrides.disk_overlay`).
-    type Args = Option<std::path::PathBuf>;
+    type Args = BlockOverrides;
     type Error = DeviceStateError;
 
     fn save(&self) -> BlockState {
@@ -189,12 +197,22 @@ impl Persist for Block {
 
     /// With a new top, a saved top that was not frozen becomes a read-only layer under
     /// it (its flock keeps it from being written while this VM reads it).
-    fn restore(
-        new_top: Option<std::path::PathBuf>,
-        s: &BlockState,
-    ) -> Result<Self, DeviceStateError> {
+    /// Moved layers must be as many as saved: a layer dropped or added would change what
+    /// the guest reads under its own filesystem.
+    fn restore(o: BlockOverrides, s: &BlockState) -> Result<Self, DeviceStateError> {
         let err = |reason: String| DeviceStateError::new("virtio-blk", reason);
-        let mut layers = s.layers.clone();
+        let new_top = o.top;
+        let mut layers = match o.layers {
+            Some(moved) if moved.len() != s.layers.len() => {
+                return Err(err(format!(
+                    "the snapshot's disk has {} layer(s), the restore names {}",
+                    s.layers.len(),
+                    moved.len()
+                )));
+            }
+            Some(moved) => moved,
+            None => s.layers.clone(),
+        };
         let top = match (s.writable, new_top, &s.top) {
             (false, _, _) => None,
             (true, Some(new), old) => {
@@ -204,7 +222,8 @@ impl Persist for Block {
             (true, None, Some(old)) => Some(old.clone()),
             (true, None, None) => {
                 return Err(err(
-                    "the snapshot froze the disk's top layer: a restore needs its own writable                      top layer (overrides.disk_overlay / --disk-overlay)"
+                    "the snapshot froze the disk's top layer: a restore needs its own writable \
+                     top layer (overrides.disk_overlay / --disk-overlay)"
                         .into(),
                 ));
             }

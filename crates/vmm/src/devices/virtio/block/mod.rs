@@ -6,7 +6,7 @@ mod layer_index;
 pub mod overlay;
 mod request;
 
-pub use device::{Block, BlockError, BlockState, QUEUE_SIZE};
+pub use device::{Block, BlockError, BlockOverrides, BlockState, QUEUE_SIZE};
 pub use disk::{BlockConfig, Disk, DiskError, SECTOR_SIZE};
 
 #[cfg(test)]
