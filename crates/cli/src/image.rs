@@ -121,6 +121,27 @@ fn fail(msg: impl std::fmt::Display, code: i32) -> i32 {
     code
 }
 
+/// Fails before any download when no agent can be found for the new image.
+fn check_agent(dirs: &Dirs, args: &BuildArgs) -> Result<(), i32> {
+    if args.agent.is_some() {
+        return Ok(());
+    }
+    store::find_agent(&dirs.data)
+        .map(drop)
+        .map_err(|e| fail(e, EXIT_USAGE))
+}
+
+/// Registry errors with what to do about the common ones.
+fn with_hint(message: String) -> String {
+    if message.contains("Not authorized") {
+        format!("{message} (pass --username and --password, or --token)")
+    } else if message.contains("error sending request for url (https://") {
+        format!("{message} (a plain-HTTP registry? pass --insecure-registry HOST:PORT)")
+    } else {
+        message
+    }
+}
+
 /// `docker.io/library/alpine:3` → `alpine`.
 fn default_name(reference: &str) -> Option<String> {
     let r = sandcell_image::registry::parse_reference(reference).ok()?;
@@ -151,13 +172,16 @@ async fn pull(dirs: &Dirs, args: PullArgs) -> i32 {
         insecure_registries: args.insecure_registries,
         ..PullOptions::default()
     };
+    if let Err(code) = check_agent(dirs, &args.build) {
+        return code;
+    }
     let begun = Instant::now();
     let bars = Bars::new(args.build.json);
     let cache = BlobCache::in_data_dir(&dirs.data);
     let resolved =
         match sandcell_image::registry::pull(&args.reference, &cache, &options, &bars).await {
             Ok(r) => r,
-            Err(e) => return fail(e, EXIT_FAILED),
+            Err(e) => return fail(with_hint(e.to_string()), EXIT_FAILED),
         };
     let pulled = begun.elapsed();
     finish(dirs, resolved, name, args.build, bars, begun, Some(pulled)).await
@@ -166,6 +190,9 @@ async fn pull(dirs: &Dirs, args: PullArgs) -> i32 {
 async fn import(dirs: &Dirs, args: ImportArgs) -> i32 {
     if !sandcell_image::valid_name(&args.name) {
         return fail(sandcell_image::Error::InvalidName(args.name), EXIT_USAGE);
+    }
+    if let Err(code) = check_agent(dirs, &args.build) {
+        return code;
     }
     let begun = Instant::now();
     let bars = Bars::new(args.build.json);
