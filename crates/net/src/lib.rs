@@ -23,6 +23,7 @@
 pub mod cmd;
 pub mod dns;
 mod error;
+pub mod hostcheck;
 pub mod network;
 pub mod nft;
 pub mod policy;

@@ -12,6 +12,7 @@
 //! Every change is a single `nft -f -` transaction: rules and sets switch atomically.
 
 use crate::cmd;
+use crate::hostcheck;
 use crate::policy::{Cidr, Policy, reserved_ranges};
 use crate::{Error, Result};
 use std::fmt::Write;
@@ -72,6 +73,13 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     oifname "{hif}" ip saddr @peers accept
     oifname "{hif}" drop
   }}
+  # The sandbox's TCP 80/443 to addresses it got from a domain rule goes to the Host/SNI
+  # proxy on the gateway (hostcheck.rs); rules in `to_proxy` (policy_script).
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "{hif}" jump to_proxy
+  }}
+  chain to_proxy {{ }}
   chain input {{
     type filter hook input priority -10; policy accept;
     iifname "{hif}" jump to_host
@@ -81,6 +89,7 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     ip daddr {gw} udp dport 53 accept
     ip daddr {gw} tcp dport 53 accept
     ip daddr {gw} icmp type echo-request accept
+    ip daddr {gw} tcp dport {{ {http}, {tls} }} accept
     jump denied
   }}
   chain denied {{
@@ -92,7 +101,9 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
   }}
   chain egress {{ }}
 }}"#,
-        slot = t.slot
+        slot = t.slot,
+        http = hostcheck::HTTP_PORT,
+        tls = hostcheck::TLS_PORT,
     );
     let reserved: Vec<Cidr> = reserved_ranges(&t.pool);
     add_elements(&mut s, &name, "reserved", &reserved);
@@ -116,6 +127,25 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     add_elements(&mut s, &name, "allow_reserved", &reserved_allow);
     add_elements(&mut s, &name, "deny", &policy.deny_nets);
     s.push_str(&learn_script(t.slot, learned));
+    let _ = writeln!(s, "flush chain inet {name} to_proxy");
+    // Addresses an IP rule allows are reached directly; those only a domain rule opened
+    // (DNS answers) go through the proxy for the protocols it can check.
+    for r in [
+        "ip daddr @allow return".to_string(),
+        "ip daddr @allow_reserved return".to_string(),
+        format!(
+            "ip daddr @dns_allow tcp dport 80 dnat ip to {}:{}",
+            t.gateway,
+            hostcheck::HTTP_PORT
+        ),
+        format!(
+            "ip daddr @dns_allow tcp dport 443 dnat ip to {}:{}",
+            t.gateway,
+            hostcheck::TLS_PORT
+        ),
+    ] {
+        let _ = writeln!(s, "add rule inet {name} to_proxy {r}");
+    }
     let _ = writeln!(s, "flush chain inet {name} egress");
     let mut rule = |r: &str| {
         let _ = writeln!(s, "add rule inet {name} egress {r}");

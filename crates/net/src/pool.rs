@@ -9,6 +9,7 @@
 
 use crate::{EgressSpec, Error, NetConfig, Result, SandboxNet};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -22,6 +23,9 @@ pub struct NetPool {
     target: usize,
     ready: Mutex<VecDeque<SandboxNet>>,
     wake: Arc<Notify>,
+    /// Set by [`NetPool::drain`]: the filler stops and removes what it was making.
+    closed: AtomicBool,
+    filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for NetPool {
@@ -41,9 +45,12 @@ impl NetPool {
             target,
             ready: Mutex::new(VecDeque::new()),
             wake: Arc::new(Notify::new()),
+            closed: AtomicBool::new(false),
+            filler: Mutex::new(None),
         });
         if target > 0 {
-            tokio::spawn(fill(Arc::downgrade(&pool), pool.wake.clone()));
+            let task = tokio::spawn(fill(Arc::downgrade(&pool), pool.wake.clone()));
+            *pool.filler.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         }
         pool
     }
@@ -95,6 +102,12 @@ impl NetPool {
 
     /// Removes the prepared networks (at shutdown; a crash leaves them to `reconcile`).
     pub async fn drain(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+        let filler = self.filler.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = filler {
+            let _ = task.await;
+        }
         while let Some(net) = self.pop() {
             let _ = net.teardown().await;
         }
@@ -104,6 +117,9 @@ impl NetPool {
 async fn fill(pool: Weak<NetPool>, wake: Arc<Notify>) {
     loop {
         let Some(p) = pool.upgrade() else { return };
+        if p.closed.load(Ordering::SeqCst) {
+            return;
+        }
         if p.len() >= p.target {
             drop(p);
             wake.notified().await;
@@ -114,6 +130,10 @@ async fn fill(pool: Weak<NetPool>, wake: Arc<Notify>) {
             Err(e) => Err(e),
         };
         match made {
+            Ok(net) if p.closed.load(Ordering::SeqCst) => {
+                let _ = net.teardown().await;
+                return;
+            }
             Ok(net) => p
                 .ready
                 .lock()

@@ -7,6 +7,7 @@
 //! host sct-h 198.51.100.1/24 ── veth ── sct-i (netns sct-inet): .2, .10 (HTTP "hello-10"),
 //!                                                             .20 (HTTP "hello-20"), .53 (DNS)
 //! DNS zone: allowed.test, *.wild.test -> .10; other.test -> .20 (TTL 60)
+//! port 443 of .10 and .20: a TCP server answering "tls-10" / "tls-20" to anything
 //! ```
 //!
 //! Only one [`Internet`] can exist on a host at a time (fixed names and addresses): tests
@@ -132,6 +133,24 @@ impl Internet {
             inet.children.push(child);
             inet._dirs.push(dir);
         }
+        // "TLS" servers: a TCP server on port 443 that answers whatever comes with
+        // "tls-<n>" (the proxy forwards bytes; no TLS stack is needed to see where they go).
+        for (ip, reply) in [(HTTP_A, "tls-10"), (HTTP_B, "tls-20")] {
+            let script = format!(
+                "import socket,threading\n\
+                 s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+                 s.bind(('{ip}',443));s.listen(16)\n\
+                 def h(c):\n c.recv(4096);c.sendall(b'{reply}\\n');c.close()\n\
+                 while True:\n c,_=s.accept();threading.Thread(target=h,args=(c,)).start()\n"
+            );
+            let child = Command::new("ip")
+                .args(["netns", "exec", NETNS, "python3", "-c", &script])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("python3 (tls stand-in): {e}"))?;
+            inet.children.push(child);
+        }
         let child = Command::new("ip")
             .args(["netns", "exec", NETNS, "dnsmasq", "--keep-in-foreground"])
             .args([
@@ -155,8 +174,13 @@ impl Internet {
             .spawn()
             .map_err(|e| format!("dnsmasq (apt install dnsmasq-base): {e}"))?;
         inet.children.push(child);
-        for ip in [HTTP_A, HTTP_B, DNS] {
-            let port = if ip == DNS { 53 } else { 80 };
+        for (ip, port) in [
+            (HTTP_A, 80),
+            (HTTP_B, 80),
+            (HTTP_A, 443),
+            (HTTP_B, 443),
+            (DNS, 53),
+        ] {
             wait_listening(SocketAddr::from((ip, port)))?;
         }
         Ok(inet)

@@ -72,6 +72,11 @@ async fn http(net: &SandboxNet, ip: std::net::Ipv4Addr) -> String {
     probe(net, &["http", &format!("http://{ip}/")]).await
 }
 
+/// GET http://ip/ with another Host header.
+async fn http_as(net: &SandboxNet, ip: std::net::Ipv4Addr, host: &str) -> String {
+    probe(net, &["httphost", &ip.to_string(), host]).await
+}
+
 async fn dns(net: &SandboxNet, name: &str) -> String {
     probe(net, &["dns", name, &net.network().gateway.to_string()]).await
 }
@@ -148,10 +153,39 @@ async fn domain_rules_open_only_what_dns_answered() {
     let (net, _g) = create("dom", &spec(true, &["allowed.test", "*.wild.test"], &[])).await;
 
     // before any lookup the address is closed: DNS answers are what opens it
-    assert!(http(&net, HTTP_A).await.starts_with("ERR"));
+    assert!(
+        http_as(&net, HTTP_A, "allowed.test")
+            .await
+            .starts_with("ERR")
+    );
     assert_eq!(dns(&net, "allowed.test").await, "A 198.51.100.10");
-    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    assert_eq!(http_as(&net, HTTP_A, "allowed.test").await, ok("hello-10"));
     assert_eq!(dns(&net, "a.wild.test").await, "A 198.51.100.10");
+
+    // ports 80 and 443 of that address go through the Host/SNI proxy: the name is checked
+    // and the host connects to it itself; an IP literal or another name gets nothing
+    assert_eq!(http_as(&net, HTTP_A, "b.wild.test").await, ok("hello-10"));
+    let literal = http(&net, HTTP_A).await;
+    assert!(
+        literal.starts_with("OK 403") || literal.starts_with("ERR"),
+        "{literal}"
+    );
+    let other = http_as(&net, HTTP_A, "other.test").await;
+    assert!(
+        other.starts_with("OK 403") || other.starts_with("ERR"),
+        "{other}"
+    );
+    let ip = HTTP_A.to_string();
+    assert_eq!(
+        probe(&net, &["tls", &ip, "allowed.test"]).await,
+        "OK tls-10"
+    );
+    assert!(
+        probe(&net, &["tls", &ip, "other.test"])
+            .await
+            .starts_with("ERR")
+    );
+    assert!(probe(&net, &["tls", &ip, &ip]).await.starts_with("ERR"));
 
     // names outside the rules do not resolve, and their addresses stay closed
     assert_eq!(dns(&net, "other.test").await, "RCODE 3");
@@ -167,6 +201,13 @@ async fn domain_rules_open_only_what_dns_answered() {
 
     let log = net.denied().await.unwrap();
     assert!(log.names.iter().any(|n| n.name == "other.test"), "{log:?}");
+    // the proxy's refusals are logged with the names (qtype 0)
+    assert!(
+        log.names
+            .iter()
+            .any(|n| n.name == "other.test" && n.qtype == 0),
+        "{log:?}"
+    );
     assert!(
         log.flows.iter().any(|f| f.dest == DNS && f.port == 53),
         "{log:?}"
@@ -181,12 +222,19 @@ async fn domain_rules_open_only_what_dns_answered() {
         .await
         .unwrap();
     assert_eq!(dns(&net, "allowed.test").await, "RCODE 3");
-    // a.wild.test learned the same address, which stays open under the new rules
-    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
+    // a.wild.test learned the same address, which stays open under the new rules (for
+    // the names they allow)
+    assert_eq!(http_as(&net, HTTP_A, "a.wild.test").await, ok("hello-10"));
+    let gone = http_as(&net, HTTP_A, "allowed.test").await;
+    assert!(gone.starts_with("OK 403"), "{gone}");
     net.set_policy(&spec(true, &["203.0.113.1"], &[]))
         .await
         .unwrap();
-    assert!(http(&net, HTTP_A).await.starts_with("ERR"));
+    assert!(
+        http_as(&net, HTTP_A, "a.wild.test")
+            .await
+            .starts_with("ERR")
+    );
     net.teardown().await.unwrap();
 }
 

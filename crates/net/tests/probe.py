@@ -4,6 +4,8 @@
 probe.py http URL          -> "OK <status> <body>" or "ERR <reason>"
 probe.py dns NAME SERVER [tcp] -> "A ip,ip" / "RCODE n" / "ERR <reason>"
 probe.py tcp IP PORT       -> "OK" or "ERR <reason>"
+probe.py httphost IP HOST  -> GET http://IP/ with "Host: HOST": "OK <status> <body>" or "ERR ..."
+probe.py tls IP SNI        -> a ClientHello naming SNI to IP:443: "OK <first bytes back>" or "ERR ..."
 """
 import socket, struct, sys, urllib.request
 
@@ -66,6 +68,40 @@ def tcp(ip, port):
     except Exception as e:
         print("ERR", type(e).__name__, e)
 
+def httphost(ip, host):
+    try:
+        s = socket.create_connection((ip, 80), timeout=3)
+        s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % host).encode())
+        r = b""
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            r += d
+        head, _, body = r.partition(b"\r\n\r\n")
+        status = head.split(b" ")[1].decode() if head else "none"
+        print("OK", status, body.decode(errors="replace").strip())
+    except Exception as e:
+        print("ERR", type(e).__name__, e)
+
+def client_hello(sni):
+    name = sni.encode()
+    sn = struct.pack(">HBH", len(name) + 3, 0, len(name)) + name
+    exts = struct.pack(">HH", 0, len(sn)) + sn
+    body = b"\x03\x03" + b"\x07" * 32 + b"\x00" + b"\x00\x02\x13\x01\x01\x00"
+    body += struct.pack(">H", len(exts)) + exts
+    hs = b"\x01" + struct.pack(">I", len(body))[1:] + body
+    return b"\x16\x03\x01" + struct.pack(">H", len(hs)) + hs
+
+def tls(ip, sni):
+    try:
+        s = socket.create_connection((ip, 443), timeout=3)
+        s.sendall(client_hello(sni))
+        d = s.recv(100)
+        print("OK", d.decode(errors="replace").strip()) if d else print("ERR closed")
+    except Exception as e:
+        print("ERR", type(e).__name__, e)
+
 cmd = sys.argv[1]
 if cmd == "http":
     http(sys.argv[2])
@@ -73,3 +109,7 @@ elif cmd == "dns":
     dns(sys.argv[2], sys.argv[3], len(sys.argv) > 4 and sys.argv[4] == "tcp")
 elif cmd == "tcp":
     tcp(sys.argv[2], sys.argv[3])
+elif cmd == "httphost":
+    httphost(sys.argv[2], sys.argv[3])
+elif cmd == "tls":
+    tls(sys.argv[2], sys.argv[3])

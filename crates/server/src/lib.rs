@@ -128,6 +128,7 @@ fn net_settings(dirs: &Dirs, args: &ServeArgs) -> Result<Option<networks::NetSet
         config,
         prefix: networks::prefix_for(&dirs.data),
         warm: args.net_warm,
+        data_dir: dirs.data.clone(),
     }))
 }
 

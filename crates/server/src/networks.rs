@@ -36,6 +36,29 @@ pub struct NetSettings {
     pub prefix: String,
     /// Networks kept prepared ahead of creates.
     pub warm: usize,
+    /// The daemon's data dir, recorded per prefix in [`OWNERS_DIR`].
+    pub data_dir: std::path::PathBuf,
+}
+
+/// `<prefix>` files holding the data dir of the daemon that uses the prefix: a daemon whose
+/// data dir is gone (a test's temporary one, say) will never start again to reconcile its
+/// networks, so any daemon's [`reconcile_host`] removes them.
+const OWNERS_DIR: &str = "/run/sandcell-net-owners";
+
+/// The daemon prefix of network `id`, if it is one ([`prefix_for`]'s shape).
+fn daemon_prefix(id: &str) -> Option<&str> {
+    let p = id.get(..8)?;
+    let b = p.as_bytes();
+    (b[0] == b'd' && b[7] == b'x' && b[1..7].iter().all(u8::is_ascii_hexdigit)).then_some(p)
+}
+
+/// Whether the daemon that used `prefix` is gone for good (its data dir no longer exists).
+fn owner_gone(prefix: &str) -> bool {
+    let file = std::path::Path::new(OWNERS_DIR).join(prefix);
+    match std::fs::read_to_string(&file) {
+        Ok(dir) => !std::path::Path::new(dir.trim()).exists(),
+        Err(_) => false,
+    }
 }
 
 static SETTINGS: OnceLock<NetSettings> = OnceLock::new();
@@ -292,9 +315,21 @@ pub async fn reconcile_host() -> Result<Vec<String>, Error> {
         return Ok(Vec::new());
     };
     let prefix = s.prefix.clone();
+    let record = std::fs::create_dir_all(OWNERS_DIR).and_then(|()| {
+        std::fs::write(
+            std::path::Path::new(OWNERS_DIR).join(&prefix),
+            s.data_dir.as_os_str().as_encoded_bytes(),
+        )
+    });
+    if let Err(e) = record {
+        eprintln!("sandcell serve: recording this daemon's network prefix in {OWNERS_DIR}: {e}");
+    }
     tokio::task::spawn_blocking(move || {
         sandcell_runtime::net::reconcile(&|id| {
-            !id.starts_with(&prefix) || registry::get_by_net(id).is_some()
+            if id.starts_with(&prefix) {
+                return registry::get_by_net(id).is_some();
+            }
+            !daemon_prefix(id).is_some_and(owner_gone)
         })
     })
     .await

@@ -88,7 +88,7 @@ impl DnsState {
         }
     }
 
-    fn note_denied(&self, name: &str, qtype: u16) {
+    pub(crate) fn note_denied(&self, name: &str, qtype: u16) {
         let at = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -133,10 +133,17 @@ impl DnsServer {
         let tcp = TcpListener::bind(at).await?;
         let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
         let udp_task = tokio::spawn(serve_udp(udp, state.clone(), limit.clone()));
-        let tcp_task = tokio::spawn(serve_tcp(tcp, state, limit));
-        Ok(DnsServer {
-            tasks: vec![udp_task, tcp_task],
-        })
+        let tcp_task = tokio::spawn(serve_tcp(tcp, state.clone(), limit));
+        let mut tasks = vec![udp_task, tcp_task];
+        // The Host/SNI proxy lives and dies with the DNS server (same state, same address).
+        match crate::hostcheck::start(addr, state).await {
+            Ok(more) => tasks.extend(more),
+            Err(e) => {
+                tasks.iter().for_each(JoinHandle::abort);
+                return Err(e);
+            }
+        }
+        Ok(DnsServer { tasks })
     }
 }
 
@@ -268,7 +275,7 @@ async fn learn(state: &DnsState, name: &str, addresses: &[(Ipv4Addr, u32)]) -> c
 
 /// Sends `msg` (with a fresh id) to each upstream in turn; the first reply whose id
 /// matches, with the client's id still to be put back.
-async fn forward(upstream: &[SocketAddr], msg: &[u8], tcp: bool) -> Option<Vec<u8>> {
+pub(crate) async fn forward(upstream: &[SocketAddr], msg: &[u8], tcp: bool) -> Option<Vec<u8>> {
     let id = random_id();
     let mut out = msg.to_vec();
     out[..2].copy_from_slice(&id.to_be_bytes());

@@ -1,0 +1,354 @@
+//! The Host/SNI-checking proxy: a sandbox's TCP to port 80 or 443 of an address it got
+//! from a domain rule (the `dns_allow` set) is redirected here (nft.rs, chain `to_proxy`),
+//! on the host end of its veth. The proxy reads the HTTP `Host` header or the TLS
+//! ClientHello's SNI, checks the name against the domain rules, resolves the name itself
+//! through the upstream resolvers, and connects to that name's address. So a connection to
+//! an allowed address that names another host (an IP literal with a forged SNI or Host, a
+//! lying /etc/hosts, a shared CDN address) reaches nothing.
+//!
+//! Everything read from the sandbox is bounded: [`MAX_HEAD`] bytes within [`HEAD_TIMEOUT`].
+//! Refusals are logged with the DNS refusals (qtype 0: a Host/SNI name).
+
+use crate::dns::{DnsState, forward, wire};
+use crate::policy::is_reserved;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// Where the redirected HTTP and TLS connections arrive (on the gateway address).
+pub const HTTP_PORT: u16 = 15080;
+pub const TLS_PORT: u16 = 15443;
+/// The most of a request head or ClientHello read before deciding.
+pub const MAX_HEAD: usize = 16 * 1024;
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_CONNECTIONS: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Http,
+    Tls,
+}
+
+impl Kind {
+    fn upstream_port(self) -> u16 {
+        match self {
+            Kind::Http => 80,
+            Kind::Tls => 443,
+        }
+    }
+}
+
+/// Starts the HTTP and TLS listeners of one sandbox on `gateway`.
+pub(crate) async fn start(
+    gateway: Ipv4Addr,
+    state: Arc<DnsState>,
+) -> std::io::Result<Vec<JoinHandle<()>>> {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut tasks = Vec::new();
+    for (port, kind) in [(HTTP_PORT, Kind::Http), (TLS_PORT, Kind::Tls)] {
+        let listener = TcpListener::bind((gateway, port)).await?;
+        tasks.push(tokio::spawn(serve(
+            listener,
+            kind,
+            state.clone(),
+            limit.clone(),
+        )));
+    }
+    Ok(tasks)
+}
+
+async fn serve(listener: TcpListener, kind: Kind, state: Arc<DnsState>, limit: Arc<Semaphore>) {
+    loop {
+        let Ok((conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _ = handle(conn, kind, &state).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn handle(mut conn: TcpStream, kind: Kind, state: &DnsState) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let name = match tokio::time::timeout(HEAD_TIMEOUT, read_name(&mut conn, kind, &mut head)).await
+    {
+        Ok(Ok(Some(name))) => name,
+        _ => return refuse(conn, kind).await,
+    };
+    let allowed = {
+        let inner = state.inner.lock().await;
+        name.parse::<Ipv4Addr>().is_err() && inner.policy.domain_allowed(&name)
+    };
+    if !allowed {
+        state.note_denied(&name, 0);
+        return refuse(conn, kind).await;
+    }
+    let Some(ip) = resolve(state, &name).await else {
+        return refuse(conn, kind).await;
+    };
+    let addr = SocketAddr::from((ip, kind.upstream_port()));
+    let mut upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        _ => return refuse(conn, kind).await,
+    };
+    upstream.write_all(&head).await?;
+    tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
+    Ok(())
+}
+
+async fn refuse(mut conn: TcpStream, kind: Kind) -> std::io::Result<()> {
+    if kind == Kind::Http {
+        let body = "refused by the sandbox's egress rules\n";
+        let resp = format!(
+            "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(resp.as_bytes()).await?;
+    }
+    conn.shutdown().await
+}
+
+/// Reads from `conn` into `head` until the host name can be told; `None`: it cannot (not
+/// HTTP/TLS, no name, too long).
+async fn read_name(
+    conn: &mut TcpStream,
+    kind: Kind,
+    head: &mut Vec<u8>,
+) -> std::io::Result<Option<String>> {
+    let mut buf = [0u8; 4096];
+    loop {
+        let parsed = match kind {
+            Kind::Http => http_host(head),
+            Kind::Tls => tls_sni(head),
+        };
+        match parsed {
+            Parsed::Name(n) => return Ok(valid_name(&n).then_some(n)),
+            Parsed::Refuse => return Ok(None),
+            Parsed::NeedMore if head.len() >= MAX_HEAD => return Ok(None),
+            Parsed::NeedMore => {}
+        }
+        let want = (MAX_HEAD - head.len()).min(buf.len());
+        let n = conn.read(&mut buf[..want]).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// A DNS name as a rule could match it, lowercased.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 253
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Parsed {
+    Name(String),
+    NeedMore,
+    Refuse,
+}
+
+/// The `Host` of an HTTP/1.x request head (port and trailing dot dropped, lowercased).
+pub(crate) fn http_host(head: &[u8]) -> Parsed {
+    let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Parsed::NeedMore;
+    };
+    let Ok(text) = std::str::from_utf8(&head[..end]) else {
+        return Parsed::Refuse;
+    };
+    let mut hosts = text.split("\r\n").skip(1).filter_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        k.trim().eq_ignore_ascii_case("host").then(|| v.trim())
+    });
+    match (hosts.next(), hosts.next()) {
+        // Two Host headers: ambiguous, refused (RFC 9112 §3.2).
+        (Some(h), None) => {
+            let h = match h.rsplit_once(':') {
+                Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+                _ => h,
+            };
+            Parsed::Name(h.trim_end_matches('.').to_ascii_lowercase())
+        }
+        _ => Parsed::Refuse,
+    }
+}
+
+/// The SNI host name of a TLS ClientHello (in its first record).
+pub(crate) fn tls_sni(b: &[u8]) -> Parsed {
+    // Record: type 22 (handshake), version, length.
+    if b.len() < 5 {
+        return Parsed::NeedMore;
+    }
+    if b[0] != 22 {
+        return Parsed::Refuse;
+    }
+    let rec_len = usize::from(u16::from_be_bytes([b[3], b[4]]));
+    if b.len() < 5 + rec_len {
+        return Parsed::NeedMore;
+    }
+    match sni_in(&b[5..5 + rec_len]) {
+        Some(name) => Parsed::Name(name.trim_end_matches('.').to_ascii_lowercase()),
+        None => Parsed::Refuse,
+    }
+}
+
+/// The server_name of a ClientHello handshake message (bounds-checked all through).
+fn sni_in(h: &[u8]) -> Option<String> {
+    let mut r = Reader { b: h, at: 0 };
+    if r.u8()? != 1 {
+        return None; // not a ClientHello
+    }
+    let len = r.u24()?;
+    let mut r = Reader {
+        b: r.take(len)?,
+        at: 0,
+    };
+    r.take(2 + 32)?; // version, random
+    let sid = usize::from(r.u8()?);
+    r.take(sid)?;
+    let suites = usize::from(r.u16()?);
+    r.take(suites)?;
+    let comp = usize::from(r.u8()?);
+    r.take(comp)?;
+    let ext_len = usize::from(r.u16()?);
+    let mut exts = Reader {
+        b: r.take(ext_len)?,
+        at: 0,
+    };
+    while exts.at < exts.b.len() {
+        let ty = exts.u16()?;
+        let len = usize::from(exts.u16()?);
+        let body = exts.take(len)?;
+        if ty != 0 {
+            continue;
+        }
+        let mut sn = Reader { b: body, at: 0 };
+        let list = usize::from(sn.u16()?);
+        let mut list = Reader {
+            b: sn.take(list)?,
+            at: 0,
+        };
+        while list.at < list.b.len() {
+            let kind = list.u8()?;
+            let len = usize::from(list.u16()?);
+            let name = list.take(len)?;
+            if kind == 0 {
+                return String::from_utf8(name.to_vec()).ok();
+            }
+        }
+        return None;
+    }
+    None
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|s| s[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|s| u16::from_be_bytes([s[0], s[1]]))
+    }
+    fn u24(&mut self) -> Option<usize> {
+        self.take(3)
+            .map(|s| (usize::from(s[0]) << 16) | (usize::from(s[1]) << 8) | usize::from(s[2]))
+    }
+}
+
+/// The first usable A address of `name` from the upstream resolvers (reserved ranges only
+/// when the policy allows them explicitly, as for DNS learning).
+async fn resolve(state: &DnsState, name: &str) -> Option<Ipv4Addr> {
+    let query = wire::build_query(0, name, wire::TYPE_A)?;
+    let reply = forward(&state.upstream, &query, false).await?;
+    let answer = wire::parse_answer(&reply).ok()?;
+    let policy = state.inner.lock().await.policy.clone();
+    answer
+        .addresses
+        .iter()
+        .map(|(ip, _)| *ip)
+        .find(|ip| !is_reserved(*ip, &state.pool) || policy.ip_allowed(*ip, &state.pool))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A ClientHello with `sni`, as a client would send it (structure only).
+    pub(crate) fn client_hello(sni: &str) -> Vec<u8> {
+        let name = sni.as_bytes();
+        let mut sn = Vec::new();
+        sn.extend_from_slice(&((name.len() + 3) as u16).to_be_bytes());
+        sn.push(0);
+        sn.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        sn.extend_from_slice(name);
+        let mut exts = Vec::new();
+        exts.extend_from_slice(&[0x00, 0x0b, 0x00, 0x02, 0x01, 0x00]); // ec_point_formats
+        exts.extend_from_slice(&0u16.to_be_bytes());
+        exts.extend_from_slice(&(sn.len() as u16).to_be_bytes());
+        exts.extend_from_slice(&sn);
+        let mut body = vec![0x03, 0x03];
+        body.extend_from_slice(&[7u8; 32]);
+        body.push(0);
+        body.extend_from_slice(&[0x00, 0x02, 0x13, 0x01, 0x01, 0x00]);
+        body.extend_from_slice(&(exts.len() as u16).to_be_bytes());
+        body.extend_from_slice(&exts);
+        let mut hs = vec![1];
+        hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+        hs.extend_from_slice(&body);
+        let mut rec = vec![22, 3, 1];
+        rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+        rec.extend_from_slice(&hs);
+        rec
+    }
+
+    #[test]
+    fn reads_sni_and_waits_for_the_whole_record() {
+        let hello = client_hello("API.Example.com.");
+        assert_eq!(tls_sni(&hello), Parsed::Name("api.example.com".into()));
+        assert_eq!(tls_sni(&hello[..hello.len() - 1]), Parsed::NeedMore);
+        assert_eq!(tls_sni(b"GET / HTTP/1.1\r\n"), Parsed::Refuse);
+        // every truncation of the handshake inside a complete record is refused, never a panic
+        for cut in 6..hello.len() {
+            let mut h = hello[..cut].to_vec();
+            let len = (cut - 5) as u16;
+            h[3..5].copy_from_slice(&len.to_be_bytes());
+            let _ = tls_sni(&h);
+        }
+    }
+
+    #[test]
+    fn reads_the_one_host_header() {
+        let h = b"GET / HTTP/1.1\r\nUser-Agent: x\r\nhost: Allowed.Test:8080\r\n\r\n";
+        assert_eq!(http_host(h), Parsed::Name("allowed.test".into()));
+        assert_eq!(http_host(b"GET / HTTP/1.1\r\nHost: a"), Parsed::NeedMore);
+        assert_eq!(
+            http_host(b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n"),
+            Parsed::Refuse
+        );
+        assert_eq!(http_host(b"GET / HTTP/1.0\r\n\r\n"), Parsed::Refuse);
+    }
+}
