@@ -24,7 +24,7 @@ const DEFAULT_REFRESH_SECS: u64 = 60;
 const DEFAULT_PAGE: usize = 100;
 const MAX_PAGE: usize = 100;
 
-fn sandbox_json(app: &App, row: &SandboxRow) -> Sandbox {
+pub(crate) fn sandbox_json(app: &App, row: &SandboxRow) -> Sandbox {
     Sandbox {
         template_id: row.template_id.clone(),
         sandbox_id: row.id.clone(),
@@ -46,7 +46,10 @@ fn listed_json(row: &SandboxRow) -> ListedSandbox {
         cpu_count: row.vcpus,
         memory_mb: row.memory_mib,
         disk_size_mb: row.disk_mib,
-        state: SandboxState::Running,
+        state: match row.state {
+            DbState::Pausing | DbState::Paused | DbState::Resuming => SandboxState::Paused,
+            _ => SandboxState::Running,
+        },
         envd_version: row.envd_version.clone(),
         metadata: row.metadata.clone(),
     }
@@ -240,14 +243,15 @@ async fn list_page(
     caller: &Caller,
     q: &ListQuery,
 ) -> ApiResult<(Vec<ListedSandbox>, Option<String>)> {
-    // Only running sandboxes exist until pause arrives.
-    if !q.states.is_empty() && !q.states.contains(&SandboxState::Running) {
-        return Ok((Vec::new(), None));
+    // As E2B: running and paused ones unless `state` says otherwise.
+    let mut states = Vec::new();
+    if q.states.is_empty() || q.states.contains(&SandboxState::Running) {
+        states.push(DbState::Running);
     }
-    let mut rows = app
-        .db
-        .sandboxes_in(Some(&caller.0.id), &[DbState::Running])
-        .await?;
+    if q.states.is_empty() || q.states.contains(&SandboxState::Paused) {
+        states.extend([DbState::Pausing, DbState::Paused, DbState::Resuming]);
+    }
+    let mut rows = app.db.sandboxes_in(Some(&caller.0.id), &states).await?;
     let key = |r: &SandboxRow| (r.started_at.unwrap_or(r.created_at), r.id.clone());
     rows.retain(|r| {
         q.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
@@ -330,15 +334,23 @@ pub async fn get_sandbox(
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxDetail>> {
-    let row = running_of(&app, &caller, &id).await?;
+    let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
+        Some(row) if !row.state.is_final() && row.state != DbState::Creating => row,
+        _ => return Err(ApiError::sandbox_not_found(&id)),
+    };
+    let life = app.db.sandbox_lifecycle(&id).await?;
+    let listed = listed_json(&row);
     Ok(Json(SandboxDetail {
-        listed: listed_json(&row),
+        pause_mode: (listed.state == SandboxState::Paused).then(|| "full".to_string()),
+        listed,
         envd_access_token: row.access_token.clone(),
         domain: app.config.domain.clone(),
         lifecycle: Lifecycle {
             auto_resume: false,
-            on_timeout: "kill".into(),
+            on_timeout: if life.auto_pause { "pause" } else { "kill" }.into(),
         },
+        parent_id: life.parent_id,
+        children: app.db.live_children(&id).await?,
     }))
 }
 
@@ -351,7 +363,11 @@ pub async fn kill_sandbox(
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    running_of(&app, &caller, &id).await?;
+    // Running or paused (a paused one's snapshot goes with it).
+    match app.db.sandbox_of_key(&caller.0.id, &id).await? {
+        Some(row) if !row.state.is_final() && row.state != DbState::Creating => {}
+        _ => return Err(ApiError::sandbox_not_found(&id)),
+    }
     // In its own task, so that a client going away cannot stop a kill halfway.
     let lifecycle = app.lifecycle.clone();
     let task_id = id.clone();
@@ -436,22 +452,31 @@ async fn connect(
             "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
         )));
     }
-    let row = running_of(&app, &caller, &id).await?;
-    let end_at = now_ms() + (timeout as i64) * 1000;
-    if !app.db.set_end_at(&id, end_at, true).await? {
-        return Err(ApiError::sandbox_not_found(&id));
+    let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
+        Some(row) if !row.state.is_final() && row.state != DbState::Creating => row,
+        _ => return Err(ApiError::sandbox_not_found(&id)),
+    };
+    crate::snapshot_api::check_connect_memory(&row, req.memory)?;
+    // 201 when it was paused and resumed (pause.rs), 200 when it was running.
+    match crate::snapshot_api::resume(&app, id, timeout).await? {
+        crate::pause::Resumed::Resumed(row) => {
+            Ok((StatusCode::CREATED, Json(sandbox_json(&app, &row))))
+        }
+        crate::pause::Resumed::WasRunning(row) => {
+            Ok((StatusCode::OK, Json(sandbox_json(&app, &row))))
+        }
     }
-    // 200: it was running (201 is for a resumed sandbox, once pause exists).
-    Ok((StatusCode::OK, Json(sandbox_json(&app, &row))))
 }
 
-/// Connects to a running sandbox: its end moves to at least `timeout` seconds from now.
+/// Connects to a sandbox: a running one's end moves to at least `timeout` seconds from now;
+/// a paused one is resumed (same id and token) with its end `timeout` seconds from now.
 #[utoipa::path(post, path = "/v2/sandboxes/{sandboxID}/connect", tag = "sandboxes",
     security(("ApiKeyAuth" = [])), params(("sandboxID" = String, Path)),
     request_body = ConnectRequest,
     responses((status = 200, description = "It was running", body = Sandbox),
+        (status = 201, description = "It was paused and resumed", body = Sandbox),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody)))]
+        (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
 pub async fn connect_v2(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -466,8 +491,9 @@ pub async fn connect_v2(
     security(("ApiKeyAuth" = [])), params(("sandboxID" = String, Path)),
     request_body = ConnectRequest,
     responses((status = 200, description = "It was running", body = Sandbox),
+        (status = 201, description = "It was paused and resumed", body = Sandbox),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody)))]
+        (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
 pub async fn connect_v1(
     State(app): State<Arc<App>>,
     caller: Caller,

@@ -21,6 +21,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/0002_lifecycle_metering.sql"),
     ),
     (
+        3,
+        "snapshots",
+        include_str!("../migrations/0003_snapshots.sql"),
+    ),
+    (
         4,
         "networks",
         include_str!("../migrations/0004_networks.sql"),

@@ -22,7 +22,11 @@ pub mod metrics;
 pub mod models;
 pub mod network_api;
 pub mod networks;
+pub mod pause;
 pub mod proxy;
+pub mod snapshot_api;
+pub mod snapshot_store;
+pub mod snapshots;
 pub mod state;
 pub mod template_defaults;
 pub mod util;
@@ -187,6 +191,13 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(api::connect_v2))
         .routes(routes!(api::connect_v1))
         .routes(routes!(api::list_templates))
+        .routes(routes!(snapshot_api::pause_sandbox))
+        .routes(routes!(snapshot_api::resume_sandbox))
+        .routes(routes!(snapshot_api::fork_sandbox))
+        .routes(routes!(snapshot_api::create_snapshot))
+        .routes(routes!(snapshot_api::list_snapshots))
+        .routes(routes!(snapshot_api::delete_snapshot))
+        .routes(routes!(snapshot_api::delete_template))
         .routes(routes!(metering::usage))
         .routes(routes!(network_api::set_network))
         .routes(routes!(network_api::network_log))

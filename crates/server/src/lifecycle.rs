@@ -40,9 +40,9 @@ pub const MAX_REFRESH_SECS: u64 = 3_600;
 pub const FALLBACK_ENVD_VERSION: &str = "0.1.0";
 pub const DEFAULT_VCPUS: u8 = 2;
 pub const DEFAULT_MEMORY_MIB: u32 = 512;
-const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
-const DESTROY_TIMEOUT: Duration = Duration::from_secs(20);
-const INIT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DESTROY_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
 /// The smallest memory a sandbox may ask for.
 pub const MIN_MEMORY_MIB: u32 = 128;
@@ -77,15 +77,15 @@ pub struct Live {
 }
 
 pub struct Lifecycle {
-    db: Db,
-    runtime: Arc<dyn Runtime>,
-    dirs: Dirs,
+    pub(crate) db: Db,
+    pub(crate) runtime: Arc<dyn Runtime>,
+    pub(crate) dirs: Dirs,
     config: LifecycleConfig,
     metrics: Arc<crate::metrics::Metrics>,
-    live: Mutex<HashMap<String, Arc<Live>>>,
+    pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -180,6 +180,14 @@ impl Lifecycle {
         secure_by_default: bool,
     ) -> ApiResult<SandboxRow> {
         let begun = std::time::Instant::now();
+        // A named snapshot of the key is a template too (snapshots.rs).
+        if let Some(snap) = self.snapshot_template(&key.id, &req.template_id).await? {
+            let row = self
+                .create_from_snapshot(key, req, &snap, secure_by_default)
+                .await?;
+            self.metrics.observe_create(begun.elapsed());
+            return Ok(row);
+        }
         let (vcpus, memory_mib) = self.size(req.cpu_count, req.memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let net_req = crate::networks::check_request(
@@ -244,6 +252,17 @@ impl Lifecycle {
                 key.max_sandboxes.unwrap_or(0)
             )));
         }
+        if req.auto_pause == Some(true) {
+            self.db
+                .set_sandbox_lifecycle(
+                    &id,
+                    &crate::snapshot_store::LifecycleRow {
+                        auto_pause: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+        }
         // The network's rules are recorded before the runtime makes it (networks.rs).
         let recorded = match &net_req {
             Some(n) => crate::networks::record(&self.db, &id, &key.id, n).await,
@@ -299,7 +318,7 @@ impl Lifecycle {
         Ok(sandbox)
     }
 
-    async fn finish_create(
+    pub(crate) async fn finish_create(
         self: &Arc<Self>,
         mut row: SandboxRow,
         sandbox: Arc<dyn Sandbox>,
@@ -367,7 +386,7 @@ impl Lifecycle {
     }
 
     /// Notices a sandbox that ends without being asked to (OOM, crash).
-    fn watch(self: &Arc<Self>, id: String, sandbox: Arc<dyn Sandbox>) {
+    pub(crate) fn watch(self: &Arc<Self>, id: String, sandbox: Arc<dyn Sandbox>) {
         let this = Arc::downgrade(self);
         tokio::spawn(async move {
             let exit = sandbox.wait().await;
@@ -395,6 +414,7 @@ impl Lifecycle {
                             now_ms(),
                         )
                         .await;
+                    this.collect_snapshots().await;
                     eprintln!("sandcell serve: sandbox {id}: {reason}");
                 }
                 Ok(false) => {}
@@ -403,11 +423,19 @@ impl Lifecycle {
         });
     }
 
-    /// Kills running sandbox `id`; false if it was not running (already ending or ended).
+    /// Kills running or paused sandbox `id`; false if it was neither (already ending or
+    /// ended). Waits for a pause, resume, snapshot or fork of it to finish first.
     pub async fn kill(&self, id: &str, reason: &str) -> Result<bool, Error> {
+        let _op = crate::pause::op_lock(id).await;
         if !self
             .db
-            .transition(id, &[State::Running], State::Killing, None, now_ms())
+            .transition(
+                id,
+                &[State::Running, State::Paused],
+                State::Killing,
+                None,
+                now_ms(),
+            )
             .await?
         {
             return Ok(false);
@@ -430,6 +458,8 @@ impl Lifecycle {
         self.db
             .transition(id, &[State::Killing], end.0, Some(&end.1), now_ms())
             .await?;
+        // Its snapshot files (a paused one's, the one it was restored from) may be unused now.
+        self.collect_snapshots().await;
         Ok(true)
     }
 
@@ -457,7 +487,8 @@ impl Lifecycle {
                 let this = self.clone();
                 // In parallel: one slow destroy must not hold the others past their time.
                 tokio::spawn(async move {
-                    if let Err(e) = this.kill(&id, reason).await {
+                    // Pauses instead where the sandbox was created with autoPause.
+                    if let Err(e) = this.expire(&id, reason).await {
                         eprintln!("sandcell serve: killing sandbox {id} ({reason}): {e}");
                     }
                 });
@@ -508,6 +539,10 @@ impl Lifecycle {
                     self.db
                         .transition(&row.id, &[State::Killing], end.0, end.1.as_deref(), now)
                         .await?;
+                }
+                // Paused ones have no process: their snapshot waits for a resume (pause.rs).
+                (State::Paused | State::Pausing | State::Resuming, found) => {
+                    self.reconcile_paused(&row, found).await?;
                 }
                 (state, found) => {
                     let why = match found {
@@ -565,6 +600,8 @@ impl Lifecycle {
             Ok(_) => {}
             Err(e) => eprintln!("sandcell serve: removing leftover networks: {e}"),
         }
+        self.collect_snapshots().await;
+        self.remove_orphan_snapshot_dirs().await;
         self.db.flush_usage(now_ms()).await?;
         Ok((adopted, lost))
     }
@@ -596,7 +633,7 @@ impl Lifecycle {
 /// version the agent reports; an agent without `/init` (404) gets
 /// [`FALLBACK_ENVD_VERSION`]: its processes still see the env vars (given to the agent's own
 /// environment at boot) and the proxy enforces the token.
-async fn init_agent(
+pub(crate) async fn init_agent(
     sandbox: &Arc<dyn Sandbox>,
     env: &BTreeMap<String, String>,
     access_token: Option<&str>,
@@ -622,6 +659,13 @@ pub(crate) async fn init_agent_with(
     if let Some(token) = access_token {
         body["accessToken"] = serde_json::Value::String(token.to_string());
     }
+    // Our extensions: who the agent is now (a restore from a snapshot, pause or fork is a
+    // new identity in an old memory image) and fresh entropy for its kernel RNG (no two
+    // restores of one snapshot share RNG state).
+    body["sandcellSandboxId"] = serde_json::Value::String(sandbox.id().to_string());
+    body["sandcellEntropy"] = serde_json::Value::String(
+        random_hex(64).map_err(|e| ApiError::internal(format!("getrandom for /init: {e}")))?,
+    );
     let (status, headers) = crate::proxy::post_json(sandbox, AGENT_PORT, "/init", &body).await?;
     if status == axum::http::StatusCode::NOT_FOUND {
         return Ok(FALLBACK_ENVD_VERSION.to_string());

@@ -33,7 +33,7 @@ pub struct NewSandbox {
     /// least 128, at most the server's `--max-memory-mib`.
     #[serde(default, rename = "memoryMB")]
     pub memory_mb: Option<u32>,
-    /// Accepted; pausing is not implemented yet (the sandbox is killed at its timeout).
+    /// At the timeout, pause the sandbox (resume it with connect) instead of killing it.
     #[serde(default)]
     pub auto_pause: Option<bool>,
     /// false: nothing out (as `denyOut: ["0.0.0.0/0"]`). Default true.
@@ -105,7 +105,7 @@ pub struct ListedSandbox {
 pub struct Lifecycle {
     #[serde(rename = "autoResume")]
     pub auto_resume: bool,
-    /// `kill` (pausing on timeout comes with pause support).
+    /// `kill`, or `pause` for a sandbox created with `autoPause`.
     #[serde(rename = "onTimeout")]
     pub on_timeout: String,
 }
@@ -119,6 +119,15 @@ pub struct SandboxDetail {
     pub envd_access_token: Option<String>,
     pub domain: Option<String>,
     pub lifecycle: Lifecycle,
+    /// `full` for a paused sandbox (memory and files saved), absent while running.
+    #[serde(rename = "pauseMode", skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<String>,
+    /// Our extension: the sandbox this one was forked from.
+    #[serde(rename = "parentID", skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    /// Our extension: the live sandboxes forked from this one, oldest first.
+    #[serde(default)]
+    pub children: Vec<String>,
 }
 
 /// `POST /sandboxes/{sandboxID}/timeout`.
@@ -142,7 +151,8 @@ pub struct ConnectRequest {
     /// Seconds from now; the sandbox's end is moved later, never earlier.
     #[serde(default)]
     pub timeout: Option<u64>,
-    /// Accepted (resume from a memory snapshot comes with pause support).
+    /// Only true (the default) is supported: a paused sandbox resumes from its memory
+    /// snapshot; false on a paused sandbox is refused with 400 (a no-op on a running one).
     #[serde(default)]
     pub memory: Option<bool>,
 }
