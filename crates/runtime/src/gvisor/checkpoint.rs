@@ -203,11 +203,12 @@ async fn checkpoint_to(
     let launch = sb.launch.fetch_add(1, Ordering::SeqCst);
     let image_arg = format!("--image-path={}", images.display());
     let netns = lock(&sb.netns).clone();
-    if let Err(e) = sb
-        .shared
-        .runsc_ok_in(netns.as_deref(), &["checkpoint", &image_arg, &sb.id])
-        .await
-    {
+    let mut args = vec!["checkpoint", image_arg.as_str()];
+    if sb.shared.runsc.checkpoint_compression {
+        args.push("--compression=none");
+    }
+    args.push(&sb.id);
+    if let Err(e) = sb.shared.runsc_ok_in(netns.as_deref(), &args).await {
         if crate::owner::process_start_time(pid).is_some() && sb.shared.has_state(&sb.id) {
             sb.launch.store(launch, Ordering::SeqCst);
             if resume_agent(sb).is_ok() {
