@@ -22,7 +22,7 @@ pub enum EntropyError {
 
 pub fn decode(hex: &str) -> Result<Vec<u8>, EntropyError> {
     let hex = hex.as_bytes();
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(EntropyError::NotHex);
     }
     if hex.len() / 2 > MAX_INIT_ENTROPY {

@@ -219,8 +219,10 @@ async fn checkpoint_to(
             {
                 return Err(unsupported(
                     "snapshot",
-                    &format!(
-                        "the sandbox has TCP connections open or closed less than 60 s ago,                          and {} cannot save those (runsc 2023 or later with                          --net-disconnect-ok resets them instead); close them, wait a minute                          and retry",
+                    format!(
+                        "the sandbox has TCP connections open or closed less than 60 s ago, and {} \
+                         cannot save those (runsc 2023 or later with --net-disconnect-ok \
+                         resets them instead); close them, wait a minute and retry",
                         sb.shared.runsc.version
                     ),
                 ));
