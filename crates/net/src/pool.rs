@@ -16,6 +16,9 @@ use tokio::sync::Notify;
 
 /// After a failed preparation (pool exhausted, `ip` missing): wait before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// After a take, the refill waits this long (unless the pool ran dry): its `ip`/`nft`
+/// processes would otherwise compete with the very create that took the network.
+const REFILL_DELAY: Duration = Duration::from_millis(500);
 
 pub struct NetPool {
     cfg: NetConfig,
@@ -123,6 +126,12 @@ async fn fill(pool: Weak<NetPool>, wake: Arc<Notify>) {
         if p.len() >= p.target {
             drop(p);
             wake.notified().await;
+            let Some(p) = pool.upgrade() else { return };
+            let dry = p.len() == 0;
+            drop(p);
+            if !dry {
+                tokio::time::sleep(REFILL_DELAY).await;
+            }
             continue;
         }
         let made = match p.new_id() {

@@ -63,7 +63,10 @@ fn owner_gone(prefix: &str) -> bool {
 
 static SETTINGS: OnceLock<NetSettings> = OnceLock::new();
 /// The peers last put in force per sandbox: only changes cost an `nft` call.
-static PEERS: Mutex<Option<HashMap<String, Vec<(String, Ipv4Addr)>>>> = Mutex::new(None);
+static PEERS: Mutex<Option<PeerMap>> = Mutex::new(None);
+
+/// Sandbox id to its peers: (peer sandbox id, peer address), sorted.
+type PeerMap = HashMap<String, Vec<(String, Ipv4Addr)>>;
 /// Serializes peer recomputations (each reads the whole membership).
 static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -358,7 +361,7 @@ pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
                 .push((sandbox, net.network().guest));
         }
     }
-    let mut want: HashMap<String, Vec<(String, Ipv4Addr)>> = HashMap::new();
+    let mut want = PeerMap::new();
     for members in by_network.values() {
         for (me, _) in members {
             let peers = want.entry(me.clone()).or_default();

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Sandbox networks: what a network costs and what it adds to a create.
+#  - network: SandboxNet create/teardown (not pooled), a pooled take with the default
+#    rules and with rules (crates/net/examples/bench_net.rs);
+#  - create: POST /sandboxes until the sandbox answers, then DELETE, through a daemon with
+#    --no-network and one with networks (warm pool of 2), p50/p90 over N sequential runs.
+# Needs root, runsc, iproute2, nftables and the installed minimal image.
+# Writes bench/net/results.json.
+#
+#   bench/net/run.sh [--runs N] [--debug] [--data-dir D]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+runs=20 profile=release
+data=${SANDCELL_DATA_DIR:-/var/lib/sandcell}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --debug) profile=debug; shift ;;
+    --data-dir) data=$2; shift 2 ;;
+    *) echo "usage: $0 [--runs N] [--debug] [--data-dir D]" >&2; exit 2 ;;
+  esac
+done
+cd "$root"
+flag=--release; [ "$profile" = debug ] && flag=
+cargo build $flag -q -p sandcell-net --example bench_net
+cargo build $flag -q -p sandcell-server --bin sandcell-serve
+bin=target/$profile
+tmp=$(mktemp -d /tmp/sc-bench-net.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+"$bin/examples/bench_net" --runs "$runs" > "$tmp/network.json"
+
+# One daemon per mode, each with its own data dir (the image linked in).
+start() { # name extra-args...
+  local name=$1; shift
+  mkdir -p "$tmp/$name/data/images"
+  ln -s "$data/images/minimal" "$tmp/$name/data/images/minimal"
+  SANDCELL_RUN_DIR="$tmp/$name/run" "$bin/sandcell-serve" --data-dir "$tmp/$name/data" \
+    --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit "$@" > "$tmp/$name/out" 2> "$tmp/$name/err" &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q listening "$tmp/$name/out" 2>/dev/null && break; sleep 0.1; done
+}
+start off --no-network
+start on --net-pool 10.251.0.0/16
+sleep 2 # the pool fills
+python3 - "$tmp" "$runs" <<'PY' > bench/net/results.json
+import json, sys, time, urllib.request
+tmp, runs = sys.argv[1], int(sys.argv[2])
+def daemon(name):
+    url = open(f"{tmp}/{name}/out").read().split("listening on ")[1].split()[0]
+    key = open(f"{tmp}/{name}/data/admin.key").read().strip()
+    return url, key
+def call(url, key, method, path, body=None):
+    req = urllib.request.Request(url + path, method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"X-API-Key": key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read() or b"null")
+def stats(v):
+    v = sorted(v)
+    q = lambda p: v[round((len(v) - 1) * p)]
+    return {"runs": len(v), "p50": q(0.5), "p90": q(0.9), "min": v[0], "max": v[-1]}
+out = {"network": json.load(open(f"{tmp}/network.json"))}
+for name, body in [("off", {}), ("on", {}), ("on_with_rules", {"network": {"allowOut": ["198.51.100.0/24", "example.com"]}})]:
+    url, key = daemon("off" if name == "off" else "on")
+    times = []
+    for _ in range(runs):
+        t = time.monotonic()
+        s = call(url, key, "POST", "/sandboxes", dict(body, templateID="minimal"))
+        times.append((time.monotonic() - t) * 1000)
+        call(url, key, "DELETE", f"/sandboxes/{s['sandboxID']}")
+        time.sleep(0.3)  # the pool refills between creates, as between real requests
+    out[f"create_{name}_ms"] = stats(times)
+out["create_network_adds_p50_ms"] = out["create_on_ms"]["p50"] - out["create_off_ms"]["p50"]
+print(json.dumps(out, indent=2))
+PY
+cat bench/net/results.json
