@@ -46,6 +46,9 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct SandboxNet {
     net: Network,
+    /// The rules in force, as given (what an owner records to put them back after a
+    /// restart).
+    spec: Arc<std::sync::Mutex<EgressSpec>>,
     state: Arc<DnsState>,
     dns: Arc<std::sync::Mutex<Option<DnsServer>>>,
 }
@@ -80,7 +83,7 @@ impl SandboxNet {
             Network::create(&c, &i, &p)
         })
         .await?;
-        match SandboxNet::serve(cfg, net.clone(), policy).await {
+        match SandboxNet::serve(cfg, net.clone(), spec, policy).await {
             Ok(sn) => Ok(sn),
             Err(e) => {
                 let _ = blocking("removing a sandbox network", move || net.teardown()).await;
@@ -104,11 +107,16 @@ impl SandboxNet {
             n.set_policy(&p, &[])
         })
         .await?;
-        SandboxNet::serve(cfg, net, policy).await.map(Some)
+        SandboxNet::serve(cfg, net, spec, policy).await.map(Some)
     }
 
     /// Starts the DNS server of `net`.
-    async fn serve(cfg: &NetConfig, net: Network, policy: Policy) -> Result<SandboxNet> {
+    async fn serve(
+        cfg: &NetConfig,
+        net: Network,
+        spec: &EgressSpec,
+        policy: Policy,
+    ) -> Result<SandboxNet> {
         let state = Arc::new(DnsState::new(
             net.slot,
             net.pool,
@@ -120,6 +128,7 @@ impl SandboxNet {
             .map_err(|e| Error::io(format!("starting the DNS server on {}:53", net.gateway), e))?;
         Ok(SandboxNet {
             net,
+            spec: Arc::new(std::sync::Mutex::new(spec.clone())),
             state,
             dns: Arc::new(std::sync::Mutex::new(Some(dns))),
         })
@@ -162,7 +171,13 @@ impl SandboxNet {
             .learned
             .retain(|_, (name, _)| policy.domain_allowed(name));
         inner.policy = policy;
+        *self.spec.lock().unwrap_or_else(|p| p.into_inner()) = spec.clone();
         Ok(())
+    }
+
+    /// The rules in force, as last given.
+    pub fn egress(&self) -> EgressSpec {
+        self.spec.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub async fn denied(&self) -> Result<DeniedLog> {

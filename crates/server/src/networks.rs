@@ -252,20 +252,30 @@ pub async fn store_egress(db: &Db, sandbox: &str, egress: &EgressSpec) -> Result
     Ok(())
 }
 
-/// Once the runtime made the sandbox: records which network it got and brings the peers of
-/// its private networks up to date.
+/// Once the runtime made the sandbox (created, restored or forked): records which network
+/// it got and brings the peers of its private networks up to date.
 pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
     let Some(net) = registry::get(sandbox) else {
         return Ok(());
     };
-    sqlx::query("UPDATE sandbox_networks SET net_id = $1 WHERE sandbox_id = $2")
-        .bind(&net.network().id)
-        .bind(sandbox)
-        .execute(db.pool())
-        .await
-        .map_err(Error::db(format!(
-            "recording the network of sandbox {sandbox}"
-        )))?;
+    // An upsert: restores and fork children get their network from the runtime without a
+    // create request, and must be taken over after a restart all the same.
+    let egress = serde_json::to_string(&net.egress()).map_err(|e| Error::Io {
+        what: "encoding egress rules".into(),
+        source: e.into(),
+    })?;
+    sqlx::query(
+        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, $2, $3) \
+         ON CONFLICT (sandbox_id) DO UPDATE SET net_id = excluded.net_id",
+    )
+    .bind(sandbox)
+    .bind(&net.network().id)
+    .bind(egress)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "recording the network of sandbox {sandbox}"
+    )))?;
     refresh_peers(db).await
 }
 
