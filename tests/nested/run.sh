@@ -13,7 +13,10 @@
 # (scripts/build-kernel.sh), the minimal image (scripts/build-image.sh), the L1 kernel
 # (l1-kernel.sh), the probe (rustc), the initramfs (build-initramfs.sh). Then one L1 boot
 # under a hard timeout. Exit 0 only when every planned test printed PASS; otherwise 1, with
-# the tail of the L1 console. The console log is kept in target/nested/console.log.
+# the tail of the L1 console. The console log is kept in target/nested/console.log. A console
+# silent for SANDCELL_NESTED_SILENT seconds (240; every L1 test reports within 180) means L1
+# froze: QEMU's monitor view (registers, code at RIP) goes to target/nested/freeze.txt and
+# QEMU is stopped.
 #
 # Inputs can be pinned instead of built: SANDCELL_NESTED_{AGENT,VMM,CLI,KERNEL}=PATH; VMM and
 # CLI also take `none` (left out of L1: the tests that need them fail, saying so).
@@ -93,13 +96,66 @@ append="console=ttyS0 panic=-1 quiet"
 [ "$boots" = 1 ] || append="$append nested.boots=$boots"
 log "booting L1 ($(cat "$l1/package"), -m $memory, hard timeout ${timeout}s); results as they come:"
 start=$(date +%s)
-set +e
-timeout -s KILL "$timeout" nice qemu-system-x86_64 -accel tcg -M q35 -cpu EPYC,+svm,+npt -smp 1 \
-  -m "$memory" -nodefaults -no-user-config -nographic -no-reboot -serial stdio \
-  -kernel "$l1/vmlinuz" -initrd "$initramfs" -append "$append" </dev/null 2>"$outdir/qemu.err" \
-  | sed -u 's/\r$//' | tee "$console" | grep --line-buffered -E '^NESTED-(PLAN|RESULT|BENCH|DONE)' >&2
-qemu_status=${PIPESTATUS[0]}
-set -e
+monitor=$outdir/monitor.sock
+rm -f "$monitor" "$outdir/qemu.pid" "$outdir/qemu.status" "$outdir/freeze.txt"
+(
+  set +e
+  timeout -s KILL "$timeout" nice qemu-system-x86_64 -accel tcg -M q35 -cpu EPYC,+svm,+npt -smp 1 \
+    -m "$memory" -nodefaults -no-user-config -nographic -no-reboot -serial stdio \
+    -monitor "unix:$monitor,server,nowait" -pidfile "$outdir/qemu.pid" \
+    -kernel "$l1/vmlinuz" -initrd "$initramfs" -append "$append" </dev/null 2>"$outdir/qemu.err" \
+    | sed -u 's/\r$//' | tee "$console" | grep --line-buffered -E '^NESTED-(PLAN|RESULT|BENCH|DONE)' >&2
+  echo "${PIPESTATUS[0]}" > "$outdir/qemu.status"
+) &
+runner=$!
+
+# The QEMU monitor's view of a stopped L1 (registers, where it executes), for the record.
+capture_qemu_state() {
+  command -v python3 >/dev/null || { echo "no python3 to query the QEMU monitor"; return; }
+  python3 - "$monitor" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(3)
+for cmd in ("info status", "info cpus", "info registers", "x/8i $pc", "info registers", "x/8i $pc"):
+    s.sendall((cmd + "\n").encode())
+    time.sleep(1)
+out = b""
+try:
+    while len(out) < 1 << 20:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+except socket.timeout:
+    pass
+sys.stdout.write(out.decode(errors="replace"))
+PY
+}
+# The monitor echoes what it is sent with line-editing escapes: keep the text.
+strip_escapes() { sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e 's/\r//g'; }
+
+# Every test in L1 prints its result within its watchdog (180 s); a console silent for
+# longer means L1 itself stopped (seen under TCG: QEMU at 0% CPU, watchdogs silent). Then
+# the QEMU state is captured and QEMU stopped, rather than waiting for the hard timeout.
+silent_limit=${SANDCELL_NESTED_SILENT:-240}
+last_size=-1
+last_change=$(date +%s)
+while kill -0 "$runner" 2>/dev/null; do
+  sleep 5
+  size=$(stat -c %s "$console" 2>/dev/null || echo 0)
+  now=$(date +%s)
+  if [ "$size" != "$last_size" ]; then last_size=$size; last_change=$now; fi
+  if [ $((now - last_change)) -ge "$silent_limit" ] && [ -f "$outdir/qemu.pid" ]; then
+    log "L1 console silent for ${silent_limit}s: QEMU state into $outdir/freeze.txt, then stopping QEMU"
+    { date -u; ps -o pid,stat,pcpu,time,rss,args -p "$(cat "$outdir/qemu.pid")" 2>&1; capture_qemu_state | strip_escapes; } \
+      > "$outdir/freeze.txt" 2>&1 || true
+    kill -KILL "$(cat "$outdir/qemu.pid")" 2>/dev/null || true
+    break
+  fi
+done
+wait "$runner" || true
+qemu_status=$(cat "$outdir/qemu.status" 2>/dev/null || echo unknown)
 elapsed=$(( $(date +%s) - start ))
 
 # --- verdict: every planned test must have a PASS line, and the batch must have finished ---
@@ -145,6 +201,7 @@ fi
 if [ "$failures" != 0 ]; then
   log "$failures failure(s) in ${elapsed}s; L1 console tail ($console):"
   tail -n 60 "$console" >&2
+  [ ! -s "$outdir/freeze.txt" ] || { log "L1 froze; QEMU's state ($outdir/freeze.txt):"; head -n 80 "$outdir/freeze.txt" >&2; }
   # QEMU warns once per CPUID feature TCG lacks: expected, and noise here.
   qemu_err=$(grep -v "TCG doesn't support requested feature" "$outdir/qemu.err" | tail -n 10 || true)
   [ -z "$qemu_err" ] || { log "QEMU stderr:"; echo "$qemu_err" >&2; }
