@@ -143,6 +143,9 @@ impl Lifecycle {
                 self.db
                     .transition(id, &[State::Pausing], State::Paused, None, now_ms())
                     .await?;
+                // Its host network goes with its processes (a resume makes a new one from
+                // the same rules; it leaves its private networks).
+                crate::networks::ended(&self.db, id).await;
                 // It no longer runs on the snapshot it was restored from, if any.
                 self.db.drop_snapshot_users(id, Some(&snap_id)).await?;
                 self.collect_snapshots().await;
@@ -265,6 +268,9 @@ impl Lifecycle {
         self.db
             .mark_running_again(&row, State::Resuming, now, end_at, handle.as_deref())
             .await?;
+        if let Err(e) = crate::networks::started(&self.db, id).await {
+            eprintln!("sandcell serve: sandbox {id}: its network: {e}");
+        }
         self.watch(id.to_string(), sandbox);
         let mut row = row;
         row.state = State::Running;
@@ -334,13 +340,15 @@ impl Lifecycle {
     }
 
     /// A new running sandbox `id` restored from `snapshot` (its agent not yet told who it
-    /// is: the caller sends `/init`).
+    /// is: the caller sends `/init`), with a network made new from the rules recorded for
+    /// `id` (networks.rs; none recorded: no network).
     pub(crate) async fn restore(
         &self,
         snapshot: &SnapshotHandle,
         id: &str,
     ) -> Result<Arc<dyn Sandbox>, Error> {
         let mut spec = RestoreSpec::new(id.to_string());
+        spec.network = crate::networks::spec_of(&self.db, id).await?;
         spec.boot_timeout = crate::lifecycle::BOOT_TIMEOUT;
         // The daemon is infrastructure: its restart must not kill user sandboxes.
         spec.outlive_owner = true;

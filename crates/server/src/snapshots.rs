@@ -38,6 +38,9 @@ struct RestoredSpec {
     timeout: u64,
     auto_pause: bool,
     parent_id: Option<String>,
+    /// The sandbox whose network rules the new one gets (the parent, or the snapshot's
+    /// source): restored processes expect the network they had.
+    network_of: String,
 }
 
 /// Snapshot names: plain names, not ids (`snap-...`), at most 128 characters.
@@ -184,6 +187,7 @@ impl Lifecycle {
                 timeout,
                 auto_pause,
                 parent_id: Some(parent.id.clone()),
+                network_of: parent.id.clone(),
             };
             results.push(self.create_restored(key, spec, &snap, &handle).await);
         }
@@ -216,6 +220,7 @@ impl Lifecycle {
             timeout,
             auto_pause: req.auto_pause.unwrap_or(false),
             parent_id: None,
+            network_of: snap.source_id.clone(),
         };
         self.create_restored(key, spec, snap, &handle).await
     }
@@ -277,7 +282,15 @@ impl Lifecycle {
             .await?;
         // Before the restore: its root layer lies on the snapshot's files.
         self.db.add_snapshot_user(&snap.id, &id).await?;
-        let sandbox = match self.restore(handle, &id).await {
+        if let Some(egress) = crate::networks::egress_of(&self.db, &spec.network_of).await? {
+            crate::networks::store_egress(&self.db, &id, &egress).await?;
+        }
+        // Restored (and retried) until its agent answers /init; finish_create then sends it
+        // again with the same identity, a no-op for the agent.
+        let sandbox = match self
+            .restore_and_init(handle, &id, &spec.env, row.access_token.as_deref())
+            .await
+        {
             Ok(sandbox) => sandbox,
             Err(e) => {
                 let _ = self
@@ -286,11 +299,12 @@ impl Lifecycle {
                         &id,
                         &[State::Creating],
                         State::Error,
-                        Some(&e.to_string()),
+                        Some(&e.message),
                         now_ms(),
                     )
                     .await;
-                return Err(e.into());
+                self.collect_snapshots().await;
+                return Err(e);
             }
         };
         let created = self
