@@ -25,7 +25,8 @@ fn net_args(pool: &str) -> Vec<String> {
 }
 
 fn start(env: &common::Env, pool: &str) -> common::Daemon {
-    let args = net_args(pool);
+    let mut args = net_args(pool);
+    args.extend(["--domain".to_string(), "sandcell.test".to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     env.start(&args)
 }
@@ -249,6 +250,17 @@ async fn private_networks_keys_and_ports_by_url() {
         (status, body.trim()),
         (StatusCode::OK, &*format!("from-{}", a2.sandbox_id))
     );
+    // the same by Host: <port>-<id>.<domain>
+    let req = Request::get("/")
+        .header("Host", format!("8080-{}.sandcell.test", a2.sandbox_id))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = read_whole(alice.send(req).await.unwrap()).await.unwrap();
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(
+        String::from_utf8_lossy(&resp.body).trim(),
+        format!("from-{}", a2.sandbox_id)
+    );
     let (status, body) = via_proxy(alice, &a2.sandbox_id, 8081).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(body.contains("port is not open"), "{body}");
@@ -314,4 +326,58 @@ async fn private_networks_keys_and_ports_by_url() {
         StatusCode::NOT_FOUND,
     );
     daemon.stop();
+}
+
+/// Our networks (host veth aliases) whose id starts with `prefix`.
+fn networks_with_prefix(prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/sys/class/net").unwrap().flatten() {
+        let alias = std::fs::read_to_string(e.path().join("ifalias")).unwrap_or_default();
+        if let Some(id) = alias.trim().strip_prefix("sandcell:")
+            && id.starts_with(prefix)
+        {
+            found.push(id.to_string());
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_daemon_takes_over_networks_and_removes_leftovers() {
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let env = common::Env::new();
+    let prefix = sandcell_server::networks::prefix_for(&env.data());
+    let daemon = start(&env, "10.205.0.0/16");
+    let c = &daemon.client;
+    let s = create(c, json!({"network": {"allowOut": ["allowed.test"]}})).await;
+    assert_eq!(get(c, &s, "http://allowed.test/").await, "hello-10");
+    // the sandbox's network and the prepared ones
+    assert!(networks_with_prefix(&prefix).len() >= 2);
+    daemon.kill9();
+
+    let daemon = start(&env, "10.205.0.0/16");
+    let c = &daemon.client;
+    // the same rules, a new DNS server: names resolve and the rules hold
+    assert_eq!(get(c, &s, "http://allowed.test/").await, "hello-10");
+    assert_eq!(get(c, &s, "http://other.test/").await, "ERR");
+    // and they can still be changed live
+    let path = format!("/sandboxes/{}/network", s.sandbox_id);
+    let resp = c
+        .api(
+            Method::PUT,
+            &path,
+            Some(&json!({"allowOut": ["198.51.100.20"]})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status, StatusCode::NO_CONTENT);
+    assert_eq!(get(c, &s, "http://198.51.100.20/").await, "hello-20");
+    // the dead daemon's prepared networks are gone: what is left is the sandbox's and the
+    // new pool's (2)
+    let left = networks_with_prefix(&prefix);
+    assert!(left.len() <= 3, "{left:?}");
+    daemon.stop();
+    // --kill-on-exit: the sandbox went, and with the pool drained nothing of ours is left
+    assert_eq!(networks_with_prefix(&prefix), Vec::<String>::new());
 }
