@@ -141,6 +141,8 @@ print(json.dumps({
     "cold_pull_and_convert_s": summary(load("cold", "seconds"),
         "sandcell image pull, empty cache: download+verify, unpack, agent, mkfs.ext4 -d"),
     "cold_download_s": summary(load("cold", "pullSeconds"), "the download+verify part of the cold pull"),
+    "cold_unpack_s": summary(load("cold", "unpackSeconds"), "the unpack part (layers in order, agent)"),
+    "cold_mkfs_s": summary(load("cold", "mkfsSeconds"), "the mkfs.ext4 -d part"),
     "cached_convert_s": summary(load("cached", "seconds"),
         "sandcell image pull --force with every layer cached: manifest check, unpack, mkfs.ext4 -d"),
     "peer_skopeo_copy_s": summary(load("skopeo", "seconds"),

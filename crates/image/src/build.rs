@@ -48,6 +48,9 @@ pub struct BuildReport {
     /// Bytes of all uncompressed layer streams.
     pub tar_bytes: u64,
     pub ext4_bytes: u64,
+    /// Time spent applying the layers (and adding the agent), and in mkfs.ext4.
+    pub unpack_seconds: f64,
+    pub mkfs_seconds: f64,
     /// What could not be reproduced exactly (device nodes or privileged xattrs without root).
     pub notes: Vec<String>,
 }
@@ -106,6 +109,7 @@ fn build_in(
 ) -> Result<BuildReport> {
     let cache = BlobCache::in_data_dir(&options.data_dir);
     let tree = work.join("rootfs");
+    let unpack_started = std::time::Instant::now();
     let mut unpacker = Unpacker::new(&tree, options.limits)?;
     let (mut entries, mut tar_bytes) = (0, 0);
     for (index, layer) in image.layers.iter().enumerate() {
@@ -135,8 +139,11 @@ fn build_in(
     let config_path = work.join(IMAGE_CONFIG_FILE);
     std::fs::write(&config_path, json).map_err(Error::io("writing", &config_path))?;
 
+    let unpack_seconds = unpack_started.elapsed().as_secs_f64();
+    let mkfs_started = std::time::Instant::now();
     let ext4 = work.join("rootfs.ext4");
     make_ext4(&tree, &ext4, &options.name, unpacker.owners(), progress)?;
+    let mkfs_seconds = mkfs_started.elapsed().as_secs_f64();
     let ext4_bytes = std::fs::metadata(&ext4)
         .map_err(Error::io("looking at", &ext4))?
         .len();
@@ -148,6 +155,8 @@ fn build_in(
         entries,
         tar_bytes,
         ext4_bytes,
+        unpack_seconds,
+        mkfs_seconds,
         notes: unpacker.notes().to_vec(),
     })
 }
