@@ -1,7 +1,8 @@
 //! The network routes: E2B's `PUT /sandboxes/{id}/network` (replace the egress rules live),
 //! and our extensions: `GET /sandboxes/{id}/network/log` (what the rules refused), private
 //! networks (`/networks`, join and leave with `/sandboxes/{id}/networks/{name}`), and ports
-//! by URL ([`forward_port`]: any TCP port served inside a sandbox, through the proxy).
+//! by URL ([`forward_port`]: any TCP port served inside a sandbox, through the proxy, HTTP
+//! and upgrades such as WebSocket).
 
 use crate::App;
 use crate::db::State as DbState;
@@ -344,8 +345,60 @@ pub async fn forward_port(net: &SandboxNet, id: &str, port: u32, req: Request) -
         Ok(Err(_)) | Err(_) => return port_closed(id, port),
     };
     let _ = stream.set_nodelay(true);
-    match crate::proxy::send(Box::new(stream), id, port, req).await {
+    let sent = if req.headers().contains_key(axum::http::header::UPGRADE) {
+        upgrade(stream, id, port, req).await
+    } else {
+        crate::proxy::send(Box::new(stream), id, port, req).await
+    };
+    match sent {
         Ok(resp) => resp.into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// A request asking to switch protocols (WebSocket): sent with its `Upgrade` and
+/// `Connection` headers; on `101` both connections are joined byte for byte until either
+/// side closes. Any other answer is passed back as it is.
+async fn upgrade(
+    stream: tokio::net::TcpStream,
+    id: &str,
+    port: u32,
+    mut req: Request,
+) -> Result<Response, ApiError> {
+    use hyper_util::rt::TokioIo;
+    let from_client = hyper::upgrade::on(&mut req);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: connecting to port {port}: {e}"))
+        })?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_string();
+    parts.uri = path
+        .parse()
+        .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))?;
+    let mut resp = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: port {port} did not answer: {e}"))
+        })?;
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(resp.map(axum::body::Body::new));
+    }
+    let from_sandbox = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        if let (Ok(client), Ok(sandbox)) = tokio::join!(from_client, from_sandbox) {
+            let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
+        }
+    });
+    Ok(resp.map(|_| axum::body::Body::empty()))
 }

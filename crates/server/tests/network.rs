@@ -182,6 +182,38 @@ async fn via_proxy(c: &Client, id: &str, port: u16) -> (StatusCode, String) {
     )
 }
 
+/// An `Upgrade` request to port 9000 of sandbox `id` by Host routing; after the 101,
+/// "ping\n" goes in and what comes back is returned.
+async fn upgrade_echo(url: &str, id: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "GET /ws HTTP/1.1\r\nHost: 9000-{id}.sandcell.test\r\nUpgrade: echo\r\n\
+         Connection: Upgrade\r\n\r\n"
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(common::GUARD, conn.read(&mut byte))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 1, "closed after {}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    conn.write_all(b"ping\n").await.unwrap();
+    let mut back = [0u8; 5];
+    tokio::time::timeout(common::GUARD, conn.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&back).trim().to_string()
+}
+
 /// Serves `text` on port 8080 inside the sandbox (busybox httpd).
 async fn serve(c: &Client, s: &Sandbox, text: &str) {
     let script = format!(
@@ -261,6 +293,18 @@ async fn private_networks_keys_and_ports_by_url() {
         String::from_utf8_lossy(&resp.body).trim(),
         format!("from-{}", a2.sandbox_id)
     );
+    // and a protocol switch (what WebSocket does): a 101 from inside, then bytes both ways
+    let script = r#"cat > /tmp/up.sh <<'EOF'
+#!/bin/sh
+while read -r l; do [ "$l" = "$(printf '\r')" ] && break; done
+printf 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n'
+exec cat
+EOF
+chmod +x /tmp/up.sh && (setsid nc -ll -p 9000 -e /tmp/up.sh </dev/null >/dev/null 2>&1 &)
+for i in $(seq 50); do netstat -ltn | grep -q ':9000 ' && exit 0; sleep 0.1; done; exit 1"#;
+    let (_, code) = run(alice, &a2, script).await;
+    assert_eq!(code, 0);
+    assert_eq!(upgrade_echo(&daemon.url, &a2.sandbox_id).await, "ping");
     let (status, body) = via_proxy(alice, &a2.sandbox_id, 8081).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(body.contains("port is not open"), "{body}");
