@@ -30,6 +30,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "networks",
         include_str!("../migrations/0004_networks.sql"),
     ),
+    (
+        5,
+        "traffic token",
+        include_str!("../migrations/0005_traffic_token.sql"),
+    ),
 ];
 
 pub use crate::state::State;

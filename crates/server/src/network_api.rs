@@ -34,7 +34,8 @@ pub struct NetworkConfig {
     pub allow_out: Option<Vec<String>>,
     #[serde(default)]
     pub deny_out: Option<Vec<String>>,
-    /// Accepted; sandbox URLs need no token in this version.
+    /// false: requests to the sandbox's ports (other than envd's) must carry the
+    /// `trafficAccessToken` of the create's answer in `e2b-traffic-access-token`.
     #[serde(default)]
     pub allow_public_traffic: Option<bool>,
 }

@@ -122,9 +122,25 @@ pub fn valid_network_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
+/// Traffic tokens of this daemon's sandboxes that have one (`allowPublicTraffic: false`):
+/// read on every proxied request, so kept in memory (and in the database for restarts).
+static TRAFFIC: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+
+fn traffic<T>(f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
+    let mut guard = TRAFFIC.lock().unwrap_or_else(|p| p.into_inner());
+    f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// The token requests to sandbox `id`'s ports must carry, if it has one.
+pub fn traffic_token(id: &str) -> Option<String> {
+    traffic(|m| m.get(id).cloned())
+}
+
 /// The network fields of a create, checked.
 #[derive(Debug, Clone)]
 pub struct NetRequest {
+    /// `allowPublicTraffic: false`: the token its ports then require.
+    pub traffic_token: Option<String>,
     pub egress: EgressSpec,
     /// Private networks to join.
     pub join: Vec<String>,
@@ -164,7 +180,18 @@ pub async fn check_request(
             )));
         }
     }
-    Ok(Some(NetRequest { egress, join }))
+    let traffic_token = match network.and_then(|n| n.allow_public_traffic) {
+        Some(false) => Some(
+            crate::util::random_hex(20)
+                .map_err(Error::io("getrandom for a traffic access token"))?,
+        ),
+        _ => None,
+    };
+    Ok(Some(NetRequest {
+        traffic_token,
+        egress,
+        join,
+    }))
 }
 
 pub(crate) async fn network_exists(db: &Db, key_id: &str, name: &str) -> Result<bool, Error> {
@@ -183,14 +210,21 @@ pub async fn record(db: &Db, sandbox: &str, key_id: &str, req: &NetRequest) -> R
         what: "encoding egress rules".into(),
         source: e.into(),
     })?;
-    sqlx::query("INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, NULL, $2)")
-        .bind(sandbox)
-        .bind(egress)
-        .execute(db.pool())
-        .await
-        .map_err(Error::db(format!(
-            "recording the network of sandbox {sandbox}"
-        )))?;
+    sqlx::query(
+        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress, traffic_token) \
+         VALUES ($1, NULL, $2, $3)",
+    )
+    .bind(sandbox)
+    .bind(egress)
+    .bind(&req.traffic_token)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "recording the network of sandbox {sandbox}"
+    )))?;
+    if let Some(token) = &req.traffic_token {
+        traffic(|m| m.insert(sandbox.to_string(), token.clone()));
+    }
     for name in &req.join {
         join(db, key_id, name, sandbox).await?;
     }
@@ -282,6 +316,7 @@ pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
 /// After the sandbox ended: it leaves its private networks (their other members stop
 /// reaching its address, which the next sandbox may get) and its network is gone.
 pub async fn ended(db: &Db, sandbox: &str) {
+    traffic(|m| m.remove(sandbox));
     if let Err(e) = registry::release(sandbox).await {
         eprintln!("sandcell serve: removing the network of {sandbox}: {e}");
     }
@@ -300,17 +335,21 @@ pub async fn ended(db: &Db, sandbox: &str) {
 /// At start: takes over the network of adopted sandbox `sandbox`.
 pub async fn adopt(db: &Db, sandbox: &str) -> Result<(), Error> {
     let Some(s) = settings() else { return Ok(()) };
-    let row: Option<(Option<String>, String)> =
-        sqlx::query_as("SELECT net_id, egress FROM sandbox_networks WHERE sandbox_id = $1")
-            .bind(sandbox)
-            .fetch_optional(db.pool())
-            .await
-            .map_err(Error::db(format!(
-                "reading the network of sandbox {sandbox}"
-            )))?;
-    let Some((Some(net_id), egress)) = row else {
+    let row: Option<(Option<String>, String, Option<String>)> = sqlx::query_as(
+        "SELECT net_id, egress, traffic_token FROM sandbox_networks WHERE sandbox_id = $1",
+    )
+    .bind(sandbox)
+    .fetch_optional(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "reading the network of sandbox {sandbox}"
+    )))?;
+    let Some((Some(net_id), egress, token)) = row else {
         return Ok(());
     };
+    if let Some(token) = token {
+        traffic(|m| m.insert(sandbox.to_string(), token));
+    }
     let egress: EgressSpec = serde_json::from_str(&egress).unwrap_or_default();
     match registry::adopt(&s.config, sandbox, &net_id, &egress).await {
         Ok(Some(_)) => Ok(()),

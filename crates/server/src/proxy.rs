@@ -27,6 +27,8 @@ use std::sync::Arc;
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// E2B's header for sandboxes created with `allowPublicTraffic: false`.
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
 /// Where a request for a sandbox goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +108,19 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
     if target.port != sandcell_runtime::AGENT_PORT
         && let Some(net) = sandcell_runtime::net::registry::get(&target.sandbox_id)
     {
+        if let Some(token) = crate::networks::traffic_token(&target.sandbox_id) {
+            let given = req
+                .headers()
+                .get(TRAFFIC_TOKEN_HEADER)
+                .map(HeaderValue::as_bytes)
+                .unwrap_or_default();
+            if !constant_time_eq(given, token.as_bytes()) {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!("missing or invalid {TRAFFIC_TOKEN_HEADER} for this sandbox's ports"),
+                ));
+            }
+        }
         return Ok(
             crate::network_api::forward_port(&net, &target.sandbox_id, target.port, req).await,
         );

@@ -305,6 +305,29 @@ for i in $(seq 50); do netstat -ltn | grep -q ':9000 ' && exit 0; sleep 0.1; don
     let (_, code) = run(alice, &a2, script).await;
     assert_eq!(code, 0);
     assert_eq!(upgrade_echo(&daemon.url, &a2.sandbox_id).await, "ping");
+    // allowPublicTraffic: false: the ports want the traffic token
+    let body = json!({"templateID": "minimal", "network": {"allowPublicTraffic": false}});
+    let resp = alice
+        .api(Method::POST, "/sandboxes", Some(&body))
+        .await
+        .unwrap();
+    assert_eq!(resp.status, StatusCode::CREATED);
+    let v: Value = serde_json::from_slice(&resp.body).unwrap();
+    let token = v["trafficAccessToken"].as_str().unwrap().to_string();
+    let private: Sandbox = serde_json::from_value(v).unwrap();
+    serve(alice, &private, "private").await;
+    let (status, _) = via_proxy(alice, &private.sandbox_id, 8080).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let req = Request::get("/")
+        .header("E2b-Sandbox-Id", &private.sandbox_id)
+        .header("E2b-Sandbox-Port", "8080")
+        .header("E2b-Traffic-Access-Token", &token)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = read_whole(alice.send(req).await.unwrap()).await.unwrap();
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&resp.body).trim(), "private");
+
     let (status, body) = via_proxy(alice, &a2.sandbox_id, 8081).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(body.contains("port is not open"), "{body}");
