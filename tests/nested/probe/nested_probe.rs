@@ -55,7 +55,10 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let secs = || -> Result<Duration, String> {
-            value.parse::<u64>().map(Duration::from_secs).map_err(|e| format!("{flag} {value}: {e}"))
+            value
+                .parse::<u64>()
+                .map(Duration::from_secs)
+                .map_err(|e| format!("{flag} {value}: {e}"))
         };
         match flag.as_str() {
             "--vmm" => a.vmm = value,
@@ -72,7 +75,10 @@ fn parse_args() -> Result<Args, String> {
         return Err("--vmm, --config and --uds are required".into());
     }
     if !["poweroff", "shutdown", "wait"].contains(&a.then.as_str()) {
-        return Err(format!("--then {}: expected poweroff, shutdown or wait", a.then));
+        return Err(format!(
+            "--then {}: expected poweroff, shutdown or wait",
+            a.then
+        ));
     }
     if a.then == "shutdown" && a.control.is_none() {
         return Err("--then shutdown needs --control".into());
@@ -82,7 +88,9 @@ fn parse_args() -> Result<Args, String> {
 
 fn read_line_bounded(r: &mut impl BufRead) -> Result<String, String> {
     let mut line = String::new();
-    r.take(MAX_LINE).read_line(&mut line).map_err(|e| format!("read: {e}"))?;
+    r.take(MAX_LINE)
+        .read_line(&mut line)
+        .map_err(|e| format!("read: {e}"))?;
     if line.is_empty() {
         return Err("connection closed".into());
     }
@@ -92,7 +100,9 @@ fn read_line_bounded(r: &mut impl BufRead) -> Result<String, String> {
 /// One HTTP/1.1 request to the agent through the hybrid-vsock socket; returns the status.
 fn agent_request(uds: &str, method: &str, path: &str) -> Result<u16, String> {
     let mut stream = UnixStream::connect(uds).map_err(|e| format!("connect {uds}: {e}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
     stream
         .write_all(format!("CONNECT {AGENT_PORT}\n").as_bytes())
         .map_err(|e| format!("write CONNECT: {e}"))?;
@@ -104,7 +114,9 @@ fn agent_request(uds: &str, method: &str, path: &str) -> Result<u16, String> {
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
-    stream.write_all(request.as_bytes()).map_err(|e| format!("write request: {e}"))?;
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("write request: {e}"))?;
     let status = read_line_bounded(&mut reader)?;
     let code = status
         .split_whitespace()
@@ -131,7 +143,10 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> Result<String, String> {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("the VMM did not exit within {}s; killed", timeout.as_secs()));
+            return Err(format!(
+                "the VMM did not exit within {}s; killed",
+                timeout.as_secs()
+            ));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -139,8 +154,12 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> Result<String, String> {
 
 fn shutdown(control: &str) -> Result<String, String> {
     let mut stream = UnixStream::connect(control).map_err(|e| format!("connect {control}: {e}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
-    stream.write_all(b"{\"op\":\"shutdown\"}\n").map_err(|e| format!("write: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"{\"op\":\"shutdown\"}\n")
+        .map_err(|e| format!("write: {e}"))?;
     let mut reader = BufReader::new(stream);
     // The VMM may exit before answering; an answer is not required.
     Ok(read_line_bounded(&mut reader).unwrap_or_default())
@@ -158,7 +177,9 @@ fn run(a: &Args) -> Result<(), String> {
     let ready = loop {
         if let Some(status) = child.try_wait().map_err(|e| format!("wait: {e}"))? {
             println!("vmm_exit={}", exit_text(status));
-            return Err(format!("the VMM exited before the agent answered (last: {last_error})"));
+            return Err(format!(
+                "the VMM exited before the agent answered (last: {last_error})"
+            ));
         }
         if start.elapsed() > a.ready_timeout {
             let _ = child.kill();

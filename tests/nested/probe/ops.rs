@@ -57,7 +57,10 @@ fn parse(args: &[String]) -> Result<Flags, String> {
             f.rest.extend(it.by_ref().cloned());
             break;
         }
-        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?.clone();
+        let v = it
+            .next()
+            .ok_or_else(|| format!("{a} needs a value"))?
+            .clone();
         match a.as_str() {
             "--uds" => f.uds = v,
             "--socket" => f.socket = v,
@@ -66,7 +69,8 @@ fn parse(args: &[String]) -> Result<Flags, String> {
             "--request" => f.request = v,
             "--count" => f.count = v.parse().map_err(|e| format!("--count {v}: {e}"))?,
             "--timeout" => {
-                f.timeout = Duration::from_secs(v.parse().map_err(|e| format!("--timeout {v}: {e}"))?)
+                f.timeout =
+                    Duration::from_secs(v.parse().map_err(|e| format!("--timeout {v}: {e}"))?)
             }
             _ => return Err(format!("unknown flag {a}")),
         }
@@ -94,9 +98,14 @@ pub fn run(op: &str, args: &[String]) -> Option<ExitCode> {
 }
 
 /// A hybrid-vsock stream to the agent, after the `CONNECT` handshake.
-fn connect_agent(uds: &str, timeout: Duration) -> Result<(UnixStream, BufReader<UnixStream>), String> {
+fn connect_agent(
+    uds: &str,
+    timeout: Duration,
+) -> Result<(UnixStream, BufReader<UnixStream>), String> {
     let stream = UnixStream::connect(uds).map_err(|e| format!("connect {uds}: {e}"))?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
     (&stream)
         .write_all(format!("CONNECT {AGENT_PORT}\n").as_bytes())
         .map_err(|e| format!("write CONNECT: {e}"))?;
@@ -125,8 +134,12 @@ fn request(
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).map_err(|e| format!("write {path}: {e}"))?;
-    stream.write_all(body).map_err(|e| format!("write {path}: {e}"))?;
+    stream
+        .write_all(head.as_bytes())
+        .map_err(|e| format!("write {path}: {e}"))?;
+    stream
+        .write_all(body)
+        .map_err(|e| format!("write {path}: {e}"))?;
     let status_line = read_line_bounded(&mut reader)?;
     let status = status_line
         .split_whitespace()
@@ -150,17 +163,25 @@ fn request(
 }
 
 /// The decoded body, de-chunked, at most `max` bytes.
-fn read_body(r: &mut BufReader<UnixStream>, chunked: bool, length: Option<usize>, max: usize) -> Result<Vec<u8>, String> {
+fn read_body(
+    r: &mut BufReader<UnixStream>,
+    chunked: bool,
+    length: Option<usize>,
+    max: usize,
+) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     if !chunked {
         let limit = length.unwrap_or(max).min(max) as u64;
-        r.take(limit).read_to_end(&mut out).map_err(|e| format!("read body: {e}"))?;
+        r.take(limit)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("read body: {e}"))?;
         return Ok(out);
     }
     loop {
         let size_line = read_line_bounded(r)?;
         let hex = size_line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(hex, 16).map_err(|_| format!("bad chunk size {size_line:?}"))?;
+        let size =
+            usize::from_str_radix(hex, 16).map_err(|_| format!("bad chunk size {size_line:?}"))?;
         if size == 0 {
             return Ok(out);
         }
@@ -169,9 +190,11 @@ fn read_body(r: &mut BufReader<UnixStream>, chunked: bool, length: Option<usize>
         }
         let start = out.len();
         out.resize(start + size, 0);
-        r.read_exact(&mut out[start..]).map_err(|e| format!("read chunk: {e}"))?;
+        r.read_exact(&mut out[start..])
+            .map_err(|e| format!("read chunk: {e}"))?;
         let mut crlf = [0u8; 2];
-        r.read_exact(&mut crlf).map_err(|e| format!("read chunk end: {e}"))?;
+        r.read_exact(&mut crlf)
+            .map_err(|e| format!("read chunk end: {e}"))?;
     }
 }
 
@@ -190,7 +213,10 @@ fn wait_agent(f: &Flags) -> Result<(), String> {
         // Each try takes a host port of the VMM: not too many (see snap_restore).
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(format!("no 2xx from /health within {}s (last: {last})", f.timeout.as_secs()))
+    Err(format!(
+        "no 2xx from /health within {}s (last: {last})",
+        f.timeout.as_secs()
+    ))
 }
 
 /// `--count`: N-1 more health checks, each on a new connection (so a new host port).
@@ -203,7 +229,11 @@ fn more_health(f: &Flags) -> Result<(), String> {
             .map_err(|e| format!("write: {e}"))?;
         let line = read_line_bounded(&mut reader)?;
         if !line.contains(" 204 ") && !line.contains(" 200 ") {
-            return Err(format!("connection {} of {}: /health answered {line:?}", i + 1, f.count));
+            return Err(format!(
+                "connection {} of {}: /health answered {line:?}",
+                i + 1,
+                f.count
+            ));
         }
     }
     Ok(())
@@ -286,7 +316,10 @@ fn exec(f: &Flags) -> Result<u8, String> {
     )?;
     let body = read_body(&mut reader, chunked, length, MAX_OUTPUT)?;
     if status != 200 {
-        return Err(format!("Start answered {status}: {}", String::from_utf8_lossy(&body)));
+        return Err(format!(
+            "Start answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        ));
     }
     let mut rest = &body[..];
     let mut exit = None;
@@ -305,9 +338,13 @@ fn exec(f: &Flags) -> Result<u8, String> {
             break;
         }
         if let Some(b64) = field(&msg, "stdout") {
-            std::io::stdout().write_all(&base64_decode(b64)?).map_err(|e| e.to_string())?;
+            std::io::stdout()
+                .write_all(&base64_decode(b64)?)
+                .map_err(|e| e.to_string())?;
         } else if let Some(b64) = field(&msg, "stderr") {
-            std::io::stderr().write_all(&base64_decode(b64)?).map_err(|e| e.to_string())?;
+            std::io::stderr()
+                .write_all(&base64_decode(b64)?)
+                .map_err(|e| e.to_string())?;
         } else if msg.contains("\"end\"") {
             let code = int_field(&msg, "exitCode").unwrap_or(0);
             let status = field(&msg, "status").unwrap_or("");
@@ -323,7 +360,9 @@ fn exec(f: &Flags) -> Result<u8, String> {
 
 /// RFC 3339 UTC with nanoseconds, for `/init`'s `timestamp`.
 fn rfc3339_now() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = now.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (proleptic Gregorian).
@@ -350,21 +389,32 @@ fn post(f: &Flags) -> Result<u8, String> {
         return Err("--path /PATH is required".into());
     }
     let body = f.body.replace("@NOW@", &rfc3339_now());
-    let (status, mut reader, chunked, length) =
-        request(&f.uds, f.timeout, &f.path, "application/json", body.as_bytes())?;
+    let (status, mut reader, chunked, length) = request(
+        &f.uds,
+        f.timeout,
+        &f.path,
+        "application/json",
+        body.as_bytes(),
+    )?;
     println!("status={status}");
     if (200..300).contains(&status) {
         return Ok(0);
     }
     let text = read_body(&mut reader, chunked, length, 4096).unwrap_or_default();
-    Err(format!("{} answered {status}: {}", f.path, String::from_utf8_lossy(&text)))
+    Err(format!(
+        "{} answered {status}: {}",
+        f.path,
+        String::from_utf8_lossy(&text)
+    ))
 }
 
 fn control(f: &Flags) -> Result<u8, String> {
     let start = Instant::now();
     let mut stream =
         UnixStream::connect(&f.socket).map_err(|e| format!("connect {}: {e}", f.socket))?;
-    stream.set_read_timeout(Some(f.timeout)).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(f.timeout))
+        .map_err(|e| e.to_string())?;
     stream
         .write_all(format!("{}\n", f.request).as_bytes())
         .map_err(|e| format!("write: {e}"))?;
@@ -376,5 +426,9 @@ fn control(f: &Flags) -> Result<u8, String> {
         .map_err(|e| format!("read the answer: {e}"))?;
     eprintln!("control_ms={}", start.elapsed().as_millis());
     println!("{}", line.trim_end());
-    Ok(if line.contains("\"result\":\"ok\"") { 0 } else { 1 })
+    Ok(if line.contains("\"result\":\"ok\"") {
+        0
+    } else {
+        1
+    })
 }
