@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sandcell_proto::agent::RESUME_MARKER;
+use sandcell_proto::agent::{HELD_MARKER, RESUME_MARKER};
 
 use crate::listen::ListenAddr;
 
@@ -31,6 +31,20 @@ pub fn marker_path(addr: &ListenAddr) -> Option<PathBuf> {
     match addr {
         ListenAddr::Unix(path) => Some(path.parent()?.join(RESUME_MARKER)),
         ListenAddr::Vsock { .. } | ListenAddr::Tcp(_) => None,
+    }
+}
+
+/// Tells the host that the agent holds no host socket any more: writes
+/// [`HELD_MARKER`] next to the resume marker `resume_marker`. Returns the file to remove
+/// when the hold ends.
+pub fn mark_held(resume_marker: &Path) -> Option<PathBuf> {
+    let held = resume_marker.parent()?.join(HELD_MARKER);
+    match std::fs::write(&held, b"") {
+        Ok(()) => Some(held),
+        Err(e) => {
+            crate::log!("writing the hold marker {}: {e}", held.display());
+            None
+        }
     }
 }
 

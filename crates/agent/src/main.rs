@@ -162,11 +162,17 @@ fn main() -> ExitCode {
                 // The listener is closed by now (dropped with the serve future).
                 ServeOutcome::CheckpointRequested => {
                     if let Some(marker) = sandcell_agent::checkpoint::marker_path(&addr) {
+                        let held = sandcell_agent::checkpoint::mark_held(&marker);
                         let seen = sandcell_agent::checkpoint::hold_until_resumed(
                             &marker,
                             CHECKPOINT_HOLD_MAX,
                         )
                         .await;
+                        // The host removes it before restoring; this covers a failed or
+                        // abandoned checkpoint.
+                        if let Some(held) = held {
+                            let _ = std::fs::remove_file(held);
+                        }
                         if !seen {
                             log!(
                                 "no resume marker within {CHECKPOINT_HOLD_MAX:?}: listening again"

@@ -51,6 +51,11 @@ pub const POWEROFF_PATH: &str = "/sandcell/poweroff";
 pub const CHECKPOINT_HOLD_PATH: &str = "/sandcell/checkpoint-hold";
 /// See [`CHECKPOINT_HOLD_PATH`]: the file name, in the directory of the agent's socket.
 pub const RESUME_MARKER: &str = "agent.resume";
+/// See [`CHECKPOINT_HOLD_PATH`]: written by the agent next to its socket once it holds no
+/// host socket any more (connections closed, listener dropped): what the runtime waits for
+/// before `runsc checkpoint`. (A refused connect is no proof: the listening host socket may
+/// outlive the agent's descriptor in gVisor's gofer for a while.)
+pub const HELD_MARKER: &str = "agent.held";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

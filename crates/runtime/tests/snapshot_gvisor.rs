@@ -6,19 +6,23 @@
 
 #![allow(clippy::unwrap_used)]
 
-use sandcell_agent::client::{OutputKind, decode_data};
-use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
+mod common;
+
+use common::sh;
+
 use sandcell_runtime::cgroup::{self, SandboxCgroup};
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::{
     Dirs, Error, Image, RestoreSpec, Runtime, Sandbox, SandboxSpec, SnapshotHandle, SnapshotKind,
-    agent_client, new_sandbox_id,
+    new_sandbox_id,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 struct Env {
+    // Declared first: dropped (cleaning up) before the temp dir goes.
+    _sweep: common::SweepGuard,
     tmp: tempfile::TempDir,
     dirs: Dirs,
     image: Image,
@@ -40,35 +44,17 @@ fn env() -> Env {
         .tempdir_in("/tmp")
         .unwrap();
     let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-    Env { tmp, dirs, image }
+    Env {
+        _sweep: common::SweepGuard { dirs: dirs.clone() },
+        tmp,
+        dirs,
+        image,
+    }
 }
 
 impl Env {
     fn snapshot_dir(&self, name: &str) -> PathBuf {
         self.tmp.path().join("snapshots").join(name)
-    }
-}
-
-/// Unmounts and removes the cgroups of every sandbox a failed test left (by run dir).
-impl Drop for Env {
-    fn drop(&mut self) {
-        let Ok(entries) = std::fs::read_dir(&self.dirs.run) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let id = entry.file_name().to_string_lossy().into_owned();
-            let _ = std::process::Command::new("runsc")
-                .arg(format!("--root={}", self.dirs.runsc_root().display()))
-                .args(["delete", "--force", &id])
-                .output();
-            if let Some(version) = cgroup::detect_version() {
-                let _ = SandboxCgroup::of(version, &id).remove();
-            }
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(entry.path().join("rootfs"))
-                .status();
-        }
     }
 }
 
@@ -91,61 +77,6 @@ fn restore_spec() -> RestoreSpec {
     let mut spec = RestoreSpec::new(new_sandbox_id().unwrap());
     spec.boot_timeout = Duration::from_secs(60);
     spec
-}
-
-/// `sh -c SCRIPT` in the sandbox: stdout, and the exit status. Fails after 60 s rather than
-/// hanging the test run when an agent stops answering.
-async fn sh(sb: &Arc<dyn Sandbox>, script: &str) -> (String, i32) {
-    match tokio::time::timeout(Duration::from_secs(60), sh_unbounded(sb, script)).await {
-        Ok(result) => result,
-        Err(_) => panic!(
-            "{script:?} in {} got no answer within 60 s; its console:\n{}",
-            sb.id(),
-            console_of(sb.id())
-        ),
-    }
-}
-
-/// The console log of sandbox `id` (found under the tests' temp dirs), for failure messages.
-fn console_of(id: &str) -> String {
-    let Ok(tmps) = std::fs::read_dir("/tmp") else {
-        return String::new();
-    };
-    tmps.flatten()
-        .map(|e| e.path().join("run").join(id).join("console.log"))
-        .find(|p| p.exists())
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_else(|| "(no console log found)".into())
-}
-
-async fn sh_unbounded(sb: &Arc<dyn Sandbox>, script: &str) -> (String, i32) {
-    let req = StartRequest {
-        process: ProcessConfig {
-            cmd: "sh".into(),
-            args: vec!["-c".into(), script.into()],
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let mut stream = agent_client(sb.clone()).start(&req).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(ev) = stream.next().await {
-        match ev.unwrap().event {
-            Event::Data(d) => {
-                if let (OutputKind::Stdout, b) = decode_data(&d).unwrap() {
-                    out.extend(b);
-                }
-            }
-            Event::End(end) => {
-                return (
-                    String::from_utf8_lossy(&out).into_owned(),
-                    end.shell_status(),
-                );
-            }
-            _ => {}
-        }
-    }
-    panic!("the process stream of {script:?} ended without an end event");
 }
 
 /// Starts the counter: a background shell that counts in its own memory and writes each
@@ -216,7 +147,6 @@ async fn assert_gone(env: &Env, rt: &GvisorRuntime, id: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky on Debian runsc 0.0~20221219: a restored agent sometimes accepts connections and never answers (issue 5); run with --run-ignored all"]
 async fn snapshot_and_restores_keep_files_and_processes_and_diverge() {
     let env = env();
     let rt = runtime(&env).await;
@@ -276,7 +206,6 @@ async fn snapshot_and_restores_keep_files_and_processes_and_diverge() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky on Debian runsc 0.0~20221219: a restored agent sometimes accepts connections and never answers (issue 5); run with --run-ignored all"]
 async fn pause_to_disk_then_restore_and_bad_snapshots_are_refused() {
     let env = env();
     let rt = runtime(&env).await;
@@ -349,7 +278,6 @@ fn rebase(snap: &SnapshotHandle, dir: &Path) -> SnapshotHandle {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky on Debian runsc 0.0~20221219: a restored agent sometimes accepts connections and never answers (issue 5); run with --run-ignored all"]
 async fn fork_children_are_independent_and_the_parent_runs_on() {
     let env = env();
     let rt = runtime(&env).await;
@@ -387,4 +315,31 @@ async fn fork_children_are_independent_and_the_parent_runs_on() {
     for id in &ids {
         assert_gone(&env, &rt, id).await;
     }
+}
+
+/// A sandbox restored from a checkpoint can be checkpointed again, over and over (pause and
+/// resume cycles do exactly this): the restored agent lets go of its host sockets again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_sandbox_checkpoints_again() {
+    let env = env();
+    let rt = runtime(&env).await;
+    let sb = start(&env, &rt).await;
+    start_counter(&sb).await;
+    let mut last = count_at_least(&sb, 3).await;
+    for round in 0..3 {
+        let snap = sb
+            .snapshot(
+                &env.snapshot_dir(&format!("round{round}")),
+                SnapshotKind::Full,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("snapshot {round}: {e}"));
+        let now = count(&sb).await;
+        assert!(now >= last, "round {round}: {now} < {last}");
+        last = count_at_least(&sb, now + 2).await;
+        snap.delete().unwrap();
+    }
+    let id = sb.id().to_string();
+    sb.destroy().await.unwrap();
+    assert_gone(&env, &rt, &id).await;
 }

@@ -5,83 +5,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-use sandcell_agent::client::{OutputKind, decode_data};
-use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
-use sandcell_runtime::cgroup::{self, SandboxCgroup};
+mod common;
+
+use common::sh;
+
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::net::testing::Internet;
 use sandcell_runtime::net::{EgressSpec, NetConfig};
 use sandcell_runtime::snapshot::{RestoreSpec, SnapshotKind};
-use sandcell_runtime::{
-    Dirs, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client, new_sandbox_id,
-};
+use sandcell_runtime::{Dirs, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, new_sandbox_id};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Removes what a failed test left under `dirs`: networks, cgroups, mounts.
-struct Guard {
-    dirs: Dirs,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let Ok(entries) = std::fs::read_dir(&self.dirs.run) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let id = entry.file_name().to_string_lossy().into_owned();
-            let _ = std::process::Command::new("runsc")
-                .arg(format!("--root={}", self.dirs.runsc_root().display()))
-                .args(["delete", "--force", &id])
-                .output();
-            let _ = sandcell_runtime::net::network::remove(&id);
-            if let Some(version) = cgroup::detect_version() {
-                let _ = SandboxCgroup::of(version, &id).remove();
-            }
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(entry.path().join("rootfs"))
-                .status();
-        }
-    }
-}
-
-/// `sh -c script` in the sandbox: stdout+stderr and the exit status, bounded in time.
-async fn sh(sb: &Arc<dyn Sandbox>, script: &str) -> (String, i32) {
-    let run = async {
-        let client = agent_client(sb.clone());
-        let req = StartRequest {
-            process: ProcessConfig {
-                cmd: "sh".into(),
-                args: vec!["-c".into(), script.into()],
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let mut stream = client.start(&req).await.unwrap();
-        let mut out = Vec::new();
-        while let Some(ev) = stream.next().await {
-            match ev.unwrap().event {
-                Event::Data(d) => match decode_data(&d).unwrap() {
-                    (OutputKind::Stderr, b) | (_, b) => out.extend(b),
-                },
-                Event::End(end) => {
-                    return (
-                        String::from_utf8_lossy(&out).into_owned(),
-                        end.shell_status(),
-                    );
-                }
-                _ => {}
-            }
-        }
-        panic!("stream ended without an end event");
-    };
-    match tokio::time::timeout(Duration::from_secs(60), run).await {
-        Ok(r) => r,
-        Err(_) => panic!("{script:?} in {} got no answer within 60 s", sb.id()),
-    }
-}
 
 fn console(dirs: &Dirs, id: &str) -> String {
     std::fs::read_to_string(dirs.sandbox_run_dir(id).join("console.log")).unwrap_or_default()
@@ -107,7 +42,7 @@ async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
         .tempdir_in("/tmp")
         .unwrap();
     let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-    let _guard = Guard { dirs: dirs.clone() };
+    let _guard = common::SweepGuard { dirs: dirs.clone() };
     let rt = GvisorRuntime::new(dirs.clone())
         .await
         .expect("runsc is needed");

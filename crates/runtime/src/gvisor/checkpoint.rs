@@ -29,7 +29,7 @@
 
 use super::*;
 use crate::snapshot::{RestoreSpec, SnapshotFiles, SnapshotHandle, SnapshotKind};
-use sandcell_proto::agent::RESUME_MARKER;
+use sandcell_proto::agent::{HELD_MARKER, RESUME_MARKER};
 
 const CHECKPOINT_DIR: &str = "checkpoint";
 const UPPER_DIR: &str = "upper";
@@ -166,6 +166,8 @@ async fn checkpoint_to(
     // so a refused connection says it has let go of all of them.
     let marker = sb.paths.host.join(RESUME_MARKER);
     let _ = std::fs::remove_file(&marker);
+    let held = sb.paths.host.join(HELD_MARKER);
+    let _ = std::fs::remove_file(&held);
     let client = AgentClient::new(UnixConnector(sb.paths.socket.clone()));
     match tokio::time::timeout(HOLD_TIMEOUT, client.checkpoint_hold()).await {
         Ok(Ok(())) => {}
@@ -177,24 +179,23 @@ async fn checkpoint_to(
             ));
         }
     }
+    // The agent says when it holds no host socket any more (see HELD_MARKER).
     let deadline = tokio::time::Instant::now() + HOLD_TIMEOUT;
-    while tokio::net::UnixStream::connect(&sb.paths.socket)
-        .await
-        .is_ok()
-    {
+    while std::fs::symlink_metadata(&held).is_err() {
         if tokio::time::Instant::now() >= deadline {
             let _ = resume_agent(sb);
             return Err(hold_failed(
                 sb,
                 format!(
-                    "the agent still accepts connections {HOLD_TIMEOUT:?} after agreeing to \
-                     hold{}",
+                    "the agent did not let go of its host sockets {HOLD_TIMEOUT:?} after \
+                     agreeing to hold{}",
                     sb.console_tail()
                 ),
             ));
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    let _ = std::fs::remove_file(&held);
     // gVisor cannot unlink a host socket from inside: the agent's next bind needs it gone.
     remove_socket_file(sb)?;
 
