@@ -130,10 +130,12 @@ SANDCELL_OTHER_KEY=$("$SANDCELL_BIN" keys --data-dir "$DATA" create --name other
 export SANDCELL_LIMITED_KEY SANDCELL_OTHER_KEY
 
 status=0
-say "python: pytest tests/e2b/test_sdk.py (e2b $PY_SDK)"
-"$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_sdk.py" ${PYTEST_ARGS:-} || status=1
+say "python: pytest tests/e2b/test_sdk.py test_snapshots.py (e2b $PY_SDK)"
+"$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_sdk.py" "$HERE/test_snapshots.py" ${PYTEST_ARGS:-} || status=1
 say "node: tests/e2b/sdk.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/sdk.cjs" || status=1
+say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
+NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 
 if [ "$status" != 0 ]; then
     echo "---- daemon stderr (last 40 lines) ----" >&2

@@ -15,6 +15,8 @@
 //! sandcell shell ID [--user U] [--cwd DIR] [--env K=V]... [-- CMD [ARGS...]]
 //! sandcell cp LOCAL ID:PATH | ID:PATH LOCAL  [--user U]
 //! sandcell kill ID...
+//! sandcell pause ID... [--json] | resume ID [--timeout SECS] [--json]
+//! sandcell fork ID [-n N] [--timeout SECS] [--json] | snapshot ID [--name NAME] [--json]
 //! sandcell create ... [--allow-out DEST]... [--deny-out CIDR]... [--no-internet] [--network NAME]...
 //! sandcell net create NAME | ls | rm NAME... | join ID NAME | leave ID NAME [--json]
 //! sandcell net rules ID [--allow-out DEST]... [--deny-out CIDR]... [--no-internet]
@@ -33,6 +35,7 @@ mod image;
 mod net;
 mod run;
 mod sandboxes;
+mod snapshots;
 mod term;
 
 use clap::{Parser, Subcommand};
@@ -92,6 +95,14 @@ enum ClientCommand {
     Cp(cp::CpArgs),
     /// Kill sandboxes
     Kill(sandboxes::KillArgs),
+    /// Pause sandboxes: memory, processes and files saved to disk (`resume` continues them)
+    Pause(snapshots::PauseArgs),
+    /// Resume a paused sandbox (same id, processes and files)
+    Resume(snapshots::ResumeArgs),
+    /// Fork a running sandbox into N new ones that continue from its present state
+    Fork(snapshots::ForkArgs),
+    /// Snapshot a running sandbox (it keeps running); create sandboxes from it with -t
+    Snapshot(snapshots::SnapshotArgs),
     /// Networks: private networks (create, ls, rm, join, leave), a sandbox's egress rules
     /// and what they refused (rules, log)
     Net {
@@ -162,6 +173,10 @@ async fn client(dirs: &Dirs, command: ClientCommand) -> i32 {
         ClientCommand::Shell(args) => exec::shell(&target, args).await,
         ClientCommand::Cp(args) => cp::cp(&target, args).await,
         ClientCommand::Kill(args) => sandboxes::kill(&target, args).await,
+        ClientCommand::Pause(args) => snapshots::pause(&target, args).await,
+        ClientCommand::Resume(args) => snapshots::resume(&target, args).await,
+        ClientCommand::Fork(args) => snapshots::fork(&target, args).await,
+        ClientCommand::Snapshot(args) => snapshots::snapshot(&target, args).await,
         ClientCommand::Net { command } => net::run(&target, command).await,
     }
 }

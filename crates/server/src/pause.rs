@@ -301,16 +301,10 @@ impl Lifecycle {
                     continue;
                 }
             };
-            let problem =
-                match tokio::time::timeout(INIT_TIMEOUT, init_agent(&sandbox, env, access_token))
-                    .await
-                {
-                    Ok(Ok(_)) => return Ok(sandbox),
-                    Ok(Err(e)) => e.message,
-                    Err(_) => {
-                        format!("the restored agent did not answer /init within {INIT_TIMEOUT:?}")
-                    }
-                };
+            let problem = match init_restored(&sandbox, env, access_token).await {
+                Ok(()) => return Ok(sandbox),
+                Err(problem) => problem,
+            };
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
             if attempt >= RESTORE_ATTEMPTS {
                 return Err(ApiError::internal(format!(
@@ -417,10 +411,10 @@ impl Lifecycle {
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            if !known.contains(&*path.to_string_lossy()) {
-                if let Err(e) = std::fs::remove_dir_all(&path) {
-                    eprintln!("sandcell serve: removing {}: {e}", path.display());
-                }
+            if !known.contains(&*path.to_string_lossy())
+                && let Err(e) = std::fs::remove_dir_all(&path)
+            {
+                eprintln!("sandcell serve: removing {}: {e}", path.display());
             }
         }
     }
@@ -516,6 +510,37 @@ impl Lifecycle {
         self.db.set_snapshot_handle(&snap_id, &json).await?;
         Ok(true)
     }
+}
+
+/// How long one `/init` to a restored agent may take before it is sent again on a new
+/// connection (a healthy restored agent answers in milliseconds).
+const INIT_TRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `/init` to a restored agent, sent again on a new connection every [`INIT_TRY`] until
+/// [`INIT_TIMEOUT`]: a connection to a just-restored gVisor agent sometimes never gets its
+/// request read (a lost readiness event), where a new one is served.
+async fn init_restored(
+    sandbox: &Arc<dyn Sandbox>,
+    env: &BTreeMap<String, String>,
+    access_token: Option<&str>,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + INIT_TIMEOUT;
+    let mut last = format!("the restored agent did not answer /init within {INIT_TIMEOUT:?}");
+    while tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout(INIT_TRY, init_agent(sandbox, env, access_token)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => {
+                last = e.message;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(_) => eprintln!(
+                "sandcell serve: sandbox {}: no answer to /init within {INIT_TRY:?}; sending it \
+                 again on a new connection",
+                sandbox.id()
+            ),
+        }
+    }
+    Err(last)
 }
 
 /// The runtime handle stored with a snapshot row.

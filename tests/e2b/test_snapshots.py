@@ -1,0 +1,74 @@
+"""The registry `e2b` Python SDK's pause, connect (resume), snapshot and fork calls,
+unmodified, against a real `sandcell serve` (run through tests/e2b/run.sh, environment as
+test_sdk.py). gvisor: checkpoints are serialised host-wide and take seconds each.
+"""
+
+import os
+
+import pytest
+
+from e2b import Sandbox, SandboxNotFoundException, SandboxQuery, SandboxState
+
+TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
+
+
+def test_pause_then_connect_resumes_the_same_sandbox():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120)
+    try:
+        sbx.files.write("/home/user/kept.txt", "before pause")
+        sbx.commands.run("sleep 600", background=True)
+        assert sbx.pause() is True
+        assert sbx.pause() is False, "409: already paused"
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [sbx.sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()
+        assert sbx.sandbox_id not in [s.sandbox_id for s in running]
+
+        same = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert same.sandbox_id == sbx.sandbox_id
+        assert same.files.read("/home/user/kept.txt") == "before pause"
+        assert "sleep 600" in same.commands.run("ps").stdout
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+        # Connecting to a running sandbox is fine too (200).
+        assert Sandbox.connect(sbx.sandbox_id).commands.run("echo ok").stdout == "ok\n"
+    finally:
+        sbx.kill()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sbx.sandbox_id)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.pause(sbx.sandbox_id)
+
+
+def test_snapshot_is_a_template_and_fork_makes_independent_sandboxes():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120)
+    made = []
+    try:
+        sbx.files.write("/home/user/mark", "source")
+        info = sbx.create_snapshot()
+        assert info.snapshot_id.startswith("snap-")
+        listed = Sandbox.list_snapshots().next_items()
+        assert info.snapshot_id in [s.snapshot_id for s in listed]
+        # The source keeps running.
+        assert sbx.files.read("/home/user/mark") == "source"
+
+        from_snapshot = Sandbox.create(template=info.snapshot_id, timeout=60)
+        made.append(from_snapshot)
+        assert from_snapshot.files.read("/home/user/mark") == "source"
+
+        forks = sbx.fork(count=2, timeout=60)
+        assert len(forks) == 2
+        for f in forks:
+            assert isinstance(f, Sandbox), f
+            made.append(f)
+        forks[0].files.write("/home/user/mark", "fork 0")
+        assert forks[1].files.read("/home/user/mark") == "source"
+        assert sbx.files.read("/home/user/mark") == "source"
+        assert forks[0].files.read("/home/user/mark") == "fork 0"
+
+        assert Sandbox.delete_snapshot(info.snapshot_id) is True
+        assert Sandbox.delete_snapshot(info.snapshot_id) is False
+    finally:
+        for s in made:
+            s.kill()
+        sbx.kill()
