@@ -28,7 +28,7 @@ def test_pause_then_connect_resumes_the_same_sandbox():
         same = Sandbox.connect(sbx.sandbox_id, timeout=120)
         assert same.sandbox_id == sbx.sandbox_id
         assert same.files.read("/home/user/kept.txt") == "before pause"
-        assert "sleep 600" in same.commands.run("ps").stdout
+        assert "sleep 600" in same.commands.run("ps -eo args").stdout
         assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
         # Connecting to a running sandbox is fine too (200).
         assert Sandbox.connect(sbx.sandbox_id).commands.run("echo ok").stdout == "ok\n"
