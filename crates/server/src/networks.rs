@@ -390,6 +390,21 @@ pub async fn reconcile_host() -> Result<Vec<String>, Error> {
         source: std::io::Error::other(e),
     })?
     .map_err(net_error("reconciling sandbox networks"))
+    .inspect(|_| forget_gone_owners())
+}
+
+/// Removes the owner records of daemons whose data dir is gone (their networks were just
+/// removed by the reconcile).
+fn forget_gone_owners() {
+    let Ok(dir) = std::fs::read_dir(OWNERS_DIR) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        if name.to_str().is_some_and(owner_gone) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Recomputes every sandbox's private-network peers from the memberships and puts the
