@@ -154,6 +154,15 @@ impl Runtime for MicrovmRuntime {
                 ),
             });
         }
+        if spec.network.is_some() {
+            // No virtio-net yet: the sandbox gets no network at all, which is stricter than
+            // any egress policy asked for (never looser); said once per sandbox.
+            eprintln!(
+                "sandcell: microvm sandbox {}: no network (the microvm runtime has no \
+                 virtio-net yet; use --runtime gvisor for networking)",
+                spec.id
+            );
+        }
         let base = spec.image.rootfs_ext4.clone().ok_or_else(|| Error::Image {
             image: spec.image.name.clone(),
             problem: "has no rootfs.ext4, which the microvm runtime needs".into(),
@@ -267,6 +276,12 @@ impl Runtime for MicrovmRuntime {
         snapshot: &crate::SnapshotHandle,
         spec: crate::RestoreSpec,
     ) -> Result<Box<dyn Sandbox>> {
+        if spec.network.is_some() {
+            eprintln!(
+                "sandcell: microvm sandbox {}: restored without a network (no virtio-net yet)",
+                spec.id
+            );
+        }
         let sandbox = sandbox::restore_new(&self.dirs, &self.vmm, snapshot, spec).await?;
         Ok(Box::new(sandbox))
     }
