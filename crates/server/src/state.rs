@@ -11,8 +11,9 @@
 //!      └──────failed───────┴────ended by itself, lost──────────────▶ error
 //! ```
 //!
-//! (The pause states are for the pause issue: nothing enters them yet.) `killed` and `error`
-//! are final. Every non-final state holds host resources and counts against the key's limit.
+//! Pausing, paused and resuming: pause.rs (a paused sandbox keeps its snapshot on disk).
+//! `killed` and `error` are final. Every non-final state holds host resources and counts
+//! against the key's limit.
 
 /// A sandbox's lifecycle state as stored in the `state` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
