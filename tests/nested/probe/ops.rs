@@ -7,16 +7,20 @@
 //!   nested-probe exec --uds SOCK [--timeout SECS] SHELL_COMMAND
 //!       `process.Process/Start` of `/bin/sh -c SHELL_COMMAND` as root; the process's stdout
 //!       and stderr to ours; exits with its status (128 + signal when killed)
-//!   nested-probe post --uds SOCK --path PATH [--body JSON]
+//!   nested-probe post --uds SOCK --path PATH [--body JSON]   (then the body on a line)
 //!       `POST PATH` (e.g. /init, /sandcell/poweroff); `@NOW@` in JSON becomes the current
 //!       time in RFC 3339 (nanoseconds); prints `status=N`, exit 0 on 2xx
 //!   nested-probe control --socket SOCK --request JSON [--timeout SECS]
 //!       one line to a sandcell-vmm control socket; prints the answer line and its time
 //!       (`control_ms=N`, stderr); exit 0 when the answer is `"result":"ok"`
 //!
+//! `exec` and `post` take `--tcp ADDR:PORT` instead of `--uds` (HTTP to a daemon and its envd
+//! proxy) and `--header 'Name: value'` (repeatable).
+//!
 //! Every byte from the agent or the VMM is read with a bound: they are peers like any other.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -30,6 +34,10 @@ const MAX_OUTPUT: usize = 16 << 20;
 
 struct Flags {
     uds: String,
+    /// `--tcp ADDR:PORT`: plain HTTP to a daemon (its envd proxy) instead of hybrid vsock.
+    tcp: String,
+    /// `--header 'Name: value'`, repeatable.
+    headers: Vec<String>,
     socket: String,
     path: String,
     body: String,
@@ -42,6 +50,8 @@ struct Flags {
 fn parse(args: &[String]) -> Result<Flags, String> {
     let mut f = Flags {
         uds: String::new(),
+        tcp: String::new(),
+        headers: Vec::new(),
         socket: String::new(),
         path: String::new(),
         body: String::new(),
@@ -63,6 +73,8 @@ fn parse(args: &[String]) -> Result<Flags, String> {
             .clone();
         match a.as_str() {
             "--uds" => f.uds = v,
+            "--tcp" => f.tcp = v,
+            "--header" => f.headers.push(v),
             "--socket" => f.socket = v,
             "--path" => f.path = v,
             "--body" => f.body = v,
@@ -97,11 +109,55 @@ pub fn run(op: &str, args: &[String]) -> Option<ExitCode> {
     }
 }
 
-/// A hybrid-vsock stream to the agent, after the `CONNECT` handshake.
-fn connect_agent(
-    uds: &str,
-    timeout: Duration,
-) -> Result<(UnixStream, BufReader<UnixStream>), String> {
+/// A stream to the agent: hybrid vsock or TCP.
+enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn try_clone(&self) -> Result<Conn, String> {
+        match self {
+            Conn::Unix(s) => s.try_clone().map(Conn::Unix),
+            Conn::Tcp(s) => s.try_clone().map(Conn::Tcp),
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read(buf),
+            Conn::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.write(buf),
+            Conn::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// With `--tcp`, a TCP connection; else a hybrid-vsock stream to the agent after the
+/// `CONNECT` handshake.
+fn connect(f: &Flags, timeout: Duration) -> Result<(Conn, BufReader<Conn>), String> {
+    if !f.tcp.is_empty() {
+        let s = TcpStream::connect(&f.tcp).map_err(|e| format!("connect {}: {e}", f.tcp))?;
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
+        let conn = Conn::Tcp(s);
+        let reader = BufReader::new(conn.try_clone()?);
+        return Ok((conn, reader));
+    }
+    let uds = &f.uds;
     let stream = UnixStream::connect(uds).map_err(|e| format!("connect {uds}: {e}"))?;
     stream
         .set_read_timeout(Some(timeout))
@@ -109,28 +165,29 @@ fn connect_agent(
     (&stream)
         .write_all(format!("CONNECT {AGENT_PORT}\n").as_bytes())
         .map_err(|e| format!("write CONNECT: {e}"))?;
-    let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+    let conn = Conn::Unix(stream);
+    let mut reader = BufReader::new(conn.try_clone()?);
     let ok = read_line_bounded(&mut reader)?;
     if !ok.starts_with("OK ") {
         return Err(format!("CONNECT {AGENT_PORT} answered {ok:?}"));
     }
     // The host port the VMM gave this connection (a test holds one across a snapshot).
     eprintln!("nested-probe: host port {}", &ok[3..]);
-    Ok((stream, reader))
+    Ok((conn, reader))
 }
 
 /// Sends one request; returns the status code, whether the body is chunked, and its
 /// Content-Length.
 fn request(
-    uds: &str,
-    timeout: Duration,
+    f: &Flags,
     path: &str,
     content_type: &str,
     body: &[u8],
-) -> Result<(u16, BufReader<UnixStream>, bool, Option<usize>), String> {
-    let (mut stream, mut reader) = connect_agent(uds, timeout)?;
+) -> Result<(u16, BufReader<Conn>, bool, Option<usize>), String> {
+    let (mut stream, mut reader) = connect(f, f.timeout)?;
+    let extra: String = f.headers.iter().map(|h| format!("{h}\r\n")).collect();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: {content_type}\r\n\
+        "POST {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: {content_type}\r\n{extra}\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
@@ -164,7 +221,7 @@ fn request(
 
 /// The decoded body, de-chunked, at most `max` bytes.
 fn read_body(
-    r: &mut BufReader<UnixStream>,
+    r: &mut BufReader<Conn>,
     chunked: bool,
     length: Option<usize>,
     max: usize,
@@ -222,7 +279,7 @@ fn wait_agent(f: &Flags) -> Result<(), String> {
 /// `--count`: N-1 more health checks, each on a new connection (so a new host port).
 fn more_health(f: &Flags) -> Result<(), String> {
     for i in 1..f.count {
-        let (mut stream, mut reader) = connect_agent(&f.uds, Duration::from_secs(10))
+        let (mut stream, mut reader) = connect(f, Duration::from_secs(10))
             .map_err(|e| format!("connection {} of {}: {e}", i + 1, f.count))?;
         stream
             .write_all(b"GET /health HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
@@ -308,8 +365,7 @@ fn exec(f: &Flags) -> Result<u8, String> {
     envelope.extend_from_slice(&(json.len() as u32).to_be_bytes());
     envelope.extend_from_slice(json.as_bytes());
     let (status, mut reader, chunked, length) = request(
-        &f.uds,
-        f.timeout,
+        f,
         "/process.Process/Start",
         "application/connect+json",
         &envelope,
@@ -389,18 +445,15 @@ fn post(f: &Flags) -> Result<u8, String> {
         return Err("--path /PATH is required".into());
     }
     let body = f.body.replace("@NOW@", &rfc3339_now());
-    let (status, mut reader, chunked, length) = request(
-        &f.uds,
-        f.timeout,
-        &f.path,
-        "application/json",
-        body.as_bytes(),
-    )?;
+    let (status, mut reader, chunked, length) =
+        request(f, &f.path, "application/json", body.as_bytes())?;
     println!("status={status}");
+    let text = read_body(&mut reader, chunked, length, 64 * 1024).unwrap_or_default();
     if (200..300).contains(&status) {
+        // The answer's body, on its own line (a daemon's JSON).
+        println!("{}", String::from_utf8_lossy(&text));
         return Ok(0);
     }
-    let text = read_body(&mut reader, chunked, length, 4096).unwrap_or_default();
     Err(format!(
         "{} answered {status}: {}",
         f.path,
