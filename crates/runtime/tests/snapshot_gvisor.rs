@@ -343,3 +343,53 @@ async fn a_restored_sandbox_checkpoints_again() {
     sb.destroy().await.unwrap();
     assert_gone(&env, &rt, &id).await;
 }
+
+/// Restores of restores: a sandbox paused to disk and resumed (same id) can be paused again,
+/// and forked, and the children of that chain answer (the daemon's pause, resume and fork
+/// cycles do exactly this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chained_restores_answer() {
+    let env = env();
+    let rt = runtime(&env).await;
+    let first = start(&env, &rt).await;
+    assert_eq!(sh(&first, "echo one > /root/data").await.1, 0);
+    let id = first.id().to_string();
+    let mut current = first;
+    for round in 0..2 {
+        let snap = current
+            .pause_to_disk(&env.snapshot_dir(&format!("pause{round}")))
+            .await
+            .unwrap_or_else(|e| panic!("pause {round}: {e}"));
+        let mut spec = RestoreSpec::new(id.clone());
+        spec.boot_timeout = Duration::from_secs(60);
+        current = Arc::from(
+            rt.restore(&snap, spec)
+                .await
+                .unwrap_or_else(|e| panic!("resume {round}: {e}")),
+        );
+        assert_eq!(
+            sh(&current, "cat /root/data").await.0,
+            "one\n",
+            "round {round}"
+        );
+        assert_eq!(
+            sh(&current, &format!("echo {round} >> /root/rounds"))
+                .await
+                .1,
+            0
+        );
+    }
+    let children = current
+        .fork(1, &env.snapshot_dir("fork"))
+        .await
+        .unwrap_or_else(|e| panic!("fork of a resumed sandbox: {e}"));
+    let child: Arc<dyn Sandbox> = Arc::from(children.into_iter().next().unwrap());
+    assert_eq!(sh(&child, "cat /root/rounds").await.0, "0\n1\n");
+    assert_eq!(sh(&current, "cat /root/rounds").await.0, "0\n1\n");
+    let ids = [current.id().to_string(), child.id().to_string()];
+    child.destroy().await.unwrap();
+    current.destroy().await.unwrap();
+    for id in &ids {
+        assert_gone(&env, &rt, id).await;
+    }
+}

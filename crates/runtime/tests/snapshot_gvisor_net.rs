@@ -145,6 +145,34 @@ async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
         "parent lost its network"
     );
 
+    // Pause to disk and resume under the same id, twice: each resume gets a network made
+    // new from the same rules (the daemon's pause/resume cycle).
+    let mut parent = parent;
+    for round in 0..2 {
+        let id = parent.id().to_string();
+        let snap = parent
+            .pause_to_disk(&tmp.path().join(format!("pause{round}")))
+            .await
+            .unwrap_or_else(|e| panic!("pause {round}: {e}"));
+        let mut rs = RestoreSpec::new(id);
+        rs.boot_timeout = Duration::from_secs(60);
+        rs.network = Some(network.clone());
+        parent = Arc::from(
+            rt.restore(&snap, rs)
+                .await
+                .unwrap_or_else(|e| panic!("resume {round}: {e}")),
+        );
+        assert_eq!(sh(&parent, "cat /root/before").await.0, "kept\n");
+        assert!(
+            reaches(&parent, "198.51.100.10").await,
+            "resume {round} has no network"
+        );
+        assert!(
+            !reaches(&parent, "198.51.100.20").await,
+            "resume {round} ignores the policy"
+        );
+    }
+
     let ids: Vec<String> = [&parent, &restored, &child]
         .iter()
         .map(|s| s.id().to_string())
