@@ -33,8 +33,9 @@ use sandcell_proto::agent::{HELD_MARKER, RESUME_MARKER};
 
 const CHECKPOINT_DIR: &str = "checkpoint";
 const UPPER_DIR: &str = "upper";
-/// How long the agent gets to answer the hold request and close its socket.
-const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the agent gets to answer the hold request and let go of its sockets (a second
+/// or less; 5 s was seen to run out on a host loaded ~4x over its cores).
+const HOLD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Serializes checkpoints and restores in this process (a restore up to the restored agent
 /// answering): with concurrent ones, restored agents sometimes accepted connections and
 /// never answered (runsc 20221219; cause unknown; one at a time they work every time).
@@ -309,6 +310,13 @@ async fn wait_listening(sb: &GvisorSandbox) {
 async fn wait_gone(sb: &GvisorSandbox, pid: u32) -> Result<()> {
     let deadline = tokio::time::Instant::now() + OLD_RUNSC_EXIT;
     while crate::owner::process_start_time(pid).is_some() || sb.shared.has_state(&sb.id) {
+        if crate::owner::process_start_time(pid).is_none() {
+            // `runsc run` is gone but the container is still listed: runsc 20240729 keeps
+            // a checkpointed container's state until it is deleted (20221219 removed it
+            // itself). Delete it now rather than waiting out the deadline.
+            sb.shared.force_delete(&sb.id).await?;
+            break;
+        }
         if tokio::time::Instant::now() >= deadline {
             kill_pid(pid, libc::SIGKILL);
             sb.shared.force_delete(&sb.id).await?;
