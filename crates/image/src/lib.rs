@@ -15,6 +15,7 @@
 
 pub mod build;
 pub mod cache;
+pub mod diff;
 pub mod digest;
 pub mod import;
 pub mod progress;
