@@ -16,11 +16,8 @@ use std::process::{Child, Command, Output, Stdio};
 
 fn require_root_and_runsc() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "these tests need root (runsc, overlayfs, cgroups)"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "these tests need root (runsc, overlayfs, cgroups)");
     assert!(
         Command::new("runsc")
             .arg("--version")

@@ -70,11 +70,8 @@ fn sh(script: &str, dir: &Path) {
 #[test]
 fn an_overlay_upper_exported_and_applied_gives_the_merged_tree() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (an overlayfs mount)"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test needs root (an overlayfs mount)");
     let tmp = tempfile::Builder::new()
         .prefix("sc-diff")
         .tempdir_in("/tmp")

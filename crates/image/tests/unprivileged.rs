@@ -38,9 +38,9 @@ fn unprivileged_build_keeps_owners_in_the_ext4() {
         return;
     }
     // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "this test needs root (to run its import as nobody)"
     );
     require_tool("debugfs", "e2fsprogs");
