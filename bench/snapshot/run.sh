@@ -13,8 +13,8 @@ case "${1:-}" in
   *) runs=$1 ;;
 esac
 cd "$root"
-nice cargo build -q --release -p sandcell-runtime --example bench_snapshot
+nice cargo build -q --release -p sandcell-runtime --example bench_gvisor_snapshot
 out=bench/snapshot/results.json
-target/release/examples/bench_snapshot --image "$data/images/minimal" --runs "$runs" > "$out.tmp"
+target/release/examples/bench_gvisor_snapshot --image "$data/images/minimal" --runs "$runs" > "$out.tmp"
 mv "$out.tmp" "$out"
 cat "$out"

@@ -8,7 +8,7 @@
 //! - restore_ready: Sandcell `Runtime::restore` to the agent answering `GET /health`.
 //!   Direct: `runsc restore -detach` of that checkpoint returning.
 //!
-//! Usage: bench_snapshot --image DIR [--runs N]
+//! Usage: bench_gvisor_snapshot --image DIR [--runs N]
 
 #![allow(clippy::unwrap_used)]
 
