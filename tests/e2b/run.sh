@@ -147,7 +147,7 @@ retry_once test_snapshots.py "$CACHE/venv/bin/python" -m pytest -q -p no:cachepr
 say "node: tests/e2b/sdk.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/sdk.cjs" || status=1
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
-NODE_PATH="$CACHE/node/node_modules" retry_once snapshots.cjs node "$HERE/snapshots.cjs" || status=1
+retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 
 if [ "$status" != 0 ]; then
     echo "---- daemon stderr (last 40 lines) ----" >&2
