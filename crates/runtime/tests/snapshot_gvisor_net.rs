@@ -145,6 +145,66 @@ async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
         "parent lost its network"
     );
 
+    let ids: Vec<String> = [&parent, &restored, &child]
+        .iter()
+        .map(|s| s.id().to_string())
+        .collect();
+    for sb in [&parent, &restored, &child] {
+        sb.destroy().await.unwrap();
+    }
+    let list = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    for id in ids {
+        assert!(!list.contains(&id), "the namespace of {id} outlived it");
+    }
+}
+
+/// Pause to disk and resume under the same id, twice: each resume gets a network made new
+/// from the same rules (the daemon's pause/resume cycle) and keeps its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn networked_pause_resume_cycles_keep_network_and_policy() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let data = std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
+    let image = Image::resolve(&Path::new(&data).join("images"), "minimal")
+        .unwrap_or_else(|e| panic!("needs the minimal image (`make images install`): {e}"));
+    let tmp = tempfile::Builder::new()
+        .prefix("sc-pausenet")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
+    let _guard = common::SweepGuard { dirs: dirs.clone() };
+    let rt = GvisorRuntime::new(dirs.clone())
+        .await
+        .expect("runsc is needed");
+    if !rt.runsc().net_disconnect_ok {
+        // Covered by the refusal check of the test above.
+        return;
+    }
+    let network = NetworkSpec {
+        egress: EgressSpec {
+            allow_internet_access: true,
+            allow_out: vec!["198.51.100.10/32".into()],
+            deny_out: vec![],
+        },
+        config: NetConfig {
+            pool: "10.203.0.0/16".parse().unwrap(),
+            upstream_dns: Internet::upstream_dns(),
+        },
+    };
+    let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), image);
+    spec.boot_timeout = Duration::from_secs(60);
+    spec.memory_mib = 256;
+    spec.network = Some(network.clone());
+    let parent: Arc<dyn Sandbox> = Arc::from(rt.create(spec).await.unwrap());
+    parent.start().await.unwrap();
+    assert_eq!(sh(&parent, "echo kept > /root/before").await.1, 0);
+
     // Pause to disk and resume under the same id, twice: each resume gets a network made
     // new from the same rules (the daemon's pause/resume cycle).
     let mut parent = parent;
@@ -173,19 +233,14 @@ async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
         );
     }
 
-    let ids: Vec<String> = [&parent, &restored, &child]
-        .iter()
-        .map(|s| s.id().to_string())
-        .collect();
-    for sb in [&parent, &restored, &child] {
-        sb.destroy().await.unwrap();
-    }
+    let id = parent.id().to_string();
+    parent.destroy().await.unwrap();
     let list = std::process::Command::new("ip")
         .args(["netns", "list"])
         .output()
         .unwrap();
-    let list = String::from_utf8_lossy(&list.stdout);
-    for id in ids {
-        assert!(!list.contains(&id), "the namespace of {id} outlived it");
-    }
+    assert!(
+        !String::from_utf8_lossy(&list.stdout).contains(&id),
+        "the namespace of {id} outlived it"
+    );
 }
