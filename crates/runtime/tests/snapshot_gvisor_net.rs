@@ -18,52 +18,82 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn console(dirs: &Dirs, id: &str) -> String {
-    std::fs::read_to_string(dirs.sandbox_run_dir(id).join("console.log")).unwrap_or_default()
-}
-
 /// Whether an HTTP GET of `ip` from the sandbox reaches the fake internet's server there.
 async fn reaches(sb: &Arc<dyn Sandbox>, ip: &str) -> bool {
     let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 80 | tail -n 1");
     sh(sb, &script).await.0.contains("hello-")
 }
 
+/// What both tests need: root, the fake internet (held for the test), a runtime in a temp
+/// data dir swept on drop, and the network settings sandboxes get.
+struct Fixture {
+    // Dropped in this order: sandboxes swept before their dirs and the internet go.
+    _sweep: common::SweepGuard,
+    rt: GvisorRuntime,
+    tmp: tempfile::TempDir,
+    image: Image,
+    network: NetworkSpec,
+    _inet: Internet,
+    _lock: sandcell_runtime::net::testing::InternetLock,
+}
+
+impl Fixture {
+    async fn new(prefix: &str, pool: &str) -> Fixture {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
+        let lock = Internet::lock();
+        let inet = Internet::start().unwrap();
+        let data =
+            std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
+        let image = Image::resolve(&Path::new(&data).join("images"), "minimal")
+            .unwrap_or_else(|e| panic!("needs the minimal image (`make images install`): {e}"));
+        let tmp = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in("/tmp")
+            .unwrap();
+        let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
+        let sweep = common::SweepGuard { dirs: dirs.clone() };
+        let rt = GvisorRuntime::new(dirs).await.expect("runsc is needed");
+        let network = NetworkSpec {
+            egress: EgressSpec {
+                allow_internet_access: true,
+                allow_out: vec!["198.51.100.10/32".into()],
+                deny_out: vec![],
+            },
+            config: NetConfig {
+                pool: pool.parse().unwrap(),
+                upstream_dns: Internet::upstream_dns(),
+            },
+        };
+        Fixture {
+            _sweep: sweep,
+            rt,
+            tmp,
+            image,
+            network,
+            _inet: inet,
+            _lock: lock,
+        }
+    }
+
+    /// A started sandbox with the network, 256 MiB, and /root/before holding "kept".
+    async fn start_parent(&self) -> Arc<dyn Sandbox> {
+        let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), self.image.clone());
+        spec.boot_timeout = Duration::from_secs(60);
+        spec.memory_mib = 256;
+        spec.network = Some(self.network.clone());
+        let parent: Arc<dyn Sandbox> = Arc::from(self.rt.create(spec).await.unwrap());
+        parent.start().await.unwrap();
+        assert_eq!(sh(&parent, "echo kept > /root/before").await.1, 0);
+        parent
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
-    let _l = Internet::lock();
-    let _inet = Internet::start().unwrap();
-    let data = std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
-    let image = Image::resolve(&Path::new(&data).join("images"), "minimal")
-        .unwrap_or_else(|e| panic!("needs the minimal image (`make images install`): {e}"));
-    let tmp = tempfile::Builder::new()
-        .prefix("sc-snapnet")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-    let _guard = common::SweepGuard { dirs: dirs.clone() };
-    let rt = GvisorRuntime::new(dirs.clone())
-        .await
-        .expect("runsc is needed");
-    let network = NetworkSpec {
-        egress: EgressSpec {
-            allow_internet_access: true,
-            allow_out: vec!["198.51.100.10/32".into()],
-            deny_out: vec![],
-        },
-        config: NetConfig {
-            pool: "10.202.0.0/16".parse().unwrap(),
-            upstream_dns: Internet::upstream_dns(),
-        },
-    };
-    let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), image);
-    spec.boot_timeout = Duration::from_secs(60);
-    spec.memory_mib = 256;
-    spec.network = Some(network.clone());
-    let parent: Arc<dyn Sandbox> = Arc::from(rt.create(spec).await.unwrap());
-    parent.start().await.unwrap();
-    assert_eq!(sh(&parent, "echo kept > /root/before").await.1, 0);
+    let f = Fixture::new("sc-snapnet", "10.202.0.0/16").await;
+    let (rt, network, tmp) = (&f.rt, &f.network, &f.tmp);
+    let parent = f.start_parent().await;
     // No TCP from the parent before its snapshots: runsc 20221219 cannot save connected
     // endpoints (checked at the end).
 
@@ -87,7 +117,10 @@ async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
         .await
     {
         Ok(s) => s,
-        Err(e) => panic!("snapshot: {e}; console:\n{}", console(&dirs, parent.id())),
+        Err(e) => panic!(
+            "snapshot: {e}; console:\n{}",
+            common::console_of(parent.id())
+        ),
     };
 
     // A restore with a network of its own: reaches what the policy allows, not the rest,
@@ -166,44 +199,13 @@ async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
 /// from the same rules (the daemon's pause/resume cycle) and keeps its files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn networked_pause_resume_cycles_keep_network_and_policy() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
-    let _l = Internet::lock();
-    let _inet = Internet::start().unwrap();
-    let data = std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
-    let image = Image::resolve(&Path::new(&data).join("images"), "minimal")
-        .unwrap_or_else(|e| panic!("needs the minimal image (`make images install`): {e}"));
-    let tmp = tempfile::Builder::new()
-        .prefix("sc-pausenet")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-    let _guard = common::SweepGuard { dirs: dirs.clone() };
-    let rt = GvisorRuntime::new(dirs.clone())
-        .await
-        .expect("runsc is needed");
+    let f = Fixture::new("sc-pausenet", "10.203.0.0/16").await;
+    let (rt, network, tmp) = (&f.rt, &f.network, &f.tmp);
     if !rt.runsc().net_disconnect_ok {
         // Covered by the refusal check of the test above.
         return;
     }
-    let network = NetworkSpec {
-        egress: EgressSpec {
-            allow_internet_access: true,
-            allow_out: vec!["198.51.100.10/32".into()],
-            deny_out: vec![],
-        },
-        config: NetConfig {
-            pool: "10.203.0.0/16".parse().unwrap(),
-            upstream_dns: Internet::upstream_dns(),
-        },
-    };
-    let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), image);
-    spec.boot_timeout = Duration::from_secs(60);
-    spec.memory_mib = 256;
-    spec.network = Some(network.clone());
-    let parent: Arc<dyn Sandbox> = Arc::from(rt.create(spec).await.unwrap());
-    parent.start().await.unwrap();
-    assert_eq!(sh(&parent, "echo kept > /root/before").await.1, 0);
+    let parent = f.start_parent().await;
 
     // Pause to disk and resume under the same id, twice: each resume gets a network made
     // new from the same rules (the daemon's pause/resume cycle).
