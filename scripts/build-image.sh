@@ -91,6 +91,7 @@ fi
 out=$cache/images/$key
 if [ -f "$out/rootfs.ext4" ] && [ -d "$out/rootfs" ]; then
   log "$name: cached ($out)"
+  touch "$out"  # recently used: pruning goes by mtime
   echo "$out"
   exit 0
 fi
@@ -204,5 +205,7 @@ rm -f "$cmds" "$out.tmp/mkfs.log" "$out.tmp/debugfs.log" "$out.tmp/e2fsck.log"
 
 rm -rf "$out"
 mv "$out.tmp" "$out"
+# Minimal and base share the directory: keep enough for both and a previous version of each.
+"$(dirname "$0")/prune-cache.sh" "$cache/images" "*" 6
 log "$name: built $out ($(du -h "$out/rootfs.ext4" | cut -f1) image)"
 echo "$out"

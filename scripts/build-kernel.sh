@@ -27,6 +27,7 @@ key=$( { stat -c '%n %s %Y' "$tarball"; cat "$fragment" "$0"; } | sha256sum | cu
 out=$cache/kernel/$key
 if [ -f "$out/vmlinux" ]; then
   echo "kernel: cached ($out/vmlinux)" >&2
+  touch "$out"  # recently used: pruning goes by mtime
   echo "$out/vmlinux"
   exit 0
 fi
@@ -85,5 +86,8 @@ mkdir -p "$out.tmp"
 cp vmlinux "$out.tmp/vmlinux"
 cp .config "$out.tmp/config"
 rm -rf "$out" && mv "$out.tmp" "$out"
+# Older kernels and build trees (3 GB each) go; the last three kernels stay for bisecting.
+"$(dirname "$0")/prune-cache.sh" "$cache/kernel" "*" 3
+"$(dirname "$0")/prune-cache.sh" "$cache/kernel-build" "*" 1
 echo "kernel: built in $(( $(date +%s) - start ))s ($(du -h "$out/vmlinux" | cut -f1))" >&2
 echo "$out/vmlinux"

@@ -55,6 +55,7 @@ key=$( {
 out=$cache/initramfs-$key.cpio
 if [ -f "$out" ]; then
   log "cached ($out)"
+  touch "$out"  # recently used: pruning goes by mtime
   echo "$out"
   exit 0
 fi
@@ -96,5 +97,6 @@ mkdir -p "$stage/var/lib/sandcell/images/minimal/rootfs"
 
 (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) > "$out.tmp"
 mv "$out.tmp" "$out"
+"$(dirname "$0")/../../scripts/prune-cache.sh" "$cache" "initramfs-*.cpio" 3
 log "built $out ($(du -h "$out" | cut -f1))"
 echo "$out"
