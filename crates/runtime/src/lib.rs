@@ -91,6 +91,23 @@ pub struct SandboxSpec {
     /// its creator dies, and a new process takes it over with [`Runtime::adopt`] and the
     /// [`Sandbox::handle`] saved earlier; plain [`Runtime::sweep`]s leave it alone.
     pub outlive_owner: bool,
+    /// Build sandboxes (`sandcell template build` RUN steps; gvisor only, the microvm
+    /// runtime refuses it): the root's writes land in a host directory that outlives the
+    /// sandbox instead of gVisor's memory. `None`: the usual throwaway root.
+    pub host_layer: Option<HostLayer>,
+}
+
+/// A root whose writes reach the host: an overlayfs with `lowers` (top first) above the
+/// image tree and `upper` as its writable layer (overlayfs whiteouts and opaque markers
+/// included), which the caller turns into a layer once the sandbox is gone. runsc runs with
+/// `--overlay2=none` for it, so that writes go through to the host overlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLayer {
+    pub lowers: Vec<std::path::PathBuf>,
+    /// Created if missing; on the same filesystem as `work`.
+    pub upper: std::path::PathBuf,
+    /// overlayfs's work directory (created if missing, emptied by overlayfs).
+    pub work: std::path::PathBuf,
 }
 
 /// What finds a running sandbox again after its owner died (see
@@ -127,6 +144,7 @@ impl SandboxSpec {
             boot_timeout: Duration::from_secs(30),
             network: None,
             outlive_owner: false,
+            host_layer: None,
         }
     }
 }

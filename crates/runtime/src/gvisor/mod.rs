@@ -119,7 +119,19 @@ impl Shared {
         id: &str,
         network: bool,
     ) -> tokio::process::Command {
-        let mut cmd = self.sandbox_command(network);
+        self.run_command_root(bundle, id, network, false)
+    }
+
+    /// As [`Shared::run_command`]; `host_writes` ([`crate::HostLayer`]): the root's writes go
+    /// to the host overlay (`--overlay2=none`) rather than the sandbox's memory.
+    pub(super) fn run_command_root(
+        &self,
+        bundle: &Path,
+        id: &str,
+        network: bool,
+        host_writes: bool,
+    ) -> tokio::process::Command {
+        let mut cmd = self.sandbox_command_root(network, host_writes);
         cmd.arg("run")
             .arg(format!("--bundle={}", bundle.display()))
             .arg(id);
@@ -129,6 +141,10 @@ impl Shared {
     /// runsc with the global flags of our sandboxes (also what `runsc restore` needs: the
     /// same platform and flags as the checkpointed sandbox).
     pub(super) fn sandbox_command(&self, network: bool) -> tokio::process::Command {
+        self.sandbox_command_root(network, false)
+    }
+
+    fn sandbox_command_root(&self, network: bool, host_writes: bool) -> tokio::process::Command {
         let mut cmd = self.runsc();
         cmd.arg(format!("--platform={}", self.runsc.platform))
             .arg(if network {
@@ -138,7 +154,11 @@ impl Shared {
             })
             .arg("--host-uds=create");
         if self.runsc.overlay2 {
-            cmd.arg("--overlay2=root:memory");
+            cmd.arg(if host_writes {
+                "--overlay2=none"
+            } else {
+                "--overlay2=root:memory"
+            });
         }
         if network && self.runsc.net_disconnect_ok {
             cmd.arg("--net-disconnect-ok");
@@ -342,7 +362,15 @@ impl Runtime for GvisorRuntime {
                 ),
             });
         }
-        let paths = Paths::new(&self.shared.dirs, &spec.id);
+        let mut paths = Paths::new(&self.shared.dirs, &spec.id);
+        let mut lowers: Vec<&Path> = Vec::new();
+        if let Some(layer) = &spec.host_layer {
+            // The upper and work dirs live outside the run dir: destroy leaves them.
+            paths.upper = layer.upper.clone();
+            paths.work = layer.work.clone();
+            lowers.extend(layer.lowers.iter().map(PathBuf::as_path));
+        }
+        lowers.push(&base);
         if paths.socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(Error::InvalidSpec {
                 runtime: RT,
@@ -360,7 +388,7 @@ impl Runtime for GvisorRuntime {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
-        if let Err(e) = sandbox.prepare(&spec, &[&base]).await {
+        if let Err(e) = sandbox.prepare(&spec, &lowers).await {
             let _ = sandbox.destroy().await;
             return Err(e);
         }

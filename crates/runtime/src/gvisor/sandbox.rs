@@ -89,6 +89,8 @@ pub struct GvisorSandbox {
     /// Bumped when a checkpoint replaces the `runsc` process: the end of an older one is
     /// then not the sandbox's end.
     launch: Arc<std::sync::atomic::AtomicU64>,
+    /// [`SandboxSpec::host_layer`]: runsc keeps no memory overlay over the root.
+    host_writes: bool,
 }
 
 impl GvisorSandbox {
@@ -115,6 +117,7 @@ impl GvisorSandbox {
             env: spec.env.clone(),
             restore_from: Mutex::new(None),
             launch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            host_writes: spec.host_layer.is_some(),
         }
     }
 
@@ -458,9 +461,12 @@ impl Sandbox for GvisorSandbox {
                 netns_path.is_some(),
                 image,
             ),
-            None => self
-                .shared
-                .run_command(&self.paths.bundle, &self.id, netns_path.is_some()),
+            None => self.shared.run_command_root(
+                &self.paths.bundle,
+                &self.id,
+                netns_path.is_some(),
+                self.host_writes,
+            ),
         };
         // Opened here and kept until the spawn below (enter_netns uses its descriptor).
         let netns = match &netns_path {

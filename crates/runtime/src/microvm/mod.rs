@@ -154,6 +154,13 @@ impl Runtime for MicrovmRuntime {
                 ),
             });
         }
+        if spec.host_layer.is_some() {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: "a host-backed root layer (build sandboxes) needs the gvisor runtime"
+                    .into(),
+            });
+        }
         if spec.network.is_some() {
             // No virtio-net yet: the sandbox gets no network at all, which is stricter than
             // any egress policy asked for (never looser); said once per sandbox.
