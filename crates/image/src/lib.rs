@@ -17,6 +17,7 @@ pub mod build;
 pub mod cache;
 pub mod diff;
 pub mod digest;
+pub mod dockerfile;
 pub mod import;
 pub mod progress;
 pub mod registry;
