@@ -36,6 +36,9 @@ pub struct VmConfig {
     /// Add a virtio-rng device.
     #[serde(default)]
     pub rng: bool,
+    /// A virtio-net device on a TAP interface of the VMM's network namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetConfig>,
     /// File that receives the guest's serial console output.
     #[serde(default)]
     pub serial_log: Option<PathBuf>,
@@ -67,6 +70,19 @@ pub struct VsockConfig {
     /// Host side: connect here and send `CONNECT <port>\n`; guest-initiated connections to
     /// port P reach `<uds_path>_P`.
     pub uds_path: PathBuf,
+}
+
+/// virtio-net: the host side is a TAP interface the VMM attaches to by name (opened with
+/// a 12-byte vnet header; created if missing, which needs CAP_NET_ADMIN). Whoever starts
+/// the VMM gives the TAP its addresses and routes, usually in a network namespace of the
+/// sandbox's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetConfig {
+    /// The TAP interface name (at most 15 bytes).
+    pub tap: String,
+    /// The guest's MAC address, `aa:bb:cc:dd:ee:ff`.
+    pub guest_mac: String,
 }
 
 /// One request line on the control socket.
@@ -134,6 +150,10 @@ pub struct RestoreOverrides {
     /// saved paths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_layers: Option<Vec<PathBuf>>,
+    /// The TAP the net device attaches to (default: the saved name, opened in the
+    /// restoring process's network namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_tap: Option<String>,
     /// The file that receives serial console output (default: the saved one, or stdout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,

@@ -32,6 +32,8 @@ pub enum ConfigError {
     TooLarge { path: PathBuf },
     #[error("parsing the VM configuration: {0}")]
     Parse(serde_json::Error),
+    #[error("net: {0}")]
+    Net(String),
     #[error("vcpus = {0}: must be between {MIN_VCPUS} and {MAX_VCPUS}")]
     Vcpus(u8),
     #[error("memory_mib = {0}: must be between {MIN_MEMORY_MIB} and {MAX_MEMORY_MIB}")]
@@ -335,6 +337,20 @@ pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
         let longest = PathBuf::from(format!("{}_{}", vsock.uds_path.display(), u16::MAX));
         socket_path("vsock uds_path", &longest)?;
     }
+    if let Some(net) = &cfg.net {
+        if crate::devices::virtio::net::parse_mac(&net.guest_mac).is_none() {
+            return Err(ConfigError::Net(format!(
+                "guest_mac {:?} is not a MAC address (aa:bb:cc:dd:ee:ff)",
+                net.guest_mac
+            )));
+        }
+        if net.tap.is_empty() || net.tap.len() >= libc::IFNAMSIZ || net.tap.contains('\0') {
+            return Err(ConfigError::Net(format!(
+                "tap {:?}: an interface name is 1 to 15 bytes",
+                net.tap
+            )));
+        }
+    }
     if let Some(log) = &cfg.serial_log {
         creatable("serial_log", log)?;
     }
@@ -360,6 +376,7 @@ mod tests {
             disk: None,
             vsock: None,
             rng: false,
+            net: None,
             serial_log: None,
             control_socket: None,
         }

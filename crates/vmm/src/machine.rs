@@ -10,6 +10,7 @@ use crate::devices::debug::DebugDevice;
 use crate::devices::serial::SerialConsole;
 use crate::devices::virtio::MmioTransport;
 use crate::devices::virtio::block::Block;
+use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::kvm::vm::Vm;
@@ -52,6 +53,7 @@ pub struct VirtioSlot {
 #[derive(Clone)]
 pub enum VirtioHandle {
     Block(Arc<Mutex<Block>>),
+    Net(Arc<Mutex<Net>>),
     Rng(Arc<Mutex<Rng>>),
     Vsock(Arc<Mutex<Vsock>>),
 }

@@ -201,6 +201,7 @@ impl Runtime for MicrovmRuntime {
                 uds_path: paths.vsock.clone(),
             }),
             rng: true,
+            net: None,
             serial_log: Some(paths.console.clone()),
             control_socket: Some(paths.control.clone()),
         };

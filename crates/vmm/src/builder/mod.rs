@@ -257,6 +257,9 @@ fn build_with(p: Prelude, cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, Bui
             .map_err(|e| device_err("virtio-vsock", e))?;
         handles.push(VirtioHandle::Vsock(Arc::new(Mutex::new(dev))));
     }
+    if let Some(net) = &cfg.net {
+        handles.push(VirtioHandle::Net(Arc::new(Mutex::new(net_device(net)?))));
+    }
     for handle in handles {
         let (base, irq) = slots.next().ok_or(BuildError::OutOfIrqs)?;
         decls.push(VirtioMmioDecl {
@@ -310,6 +313,19 @@ fn build_with(p: Prelude, cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, Bui
     let vmm = finish(p, machine, fds, pio, mmio, false)?;
     crate::log_debug!("build: vCPUs started at {:?}", started.elapsed());
     Ok(vmm)
+}
+
+/// The net device on its TAP, attached by name in this process's network namespace.
+fn net_device(net: &sandcell_proto::vmm::NetConfig) -> Result<virtio::net::Net, BuildError> {
+    let mac = virtio::net::parse_mac(&net.guest_mac).ok_or_else(|| BuildError::Device {
+        what: "virtio-net",
+        message: format!(
+            "guest_mac {:?} is not a MAC address (aa:bb:cc:dd:ee:ff)",
+            net.guest_mac
+        ),
+    })?;
+    let tap = virtio::net::Tap::open(&net.tap).map_err(|e| device_err("virtio-net", e))?;
+    virtio::net::Net::new(Box::new(tap), mac).map_err(|e| device_err("virtio-net", e))
 }
 
 fn device_err(what: &'static str, e: impl std::fmt::Display) -> BuildError {
@@ -413,6 +429,7 @@ fn attach_virtio(
 ) -> Result<VirtioSlot, BuildError> {
     let dyn_device: Arc<Mutex<dyn VirtioDevice>> = match &device {
         VirtioHandle::Block(d) => d.clone(),
+        VirtioHandle::Net(d) => d.clone(),
         VirtioHandle::Rng(d) => d.clone(),
         VirtioHandle::Vsock(d) => d.clone(),
     };
@@ -439,6 +456,7 @@ fn attach_virtio(
 fn subscriber(handle: &VirtioHandle) -> Subscriber {
     match handle {
         VirtioHandle::Block(d) => d.clone() as Arc<Mutex<dyn MutEventSubscriber + Send>>,
+        VirtioHandle::Net(d) => d.clone(),
         VirtioHandle::Rng(d) => d.clone(),
         VirtioHandle::Vsock(d) => d.clone(),
     }

@@ -23,6 +23,7 @@ use sandcell_proto::vmm::RestoreOverrides;
 use super::{BuildError, LegacyState, Prelude, attach_legacy, attach_virtio, finish};
 use crate::bus::Bus;
 use crate::devices::virtio::block::{Block, BlockOverrides};
+use crate::devices::virtio::net::{Net, NetRestoreArgs};
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::kvm::vcpu_state;
@@ -126,6 +127,12 @@ pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildErr
                 BlockOverrides {
                     top: spec.overrides.disk_overlay.clone(),
                     layers: spec.overrides.disk_layers.clone(),
+                },
+                s,
+            )?)),
+            VirtioDeviceState::Net(s) => VirtioHandle::Net(shared(Net::restore(
+                NetRestoreArgs::Tap {
+                    name_override: spec.overrides.net_tap.clone(),
                 },
                 s,
             )?)),

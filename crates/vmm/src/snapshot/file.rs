@@ -26,7 +26,8 @@ use serde::de::DeserializeOwned;
 pub const STATE_MAGIC: [u8; 8] = *b"SCSNAPST";
 /// Bump on any change to the saved types (field added, removed, reordered or retyped).
 /// 2: the vsock device's next host port.
-pub const STATE_FORMAT_VERSION: u32 = 2;
+/// 3: the net device (VirtioDeviceState::Net).
+pub const STATE_FORMAT_VERSION: u32 = 3;
 /// The largest state file read. Real ones are tens of KiB (a few KiB per vCPU).
 pub const MAX_STATE_BYTES: u64 = 16 << 20;
 const HEADER_LEN: usize = 24;

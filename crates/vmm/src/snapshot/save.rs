@@ -117,6 +117,7 @@ impl Vmm {
                         VirtioDeviceState::Block(state)
                     }
                 }
+                VirtioHandle::Net(n) => VirtioDeviceState::Net(lock(n).save()),
                 VirtioHandle::Rng(r) => VirtioDeviceState::Rng(lock(r).save()),
                 VirtioHandle::Vsock(v) => {
                     let mut v = lock(v);

@@ -10,6 +10,7 @@ use crate::devices::debug::DebugState;
 use crate::devices::serial::SerialState;
 use crate::devices::virtio::block::BlockState;
 use crate::devices::virtio::mmio::MmioState;
+use crate::devices::virtio::net::NetState;
 use crate::devices::virtio::rng::RngState;
 use crate::devices::virtio::vsock::VsockState;
 use crate::kvm::vcpu_state::VcpuState;
@@ -54,6 +55,8 @@ pub enum VirtioDeviceState {
     Block(BlockState),
     Rng(RngState),
     Vsock(VsockState),
+    /// Since state format 3.
+    Net(NetState),
 }
 
 impl MicrovmState {

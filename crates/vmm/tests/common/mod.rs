@@ -84,6 +84,7 @@ pub fn config(kernel: PathBuf) -> VmConfig {
         disk: None,
         vsock: None,
         rng: false,
+        net: None,
         serial_log: None,
         control_socket: None,
     }

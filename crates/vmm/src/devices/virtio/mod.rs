@@ -3,7 +3,7 @@
 //! - [`device`]: the [`VirtioDevice`] trait and the [`Interrupt`] (status bits + irqfd).
 //! - [`mmio`]: [`MmioTransport`], the virtio-mmio v2 register file on a 4 KiB window.
 //! - [`ring`]: draining a virtqueue and interrupting the driver.
-//! - [`block`], [`rng`], [`vsock`]: the devices.
+//! - [`block`], [`net`], [`rng`], [`vsock`]: the devices.
 //!
 //! # Wiring a device (what vmm-core does, on the VMM thread, before the vCPUs start)
 //!
@@ -46,6 +46,7 @@
 pub mod block;
 pub mod device;
 pub mod mmio;
+pub mod net;
 pub mod ring;
 pub mod rng;
 pub mod vsock;

@@ -1,0 +1,49 @@
+//! Snapshot state of the net device: which TAP and which MAC. The queues are in the
+//! transport's state; a frame pending at the save is not kept (the wire may lose a
+//! frame; TCP resends it). A restore attaches to the TAP by name again, in the network
+//! namespace of the restoring process: a clone in its own namespace gets its own TAP
+//! of the same name.
+
+use serde::{Deserialize, Serialize};
+
+use super::device::Net;
+use super::tap::{NetBackend, Tap};
+use crate::snapshot::{DeviceStateError, Persist};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetState {
+    pub tap_name: String,
+    pub mac: [u8; 6],
+}
+
+/// What a restore attaches to: the saved TAP name unless overridden, or (tests) a
+/// ready backend.
+pub enum NetRestoreArgs {
+    Tap { name_override: Option<String> },
+    Backend(Box<dyn NetBackend>),
+}
+
+impl Persist for Net {
+    type State = NetState;
+    type Args = NetRestoreArgs;
+    type Error = DeviceStateError;
+
+    fn save(&self) -> NetState {
+        NetState {
+            tap_name: self.backend_name().to_owned(),
+            mac: self.mac(),
+        }
+    }
+
+    fn restore(args: NetRestoreArgs, s: &NetState) -> Result<Self, DeviceStateError> {
+        let err = |reason: String| DeviceStateError::new("virtio-net", reason);
+        let backend: Box<dyn NetBackend> = match args {
+            NetRestoreArgs::Tap { name_override } => {
+                let name = name_override.as_deref().unwrap_or(&s.tap_name);
+                Box::new(Tap::open(name).map_err(|e| err(e.to_string()))?)
+            }
+            NetRestoreArgs::Backend(b) => b,
+        };
+        Net::new(backend, s.mac).map_err(|e| err(e.to_string()))
+    }
+}
