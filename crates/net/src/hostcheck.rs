@@ -1,17 +1,25 @@
-//! The Host/SNI-checking proxy: a sandbox's TCP to port 80 or 443 of an address it got
-//! from a domain rule (the `dns_allow` set) is redirected here (nft.rs, chain `to_proxy`),
-//! on the host end of its veth. The proxy reads the HTTP `Host` header or the TLS
-//! ClientHello's SNI, checks the name against the domain rules, resolves the name itself
-//! through the upstream resolvers, and connects to that name's address. So a connection to
-//! an allowed address that names another host (an IP literal with a forged SNI or Host, a
-//! lying /etc/hosts, a shared CDN address) reaches nothing.
+//! The Host/SNI-checking proxy. A sandbox's TCP connection to an address that is allowed
+//! only because a domain rule's DNS answer put it in the `dns_allow` set, on ANY port, is
+//! redirected here (nft.rs, chain `to_proxy`), to one listener on the host end of its veth;
+//! the original destination port comes from conntrack (`SO_ORIGINAL_DST`). The proxy reads
+//! what the client sends first: a TLS ClientHello (its SNI) or an HTTP/1.x request head
+//! (its `Host`), checks that name against the domain rules, resolves the name itself
+//! through the upstream resolvers, and connects to that name's address on the original
+//! port. So a connection to an allowed address that names another host (an IP literal with
+//! a forged SNI or Host, a lying /etc/hosts, a shared CDN address) reaches nothing.
+//!
+//! What carries neither name is refused: protocols where the server speaks first (SSH,
+//! SMTP, ...) or that are not TLS or HTTP/1.x. To reach such a service, allow its address
+//! or range explicitly (`allowOut: ["203.0.113.7"]`): addresses an IP/CIDR rule allows are
+//! reached directly, never through this proxy. UDP to a domain-only address (QUIC
+//! included) is refused for the same reason: nothing checks its name.
 //!
 //! Everything read from the sandbox is bounded: [`MAX_HEAD`] bytes within [`HEAD_TIMEOUT`].
 //! Refusals are logged with the DNS refusals (qtype 0: a Host/SNI name).
 
 use crate::dns::{DnsState, forward, wire};
 use crate::policy::is_reserved;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,14 +27,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-/// Where the redirected HTTP and TLS connections arrive (on the gateway address).
-pub const HTTP_PORT: u16 = 15080;
-pub const TLS_PORT: u16 = 15443;
+/// Where the redirected connections arrive (on the gateway address), whatever their port.
+pub const PROXY_PORT: u16 = 15001;
 /// The most of a request head or ClientHello read before deciding.
 pub const MAX_HEAD: usize = 16 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONNECTIONS: usize = 256;
+/// Longest HTTP method token accepted (`OPTIONS`, `CONNECT`, WebDAV's `PROPPATCH`...).
+const MAX_METHOD: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -34,35 +43,22 @@ enum Kind {
     Tls,
 }
 
-impl Kind {
-    fn upstream_port(self) -> u16 {
-        match self {
-            Kind::Http => 80,
-            Kind::Tls => 443,
-        }
-    }
-}
-
-/// Starts the HTTP and TLS listeners of one sandbox on `gateway`.
+/// Starts the proxy listener of one sandbox on `gateway`.
 pub(crate) async fn start(
     gateway: Ipv4Addr,
     state: Arc<DnsState>,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut tasks = Vec::new();
-    for (port, kind) in [(HTTP_PORT, Kind::Http), (TLS_PORT, Kind::Tls)] {
-        let listener = TcpListener::bind((gateway, port)).await?;
-        tasks.push(tokio::spawn(serve(
-            listener,
-            kind,
-            state.clone(),
-            limit.clone(),
-        )));
-    }
-    Ok(tasks)
+    let listener = TcpListener::bind((gateway, PROXY_PORT)).await?;
+    Ok(vec![tokio::spawn(serve(listener, gateway, state, limit))])
 }
 
-async fn serve(listener: TcpListener, kind: Kind, state: Arc<DnsState>, limit: Arc<Semaphore>) {
+async fn serve(
+    listener: TcpListener,
+    gateway: Ipv4Addr,
+    state: Arc<DnsState>,
+    limit: Arc<Semaphore>,
+) {
     loop {
         let Ok((conn, _)) = listener.accept().await else {
             continue;
@@ -72,42 +68,76 @@ async fn serve(listener: TcpListener, kind: Kind, state: Arc<DnsState>, limit: A
         };
         let state = state.clone();
         tokio::spawn(async move {
-            let _ = handle(conn, kind, &state).await;
+            let _ = handle(conn, gateway, &state).await;
             drop(permit);
         });
     }
 }
 
-async fn handle(mut conn: TcpStream, kind: Kind, state: &DnsState) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(1024);
-    let name = match tokio::time::timeout(HEAD_TIMEOUT, read_name(&mut conn, kind, &mut head)).await
-    {
-        Ok(Ok(Some(name))) => name,
-        _ => return refuse(conn, kind).await,
+/// Where the sandbox meant to connect before nftables redirected it here.
+fn original_destination(conn: &TcpStream) -> std::io::Result<SocketAddrV4> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sockaddr_in is plain data; all zeroes is a valid value of it.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: the fd is `conn`'s open socket; the kernel writes at most `len` bytes into
+    // `addr`, which we own and which is that large.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_IP,
+            libc::SO_ORIGINAL_DST,
+            (&raw mut addr).cast(),
+            &mut len,
+        )
     };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+        u16::from_be(addr.sin_port),
+    ))
+}
+
+async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std::io::Result<()> {
+    let dest = match original_destination(&conn) {
+        // Straight to the listener, not redirected: there is no destination to check.
+        Ok(d) if *d.ip() == gateway => return conn.shutdown().await,
+        Ok(d) => d,
+        Err(_) => return conn.shutdown().await,
+    };
+    let mut head = Vec::with_capacity(1024);
+    let (kind, name) =
+        match tokio::time::timeout(HEAD_TIMEOUT, read_name(&mut conn, &mut head)).await {
+            Ok(Ok(Some(found))) => found,
+            Ok(Ok(None)) => return refuse(conn, head_kind(&head)).await,
+            _ => return refuse(conn, None).await,
+        };
     let allowed = {
         let inner = state.inner.lock().await;
         name.parse::<Ipv4Addr>().is_err() && inner.policy.domain_allowed(&name)
     };
     if !allowed {
         state.note_denied(&name, 0);
-        return refuse(conn, kind).await;
+        return refuse(conn, Some(kind)).await;
     }
     let Some(ip) = resolve(state, &name).await else {
-        return refuse(conn, kind).await;
+        return refuse(conn, Some(kind)).await;
     };
-    let addr = SocketAddr::from((ip, kind.upstream_port()));
+    let addr = SocketAddr::from((ip, dest.port()));
     let mut upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
-        _ => return refuse(conn, kind).await,
+        _ => return refuse(conn, Some(kind)).await,
     };
     upstream.write_all(&head).await?;
     tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
     Ok(())
 }
 
-async fn refuse(mut conn: TcpStream, kind: Kind) -> std::io::Result<()> {
-    if kind == Kind::Http {
+/// An HTTP client gets a 403 it can show; anything else a closed connection.
+async fn refuse(mut conn: TcpStream, kind: Option<Kind>) -> std::io::Result<()> {
+    if kind == Some(Kind::Http) {
         let body = "refused by the sandbox's egress rules\n";
         let resp = format!(
             "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
@@ -119,21 +149,52 @@ async fn refuse(mut conn: TcpStream, kind: Kind) -> std::io::Result<()> {
     conn.shutdown().await
 }
 
-/// Reads from `conn` into `head` until the host name can be told; `None`: it cannot (not
-/// HTTP/TLS, no name, too long).
+/// What the client's first bytes say it speaks: a TLS handshake record, an HTTP method
+/// token and a space, or neither (`None`; also while too little has come to tell).
+fn head_kind(head: &[u8]) -> Option<Kind> {
+    match head.first()? {
+        22 => Some(Kind::Tls),
+        b'A'..=b'Z' => {
+            let token = head.iter().take_while(|b| b.is_ascii_uppercase()).count();
+            (token <= MAX_METHOD && head.get(token) == Some(&b' ')).then_some(Kind::Http)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `head` can still become the start of a TLS record or an HTTP request line.
+fn may_become_known(head: &[u8]) -> bool {
+    match head.first() {
+        None => true,
+        Some(22) => true,
+        Some(b'A'..=b'Z') => {
+            let token = head.iter().take_while(|b| b.is_ascii_uppercase()).count();
+            token == head.len() && token <= MAX_METHOD
+        }
+        Some(_) => false,
+    }
+}
+
+/// Reads from `conn` into `head` until the protocol and host name can be told; `None`: they
+/// cannot (neither TLS nor HTTP, no name, too long, closed).
 async fn read_name(
     conn: &mut TcpStream,
-    kind: Kind,
     head: &mut Vec<u8>,
-) -> std::io::Result<Option<String>> {
+) -> std::io::Result<Option<(Kind, String)>> {
     let mut buf = [0u8; 4096];
     loop {
-        let parsed = match kind {
-            Kind::Http => http_host(head),
-            Kind::Tls => tls_sni(head),
+        let parsed = match head_kind(head) {
+            Some(Kind::Http) => http_host(head),
+            Some(Kind::Tls) => tls_sni(head),
+            None if may_become_known(head) => Parsed::NeedMore,
+            None => Parsed::Refuse,
         };
         match parsed {
-            Parsed::Name(n) => return Ok(valid_name(&n).then_some(n)),
+            Parsed::Name(n) => {
+                return Ok(head_kind(head)
+                    .filter(|_| valid_name(&n))
+                    .map(|kind| (kind, n)));
+            }
             Parsed::Refuse => return Ok(None),
             Parsed::NeedMore if head.len() >= MAX_HEAD => return Ok(None),
             Parsed::NeedMore => {}
@@ -350,5 +411,19 @@ mod tests {
             Parsed::Refuse
         );
         assert_eq!(http_host(b"GET / HTTP/1.0\r\n\r\n"), Parsed::Refuse);
+    }
+
+    #[test]
+    fn tells_tls_from_http_from_neither() {
+        assert_eq!(head_kind(&client_hello("a.test")), Some(Kind::Tls));
+        assert_eq!(head_kind(b"GET / HTTP/1.1\r\n"), Some(Kind::Http));
+        assert_eq!(head_kind(b"PROPPATCH /x HTTP/1.1"), Some(Kind::Http));
+        assert_eq!(head_kind(b"GE"), None);
+        assert!(may_become_known(b"GE"));
+        assert!(may_become_known(b""));
+        assert!(!may_become_known(b"SSH-2.0-OpenSSH\r\n"));
+        assert!(!may_become_known(b"\x00\x01binary"));
+        assert!(!may_become_known(b"get / HTTP/1.1"));
+        assert!(!may_become_known(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"));
     }
 }

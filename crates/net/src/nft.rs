@@ -73,8 +73,8 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     oifname "{hif}" ip saddr @peers accept
     oifname "{hif}" drop
   }}
-  # The sandbox's TCP 80/443 to addresses it got from a domain rule goes to the Host/SNI
-  # proxy on the gateway (hostcheck.rs); rules in `to_proxy` (policy_script).
+  # The sandbox's TCP (any port) to addresses only a domain rule opened goes to the
+  # Host/SNI proxy on the gateway (hostcheck.rs); rules in `to_proxy` (policy_script).
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
     iifname "{hif}" jump to_proxy
@@ -89,7 +89,7 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     ip daddr {gw} udp dport 53 accept
     ip daddr {gw} tcp dport 53 accept
     ip daddr {gw} icmp type echo-request accept
-    ip daddr {gw} tcp dport {{ {http}, {tls} }} accept
+    ip daddr {gw} tcp dport {proxy} accept
     jump denied
   }}
   chain denied {{
@@ -102,8 +102,7 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
   chain egress {{ }}
 }}"#,
         slot = t.slot,
-        http = hostcheck::HTTP_PORT,
-        tls = hostcheck::TLS_PORT,
+        proxy = hostcheck::PROXY_PORT,
     );
     let reserved: Vec<Cidr> = reserved_ranges(&t.pool);
     add_elements(&mut s, &name, "reserved", &reserved);
@@ -128,20 +127,18 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     add_elements(&mut s, &name, "deny", &policy.deny_nets);
     s.push_str(&learn_script(t.slot, learned));
     let _ = writeln!(s, "flush chain inet {name} to_proxy");
-    // Addresses an IP rule allows are reached directly; those only a domain rule opened
-    // (DNS answers) go through the proxy for the protocols it can check.
+    // Addresses an IP rule allows are reached directly; TCP to those only a domain rule
+    // opened (DNS answers), on any port, goes through the proxy, which lets through only
+    // TLS and HTTP naming an allowed host. DNS and DNS over TLS stay refused (chain
+    // egress), whatever the address.
     for r in [
         "ip daddr @allow return".to_string(),
         "ip daddr @allow_reserved return".to_string(),
+        "tcp dport { 53, 853 } return".to_string(),
         format!(
-            "ip daddr @dns_allow tcp dport 80 dnat ip to {}:{}",
+            "ip daddr @dns_allow meta l4proto tcp dnat ip to {}:{}",
             t.gateway,
-            hostcheck::HTTP_PORT
-        ),
-        format!(
-            "ip daddr @dns_allow tcp dport 443 dnat ip to {}:{}",
-            t.gateway,
-            hostcheck::TLS_PORT
+            hostcheck::PROXY_PORT
         ),
     ] {
         let _ = writeln!(s, "add rule inet {name} to_proxy {r}");
@@ -162,7 +159,8 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     // DNS over TLS to anything else is refused, allowed IP or not.
     rule("meta l4proto { tcp, udp } th dport { 53, 853 } jump denied");
     rule("ip daddr @allow accept");
-    rule("ip daddr @dns_allow accept");
+    // A domain-only address gets no UDP or ICMP (nothing checks a name there); its TCP
+    // never comes here (redirected to the proxy, chain to_proxy).
     if policy.default_deny() {
         rule("jump denied");
     } else {

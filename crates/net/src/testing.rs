@@ -8,6 +8,10 @@
 //!                                                             .20 (HTTP "hello-20"), .53 (DNS)
 //! DNS zone: allowed.test, *.wild.test -> .10; other.test -> .20 (TTL 60)
 //! port 443 of .10 and .20: a TCP server answering "tls-10" / "tls-20" to anything
+//! port 8443 of .10 and .20: the same, answering "tls-10-8443" / "tls-20-8443"
+//! port 8080 of .10 and .20: HTTP answering "hello-10-8080" / "hello-20-8080" to any GET
+//! port 2222 of .10 and .20: a server that speaks first ("banner-10" / "banner-20"), as SSH
+//! port 5201 of .10 and .20: a sink that reads and discards what comes, then says how many bytes
 //! ```
 //!
 //! Only one [`Internet`] can exist on a host at a time (fixed names and addresses): tests
@@ -133,22 +137,26 @@ impl Internet {
             inet.children.push(child);
             inet._dirs.push(dir);
         }
-        // "TLS" servers: a TCP server on port 443 that answers whatever comes with
-        // "tls-<n>" (the proxy forwards bytes; no TLS stack is needed to see where they go).
-        for (ip, reply) in [(HTTP_A, "tls-10"), (HTTP_B, "tls-20")] {
+        // The other services, one Python process per address: "TLS" servers (TCP servers
+        // that answer whatever comes with "tls-<n>": the proxy forwards bytes, no TLS stack
+        // is needed to see where they go), a second HTTP port, a speak-first banner and a
+        // byte sink (the throughput benchmark's far end).
+        for (ip, n) in [(HTTP_A, "10"), (HTTP_B, "20")] {
             let script = format!(
                 "import socket,threading\n\
-                 s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
-                 s.bind(('{ip}',443));s.listen(16)\n\
-                 def h(c):\n c.recv(4096);c.sendall(b'{reply}\\n');c.close()\n\
-                 while True:\n c,_=s.accept();threading.Thread(target=h,args=(c,)).start()\n"
+                 def tls(c,p):\n c.recv(4096);c.sendall(b'tls-{n}'+p+b'\\n');c.close()\n\
+                 def http(c,p):\n c.recv(4096);c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\nhello-{n}-8080\\n');c.close()\n\
+                 def banner(c,p):\n c.sendall(b'banner-{n}\\n');c.recv(4096);c.close()\n\
+                 def sink(c,p):\n t=0\n while True:\n  d=c.recv(1<<16)\n  if not d: break\n  t+=len(d)\n c.sendall(str(t).encode());c.close()\n\
+                 def serve(port,f,p):\n s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n s.bind(('{ip}',port));s.listen(64)\n while True:\n  c,_=s.accept();threading.Thread(target=f,args=(c,p),daemon=True).start()\n\
+                 for port,f,p in [(443,tls,b''),(8443,tls,b'-8443'),(8080,http,b''),(2222,banner,b''),(5201,sink,b'')]:\n threading.Thread(target=serve,args=(port,f,p)).start()\n"
             );
             let child = Command::new("ip")
                 .args(["netns", "exec", NETNS, "python3", "-c", &script])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .map_err(|e| format!("python3 (tls stand-in): {e}"))?;
+                .map_err(|e| format!("python3 (test services): {e}"))?;
             inet.children.push(child);
         }
         let child = Command::new("ip")
@@ -179,6 +187,11 @@ impl Internet {
             (HTTP_B, 80),
             (HTTP_A, 443),
             (HTTP_B, 443),
+            (HTTP_A, 8443),
+            (HTTP_A, 8080),
+            (HTTP_A, 2222),
+            (HTTP_B, 2222),
+            (HTTP_A, 5201),
             (DNS, 53),
         ] {
             wait_listening(SocketAddr::from((ip, port)))?;

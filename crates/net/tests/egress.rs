@@ -162,7 +162,7 @@ async fn domain_rules_open_only_what_dns_answered() {
     assert_eq!(http_as(&net, HTTP_A, "allowed.test").await, ok("hello-10"));
     assert_eq!(dns(&net, "a.wild.test").await, "A 198.51.100.10");
 
-    // ports 80 and 443 of that address go through the Host/SNI proxy: the name is checked
+    // TCP to that address goes through the Host/SNI proxy: the name is checked
     // and the host connects to it itself; an IP literal or another name gets nothing
     assert_eq!(http_as(&net, HTTP_A, "b.wild.test").await, ok("hello-10"));
     let literal = http(&net, HTTP_A).await;
@@ -235,6 +235,54 @@ async fn domain_rules_open_only_what_dns_answered() {
             .await
             .starts_with("ERR")
     );
+    net.teardown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn domain_rules_check_the_name_on_every_tcp_port() {
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let (net, _g) = create("ports", &spec(true, &["allowed.test"], &[])).await;
+    assert_eq!(dns(&net, "allowed.test").await, "A 198.51.100.10");
+    let ip = HTTP_A.to_string();
+
+    // TLS and HTTP on ports other than 443 and 80: the name is checked there too
+    assert_eq!(
+        probe(&net, &["tls", &ip, "allowed.test", "8443"]).await,
+        "OK tls-10-8443"
+    );
+    let forged = probe(&net, &["tls", &ip, "other.test", "8443"]).await;
+    assert!(forged.starts_with("ERR"), "{forged}");
+    assert_eq!(
+        probe(&net, &["httphost", &ip, "allowed.test", "8080"]).await,
+        "OK 200 hello-10-8080"
+    );
+    let other = probe(&net, &["httphost", &ip, "other.test", "8080"]).await;
+    assert!(other.starts_with("OK 403"), "{other}");
+    // a protocol that names no host (the server speaks first) is refused on a
+    // domain-only address
+    let banner = probe(&net, &["banner", &ip, "2222"]).await;
+    assert!(banner.starts_with("ERR"), "{banner}");
+    let log = net.denied().await.unwrap();
+    assert!(
+        log.names
+            .iter()
+            .any(|n| n.name == "other.test" && n.qtype == 0),
+        "{log:?}"
+    );
+
+    // allowing the address itself opens it directly, for any protocol and name
+    net.set_policy(&spec(true, &["allowed.test", "198.51.100.10"], &[]))
+        .await
+        .unwrap();
+    assert_eq!(probe(&net, &["banner", &ip, "2222"]).await, "OK banner-10");
+    assert_eq!(
+        probe(&net, &["tls", &ip, "other.test", "8443"]).await,
+        "OK tls-10-8443"
+    );
+    // .20 is neither allowed nor learned
+    let b = probe(&net, &["banner", &HTTP_B.to_string(), "2222"]).await;
+    assert!(b.starts_with("ERR"), "{b}");
     net.teardown().await.unwrap();
 }
 

@@ -4,8 +4,9 @@
 probe.py http URL          -> "OK <status> <body>" or "ERR <reason>"
 probe.py dns NAME SERVER [tcp] -> "A ip,ip" / "RCODE n" / "ERR <reason>"
 probe.py tcp IP PORT       -> "OK" or "ERR <reason>"
-probe.py httphost IP HOST  -> GET http://IP/ with "Host: HOST": "OK <status> <body>" or "ERR ..."
-probe.py tls IP SNI        -> a ClientHello naming SNI to IP:443: "OK <first bytes back>" or "ERR ..."
+probe.py httphost IP HOST [PORT] -> GET http://IP:PORT/ (80) with "Host: HOST": "OK <status> <body>" or "ERR ..."
+probe.py tls IP SNI [PORT] -> a ClientHello naming SNI to IP:PORT (443): "OK <first bytes back>" or "ERR ..."
+probe.py banner IP PORT    -> connect, send nothing, read: "OK <first bytes>" or "ERR ..."
 """
 import socket, struct, sys, urllib.request
 
@@ -68,9 +69,9 @@ def tcp(ip, port):
     except Exception as e:
         print("ERR", type(e).__name__, e)
 
-def httphost(ip, host):
+def httphost(ip, host, port=80):
     try:
-        s = socket.create_connection((ip, 80), timeout=3)
+        s = socket.create_connection((ip, int(port)), timeout=3)
         s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % host).encode())
         r = b""
         while True:
@@ -93,9 +94,17 @@ def client_hello(sni):
     hs = b"\x01" + struct.pack(">I", len(body))[1:] + body
     return b"\x16\x03\x01" + struct.pack(">H", len(hs)) + hs
 
-def tls(ip, sni):
+def banner(ip, port):
     try:
-        s = socket.create_connection((ip, 443), timeout=3)
+        s = socket.create_connection((ip, int(port)), timeout=3)
+        d = s.recv(100)
+        print("OK", d.decode(errors="replace").strip()) if d else print("ERR closed")
+    except Exception as e:
+        print("ERR", type(e).__name__, e)
+
+def tls(ip, sni, port=443):
+    try:
+        s = socket.create_connection((ip, int(port)), timeout=3)
         s.sendall(client_hello(sni))
         d = s.recv(100)
         print("OK", d.decode(errors="replace").strip()) if d else print("ERR closed")
@@ -110,6 +119,8 @@ elif cmd == "dns":
 elif cmd == "tcp":
     tcp(sys.argv[2], sys.argv[3])
 elif cmd == "httphost":
-    httphost(sys.argv[2], sys.argv[3])
+    httphost(*sys.argv[2:5])
 elif cmd == "tls":
-    tls(sys.argv[2], sys.argv[3])
+    tls(*sys.argv[2:5])
+elif cmd == "banner":
+    banner(sys.argv[2], sys.argv[3])
