@@ -123,10 +123,7 @@ fn build_in(
         entries += stats.entries;
         tar_bytes += stats.tar_bytes;
     }
-    for (dir, mode) in MOUNT_POINTS {
-        unpacker.ensure_dir(dir, *mode)?;
-    }
-    unpacker.install_file(AGENT_PATH, agent, 0o755)?;
+    add_sandcell_files(&mut unpacker, agent)?;
     unpacker.finish()?;
 
     let mut defaults = image.config.defaults();
@@ -161,8 +158,17 @@ fn build_in(
     })
 }
 
+/// What every Sandcell image needs beside its own files: the mount points the agent uses
+/// and the agent itself.
+pub(crate) fn add_sandcell_files(unpacker: &mut Unpacker, agent: &Path) -> Result<()> {
+    for (dir, mode) in MOUNT_POINTS {
+        unpacker.ensure_dir(dir, *mode)?;
+    }
+    unpacker.install_file(AGENT_PATH, agent, 0o755)
+}
+
 /// The agent must be a static ELF: it runs in images that have no (or another) libc.
-fn check_agent(path: &Path) -> Result<()> {
+pub(crate) fn check_agent(path: &Path) -> Result<()> {
     let fail = |problem: String| Error::Agent {
         path: path.to_path_buf(),
         problem,
@@ -222,7 +228,7 @@ fn usage(tree: &Path) -> Result<(u64, u64)> {
 /// `mkfs.ext4 -d`: content plus a tenth and 64 MiB of headroom (journal, metadata, a little
 /// room to write), inodes for every file plus slack. No root, no mount. Owners the host tree
 /// could not carry (unprivileged builds) are then set with debugfs.
-fn make_ext4(
+pub(crate) fn make_ext4(
     tree: &Path,
     ext4: &Path,
     name: &str,

@@ -23,6 +23,7 @@ pub mod progress;
 pub mod registry;
 pub mod spec;
 pub mod store;
+pub mod template;
 pub mod unpack;
 
 pub use build::{BuildOptions, BuildReport, build};
@@ -95,6 +96,16 @@ pub enum Error {
         users.join(", ")
     )]
     InUse { name: String, users: Vec<String> },
+    #[error(transparent)]
+    Dockerfile(#[from] dockerfile::ParseError),
+    #[error("Dockerfile line {line}: {step}: exit status {code}\n{output}")]
+    StepFailed {
+        line: usize,
+        step: String,
+        code: i32,
+        /// The end of its output.
+        output: String,
+    },
     #[error("agent {}: {problem}", path.display())]
     Agent { path: PathBuf, problem: String },
 }
