@@ -9,12 +9,16 @@ use std::path::Path;
 
 use crate::log;
 
-/// Settings read from the kernel command line (`sandcell.listen=`, `sandcell.hostname=`).
+/// Settings read from the kernel command line (`sandcell.listen=`, `sandcell.hostname=`,
+/// `sandcell.net=`: see [`crate::netconfig`]).
 /// Dotted parameters are not passed to init as arguments, so the agent reads /proc/cmdline.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KernelArgs {
     pub listen: Option<String>,
     pub hostname: Option<String>,
+    /// The raw value of `sandcell.net=` (parsed when applied, so that a bad value is
+    /// logged rather than silently ignored).
+    pub net: Option<String>,
 }
 
 impl KernelArgs {
@@ -25,6 +29,8 @@ impl KernelArgs {
                 args.listen = Some(v.to_owned());
             } else if let Some(v) = word.strip_prefix("sandcell.hostname=") {
                 args.hostname = Some(v.to_owned());
+            } else if let Some(v) = word.strip_prefix("sandcell.net=") {
+                args.net = Some(v.to_owned());
             }
         }
         args
@@ -225,6 +231,15 @@ pub fn become_init(mounts: bool, hostname: Option<&str>) -> KernelArgs {
     if let Err(e) = loopback_up() {
         log!("bringing lo up: {e}");
     }
+    if let Some(net) = &kernel.net {
+        match crate::netconfig::NetParams::parse(net) {
+            Ok(p) => match crate::netconfig::configure(&p) {
+                Ok(name) => log!("network: {name} {}/{} via {}", p.addr, p.prefix, p.gateway),
+                Err(e) => log!("configuring the network ({net}): {e}"),
+            },
+            Err(e) => log!("sandcell.net={net}: {e}"),
+        }
+    }
     // An explicit name always wins; otherwise only a kernel-default name is replaced (gVisor
     // sets the one from its OCI spec).
     let name = match hostname {
@@ -251,6 +266,8 @@ mod tests {
         );
         assert_eq!(args.listen.as_deref(), Some("vsock:1234"));
         assert_eq!(args.hostname.as_deref(), Some("box-1"));
+        let args = KernelArgs::parse("quiet sandcell.net=ip=10.0.0.2/30,gw=10.0.0.1");
+        assert_eq!(args.net.as_deref(), Some("ip=10.0.0.2/30,gw=10.0.0.1"));
         assert_eq!(KernelArgs::parse("console=ttyS0"), KernelArgs::default());
     }
 

@@ -16,6 +16,7 @@ pub mod hub;
 pub mod init;
 pub mod listen;
 pub mod metadata;
+pub mod netconfig;
 pub mod power;
 pub mod process;
 pub mod process_api;

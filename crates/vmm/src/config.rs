@@ -94,7 +94,7 @@ pub const USAGE: &str =
     "usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]
        sandcell-vmm --restore STATE --mem MEM [--control-socket PATH] [--paused]
                     [--vsock-uds PATH] [--disk-overlay PATH] [--disk-layer PATH]...
-                    [--serial-log PATH] [--overrides-json JSON]
+                    [--serial-log PATH] [--net-tap NAME] [--overrides-json JSON]
        sandcell-vmm --wait-restore --control-socket PATH
        sandcell-vmm flatten --base IMAGE [--layer LAYER]... --out LAYER";
 
@@ -132,6 +132,7 @@ pub fn parse_command<I: IntoIterator<Item = String>>(args: I) -> Result<Command,
                 .get_or_insert_with(Vec::new)
                 .push(value(&mut it)?.into()),
             "--serial-log" => overrides.serial_log = Some(value(&mut it)?.into()),
+            "--net-tap" => overrides.net_tap = Some(value(&mut it)?),
             "--overrides-json" => {
                 overrides = serde_json::from_str(&value(&mut it)?).map_err(ConfigError::Parse)?;
             }

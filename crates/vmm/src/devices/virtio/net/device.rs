@@ -195,20 +195,16 @@ impl Net {
                 let frame = &mut self.rx_frame[..self.rx_len];
                 // One chain per frame (no MRG_RXBUF).
                 frame[10..12].copy_from_slice(&1u16.to_le_bytes());
-                let len = match chain.writer(mem) {
-                    Ok(mut w) if w.available_bytes() >= frame.len() => {
-                        if w.write_all(frame).is_ok() {
-                            self.counters.rx_frames += 1;
-                            frame.len() as u32
-                        } else {
-                            self.counters.rx_dropped += 1;
-                            0
-                        }
-                    }
-                    _ => {
-                        self.counters.rx_dropped += 1;
-                        0
-                    }
+                let delivered = match chain.writer(mem) {
+                    Ok(mut w) => w.available_bytes() >= frame.len() && w.write_all(frame).is_ok(),
+                    Err(_) => false,
+                };
+                let len = if delivered {
+                    self.counters.rx_frames += 1;
+                    frame.len() as u32
+                } else {
+                    self.counters.rx_dropped += 1;
+                    0
                 };
                 self.rx_len = 0;
                 queue.add_used(mem, head, len)?;
@@ -409,7 +405,7 @@ impl MutEventSubscriber for Net {
                 }
             }
             BACKEND_TOKEN => {
-                if !self.active.as_ref().is_some_and(|a| !a.broken) {
+                if self.active.as_ref().is_none_or(|a| a.broken) {
                     self.discard_rx();
                     return;
                 }

@@ -1,0 +1,304 @@
+//! The guest's network interface in a microVM: address, netmask, MTU, link up, default
+//! route and resolver, from the kernel parameter
+//! `sandcell.net=ip=ADDR/PREFIX,gw=GATEWAY[,mtu=N][,dns=ADDR][,if=NAME]` that the microvm
+//! runtime puts on the command line (gVisor configures its interface itself and passes
+//! no such parameter). Done with the classic SIOCSIF* / SIOCADDRT ioctls: the agent is a
+//! static binary in images that may have no `ip`.
+//!
+//! IPv4 only. The interface defaults to the first one in /sys/class/net that is not `lo`
+//! (the virtio-net device is the only other one a Sandcell guest has).
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// What `sandcell.net=` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetParams {
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Ipv4Addr,
+    pub mtu: Option<u32>,
+    pub dns: Option<Ipv4Addr>,
+    pub interface: Option<String>,
+}
+
+impl NetParams {
+    /// Parses the value of `sandcell.net=`.
+    pub fn parse(value: &str) -> Result<NetParams, String> {
+        let (mut ip, mut gw, mut mtu, mut dns, mut iface) = (None, None, None, None, None);
+        for item in value.split(',') {
+            let (key, v) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?} is not key=value"))?;
+            let bad = |what: &str| format!("{key}={v}: not {what}");
+            match key {
+                "ip" => {
+                    let (a, p) = v.split_once('/').ok_or_else(|| bad("ADDR/PREFIX"))?;
+                    let a: Ipv4Addr = a.parse().map_err(|_| bad("an IPv4 address"))?;
+                    let p: u8 = p.parse().map_err(|_| bad("a prefix length"))?;
+                    if !(1..=32).contains(&p) {
+                        return Err(bad("a prefix length of 1 to 32"));
+                    }
+                    ip = Some((a, p));
+                }
+                "gw" => gw = Some(v.parse().map_err(|_| bad("an IPv4 address"))?),
+                "mtu" => {
+                    let m: u32 = v.parse().map_err(|_| bad("a number"))?;
+                    if !(68..=65535).contains(&m) {
+                        return Err(bad("an MTU of 68 to 65535"));
+                    }
+                    mtu = Some(m);
+                }
+                "dns" => dns = Some(v.parse().map_err(|_| bad("an IPv4 address"))?),
+                "if" => {
+                    if v.is_empty() || v.len() >= libc::IFNAMSIZ || v.contains('/') {
+                        return Err(bad("an interface name"));
+                    }
+                    iface = Some(v.to_owned());
+                }
+                _ => return Err(format!("unknown key {key:?}")),
+            }
+        }
+        let (addr, prefix) = ip.ok_or("ip= is missing")?;
+        let gateway = gw.ok_or("gw= is missing")?;
+        Ok(NetParams {
+            addr,
+            prefix,
+            gateway,
+            mtu,
+            dns,
+            interface: iface,
+        })
+    }
+
+    pub fn netmask(&self) -> Ipv4Addr {
+        Ipv4Addr::from(
+            u32::MAX
+                .checked_shl(32 - u32::from(self.prefix))
+                .unwrap_or(0),
+        )
+    }
+}
+
+/// The interface to configure: the asked one, or the first non-loopback one.
+fn pick_interface(asked: Option<&str>) -> io::Result<String> {
+    if let Some(name) = asked {
+        return Ok(name.to_owned());
+    }
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "lo")
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no network interface but lo"))
+}
+
+/// Applies `p`: address, netmask, MTU, up, default route, then /etc/resolv.conf.
+/// Returns the interface configured.
+pub fn configure(p: &NetParams) -> io::Result<String> {
+    let name = pick_interface(p.interface.as_deref())?;
+    let sock = inet_socket()?;
+    let step = |what: &str, r: io::Result<()>| {
+        r.map_err(|e| io::Error::new(e.kind(), format!("{what} on {name}: {e}")))
+    };
+    step(
+        "SIOCSIFADDR",
+        set_addr(&sock, &name, libc::SIOCSIFADDR, p.addr),
+    )?;
+    step(
+        "SIOCSIFNETMASK",
+        set_addr(&sock, &name, libc::SIOCSIFNETMASK, p.netmask()),
+    )?;
+    if let Some(mtu) = p.mtu {
+        step("SIOCSIFMTU", set_mtu(&sock, &name, mtu))?;
+    }
+    step("bringing the link up", link_up(&sock, &name))?;
+    // Last: the gateway is reachable only once the address and link are in place.
+    step("SIOCADDRT default route", default_route(&sock, p.gateway))?;
+    if let Some(dns) = p.dns {
+        std::fs::write("/etc/resolv.conf", format!("nameserver {dns}\n"))
+            .map_err(|e| io::Error::new(e.kind(), format!("writing /etc/resolv.conf: {e}")))?;
+    }
+    Ok(name)
+}
+
+fn inet_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor we just created and own.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data; all-zero is valid (empty name, zero union).
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    // The name was checked (or came from sysfs); at most IFNAMSIZ-1 bytes are copied so
+    // the name stays NUL-terminated.
+    for (dst, src) in ifr
+        .ifr_name
+        .iter_mut()
+        .zip(name.as_bytes().iter().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = *src as libc::c_char;
+    }
+    ifr
+}
+
+fn sockaddr_in(addr: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr are both 16 bytes; the kernel reads the bytes as
+    // a sockaddr_in because sa_family says AF_INET.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+fn ioctl(sock: &OwnedFd, request: libc::c_ulong, arg: *mut libc::c_void) -> io::Result<()> {
+    // SAFETY: callers pass a pointer to a live structure of the type `request` expects.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), request, arg) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_addr(sock: &OwnedFd, name: &str, request: libc::c_ulong, addr: Ipv4Addr) -> io::Result<()> {
+    let mut ifr = ifreq(name);
+    ifr.ifr_ifru.ifru_addr = sockaddr_in(addr);
+    ioctl(sock, request, (&mut ifr as *mut libc::ifreq).cast())
+}
+
+fn set_mtu(sock: &OwnedFd, name: &str, mtu: u32) -> io::Result<()> {
+    let mut ifr = ifreq(name);
+    ifr.ifr_ifru.ifru_mtu = mtu as libc::c_int;
+    ioctl(
+        sock,
+        libc::SIOCSIFMTU,
+        (&mut ifr as *mut libc::ifreq).cast(),
+    )
+}
+
+fn link_up(sock: &OwnedFd, name: &str) -> io::Result<()> {
+    let mut ifr = ifreq(name);
+    ioctl(
+        sock,
+        libc::SIOCGIFFLAGS,
+        (&mut ifr as *mut libc::ifreq).cast(),
+    )?;
+    // SAFETY: SIOCGIFFLAGS succeeded, so ifru_flags is the union member the kernel wrote.
+    unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    ioctl(
+        sock,
+        libc::SIOCSIFFLAGS,
+        (&mut ifr as *mut libc::ifreq).cast(),
+    )
+}
+
+/// `struct rtentry` of <linux/route.h> (the libc crate has it for musl only).
+#[repr(C)]
+struct RtEntry {
+    rt_pad1: libc::c_ulong,
+    rt_dst: libc::sockaddr,
+    rt_gateway: libc::sockaddr,
+    rt_genmask: libc::sockaddr,
+    rt_flags: libc::c_ushort,
+    rt_pad2: libc::c_short,
+    rt_pad3: libc::c_ulong,
+    rt_pad4: *mut libc::c_void,
+    rt_metric: libc::c_short,
+    rt_dev: *mut libc::c_char,
+    rt_mtu: libc::c_ulong,
+    rt_window: libc::c_ulong,
+    rt_irtt: libc::c_ushort,
+}
+
+const RTF_UP: libc::c_ushort = 0x0001;
+const RTF_GATEWAY: libc::c_ushort = 0x0002;
+
+fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> io::Result<()> {
+    let mut rt = RtEntry {
+        rt_pad1: 0,
+        rt_dst: sockaddr_in(Ipv4Addr::UNSPECIFIED),
+        rt_gateway: sockaddr_in(gateway),
+        rt_genmask: sockaddr_in(Ipv4Addr::UNSPECIFIED),
+        rt_flags: RTF_UP | RTF_GATEWAY,
+        rt_pad2: 0,
+        rt_pad3: 0,
+        rt_pad4: std::ptr::null_mut(),
+        rt_metric: 0,
+        rt_dev: std::ptr::null_mut(),
+        rt_mtu: 0,
+        rt_window: 0,
+        rt_irtt: 0,
+    };
+    match ioctl(sock, libc::SIOCADDRT, (&mut rt as *mut RtEntry).cast()) {
+        // Already there (an init that ran before, or a restored guest): fine.
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        r => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_kernel_parameter() {
+        let p = NetParams::parse("ip=10.11.0.2/30,gw=10.11.0.1,mtu=1500,dns=10.11.0.1").unwrap();
+        assert_eq!(p.addr, Ipv4Addr::new(10, 11, 0, 2));
+        assert_eq!(p.prefix, 30);
+        assert_eq!(p.netmask(), Ipv4Addr::new(255, 255, 255, 252));
+        assert_eq!(p.gateway, Ipv4Addr::new(10, 11, 0, 1));
+        assert_eq!(p.mtu, Some(1500));
+        assert_eq!(p.dns, Some(Ipv4Addr::new(10, 11, 0, 1)));
+        assert_eq!(p.interface, None);
+        let p = NetParams::parse("gw=10.0.0.1,ip=10.0.0.2/24,if=eth1").unwrap();
+        assert_eq!(p.netmask(), Ipv4Addr::new(255, 255, 255, 0));
+        assert_eq!(p.interface.as_deref(), Some("eth1"));
+        assert_eq!(
+            NetParams::parse("ip=1.2.3.4/32,gw=1.1.1.1")
+                .unwrap()
+                .netmask(),
+            Ipv4Addr::BROADCAST
+        );
+    }
+
+    #[test]
+    fn refuses_bad_parameters() {
+        for bad in [
+            "",
+            "ip=10.0.0.2/24",
+            "gw=10.0.0.1",
+            "ip=10.0.0.2,gw=10.0.0.1",
+            "ip=10.0.0.2/33,gw=10.0.0.1",
+            "ip=10.0.0.2/0,gw=10.0.0.1",
+            "ip=10.0.0.300/24,gw=10.0.0.1",
+            "ip=10.0.0.2/24,gw=10.0.0.1,mtu=10",
+            "ip=10.0.0.2/24,gw=10.0.0.1,if=a-name-longer-than-15",
+            "ip=10.0.0.2/24,gw=10.0.0.1,colour=blue",
+            "ip=10.0.0.2/24,gw",
+        ] {
+            assert!(NetParams::parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn rtentry_has_the_kernel_layout() {
+        // x86_64 <linux/route.h>: 120 bytes, rt_flags at 56, rt_dev at 88.
+        assert_eq!(std::mem::size_of::<RtEntry>(), 120);
+        assert_eq!(std::mem::offset_of!(RtEntry, rt_dev), 88);
+        assert_eq!(std::mem::offset_of!(RtEntry, rt_flags), 56);
+    }
+}
