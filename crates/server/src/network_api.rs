@@ -24,7 +24,11 @@ use utoipa::ToSchema;
 const PORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// E2B's `network` object of a create. `allowOut`: IPs, CIDRs, `domain`, `*.domain` (any
-/// entry makes everything else denied); `denyOut`: IPs and CIDRs; allow wins. Other E2B
+/// entry makes everything else denied); `denyOut`: IPs and CIDRs; allow wins. An address
+/// allowed only through a domain rule (the DNS answers for it) takes TCP on any port, but
+/// only TLS whose SNI, or HTTP/1.x whose `Host`, names an allowed domain (the host
+/// connects to that name itself); other protocols (SSH, anything where the server speaks
+/// first, UDP and QUIC) are refused there: allow such a destination by IP or CIDR. Other E2B
 /// fields (`dnsServers`, `maskRequestHost`, `rules`, ...) are accepted and ignored: the
 /// sandbox's only resolver is ours, which resolves exactly what the rules allow.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
@@ -182,7 +186,9 @@ async fn list(app: &App, key_id: &str) -> ApiResult<Vec<PrivateNetwork>> {
         .map(|(name, created)| PrivateNetwork {
             members: members
                 .iter()
-                .filter(|(n, _)| *n == name)
+                // Running ones: a paused or ended sandbox keeps its memberships on
+                // record (networks::ended) but reaches no one.
+                .filter(|(n, s)| *n == name && registry::get(s).is_some())
                 .map(|(_, s)| s.clone())
                 .collect(),
             name,

@@ -247,6 +247,26 @@ pub(crate) async fn join(db: &Db, key_id: &str, name: &str, sandbox: &str) -> Re
     Ok(())
 }
 
+/// A sandbox restored from a checkpoint of `from` (a fork child, or a create from a named
+/// snapshot of it) joins the private networks `from` is in (or was in when it ended: see
+/// [`ended`]), those of key `key_id` only: its restored processes expect the peers they had.
+pub async fn inherit(db: &Db, key_id: &str, from: &str, to: &str) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT OR IGNORE INTO private_network_members (key_id, name, sandbox_id) \
+         SELECT m.key_id, m.name, $3 FROM private_network_members m \
+         WHERE m.sandbox_id = $1 AND m.key_id = $2",
+    )
+    .bind(from)
+    .bind(key_id)
+    .bind(to)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "adding {to} to the private networks of {from}"
+    )))?;
+    Ok(())
+}
+
 /// The egress rules recorded for `sandbox` (`None`: it has no network).
 pub async fn egress_of(db: &Db, sandbox: &str) -> Result<Option<EgressSpec>, Error> {
     let row: Option<(String,)> =
@@ -313,19 +333,15 @@ pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
     refresh_peers(db).await
 }
 
-/// After the sandbox ended: it leaves its private networks (their other members stop
-/// reaching its address, which the next sandbox may get) and its network is gone.
+/// After the sandbox ended or was paused: its network is gone, so the other members of its
+/// private networks stop reaching its address (which the next sandbox may get: only
+/// sandboxes with a network are peers, see [`refresh_peers`]). Its memberships stay on
+/// record: a resume (same id) is back in its networks, and sandboxes restored from its
+/// snapshots or forks join them too ([`inherit`]).
 pub async fn ended(db: &Db, sandbox: &str) {
     traffic(|m| m.remove(sandbox));
     if let Err(e) = registry::release(sandbox).await {
         eprintln!("sandcell serve: removing the network of {sandbox}: {e}");
-    }
-    let left = sqlx::query("DELETE FROM private_network_members WHERE sandbox_id = $1")
-        .bind(sandbox)
-        .execute(db.pool())
-        .await;
-    if let Err(e) = left {
-        eprintln!("sandcell serve: {sandbox} leaving its private networks: {e}");
     }
     if let Err(e) = refresh_peers(db).await {
         eprintln!("sandcell serve: updating private-network peers: {e}");

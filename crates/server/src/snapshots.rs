@@ -284,6 +284,7 @@ impl Lifecycle {
         self.db.add_snapshot_user(&snap.id, &id).await?;
         if let Some(egress) = crate::networks::egress_of(&self.db, &spec.network_of).await? {
             crate::networks::store_egress(&self.db, &id, &egress).await?;
+            crate::networks::inherit(&self.db, &key.id, &spec.network_of, &id).await?;
         }
         // Restored (and retried) until its agent answers /init; finish_create then sends it
         // again with the same identity, a no-op for the agent.
