@@ -600,6 +600,11 @@ impl Lifecycle {
             Ok(_) => {}
             Err(e) => eprintln!("sandcell serve: removing leftover networks: {e}"),
         }
+        // The adopted sandboxes' private-network peers: nftables kept them, the new DNS
+        // servers know no peer names yet.
+        if let Err(e) = crate::networks::refresh_peers(&self.db).await {
+            eprintln!("sandcell serve: restoring private-network peers: {e}");
+        }
         self.collect_snapshots().await;
         self.remove_orphan_snapshot_dirs().await;
         self.db.flush_usage(now_ms()).await?;
