@@ -1,7 +1,7 @@
 //! One microVM sandbox: its `sandcell-vmm` child, the control socket, and how it ends (see
 //! the module docs of [`super`] for the files).
 
-use super::{CONTROL_TIMEOUT, MAX_CONTROL_LINE, Paths, RT, remove_files, vsock};
+use super::{CONTROL_TIMEOUT, MAX_CONTROL_LINE, Paths, RT, network, remove_files, vsock};
 // A child module, so that snapshots can drive this sandbox's VMM and restores start one.
 #[path = "snapshot.rs"]
 mod snapshot;
@@ -41,6 +41,8 @@ pub struct MicrovmSandbox {
     handle: Mutex<Option<SandboxHandle>>,
     /// What snapshots record and build on (snapshot.rs).
     snap: snapshot::SnapState,
+    /// The sandbox's network (network.rs), removed when the sandbox is destroyed.
+    net: Mutex<Option<sandcell_net::SandboxNet>>,
 }
 
 /// How the VMM ending translates into how the sandbox ended.
@@ -86,6 +88,7 @@ impl MicrovmSandbox {
             vcpus: spec.vcpus,
             handle: Mutex::new(None),
             snap: snapshot::SnapState::new(spec, &paths_overlay),
+            net: Mutex::new(None),
         }
     }
 
@@ -134,6 +137,27 @@ impl MicrovmSandbox {
             });
         });
         sandbox
+    }
+
+    /// Gives the sandbox its network: the VMM starts in its namespace, and it is removed
+    /// with the sandbox.
+    pub(super) fn set_network(&self, net: sandcell_net::SandboxNet) {
+        *self.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+    }
+
+    /// Snapshots of a sandbox with a network are not supported yet: a restored VMM needs
+    /// its own namespace with the TAP before it starts (see network.rs).
+    fn refuse_with_network(&self, op: &'static str) -> Result<()> {
+        if self.net.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            return Err(Error::Unsupported {
+                runtime: RT,
+                op,
+                why: "the microvm runtime cannot snapshot a sandbox with a network yet; \
+                      create it without a network, or use the gvisor runtime"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     fn pid(&self) -> Option<u32> {
@@ -252,6 +276,14 @@ impl Sandbox for MicrovmSandbox {
             Some(args) => command.args(args),
             None => command.arg("--config").arg(&self.paths.config),
         };
+        // Kept open until the child has started: its pre-exec setns uses the descriptor.
+        let netns = match self.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(net) => Some(network::open_netns(net.network())?),
+            None => None,
+        };
+        if let Some(file) = &netns {
+            network::join_netns(&mut command, file);
+        }
         let mut child = command
             .stdin(std::process::Stdio::null())
             .stdout(log)
@@ -381,14 +413,17 @@ impl Sandbox for MicrovmSandbox {
         dest: &std::path::Path,
         kind: crate::SnapshotKind,
     ) -> Result<crate::SnapshotHandle> {
+        self.refuse_with_network("snapshot")?;
         snapshot::snapshot(self, dest, kind).await
     }
 
     async fn pause_to_disk(&self, dest: &std::path::Path) -> Result<crate::SnapshotHandle> {
+        self.refuse_with_network("pause to disk")?;
         snapshot::pause_to_disk(self, dest).await
     }
 
     async fn fork(&self, count: usize, dest: &std::path::Path) -> Result<Vec<Box<dyn Sandbox>>> {
+        self.refuse_with_network("fork")?;
         snapshot::fork(self, count, dest).await
     }
 
@@ -412,6 +447,12 @@ impl Sandbox for MicrovmSandbox {
             }
         }
         let removed = remove_files(&self.dirs, &self.id);
+        let net = self.net.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let removed = match net {
+            // After the VMM is gone: the namespace goes, and the TAP with it.
+            Some(net) => removed.and(network::teardown(&self.id, net).await),
+            None => removed,
+        };
         self.exit.set(SandboxExit::Destroyed);
         *done = true;
         removed

@@ -1,0 +1,203 @@
+//! Networking of a microVM sandbox (opt-in: [`crate::SandboxSpec::network`]).
+//!
+//! The host side is the same as a gVisor sandbox's: `sandcell-net` builds the namespace
+//! `sc-<id>` with a veth to the host, the egress policy (nftables on the host end) and our
+//! DNS server on the gateway. Inside that namespace this module adds a TAP, [`TAP_NAME`],
+//! and joins it to the veth end with two `tc` mirred redirects (every frame in on one goes
+//! out of the other), so the guest's own kernel sits where gVisor's netstack would: it
+//! gets the sandbox address, the gateway is its default route, and every packet still
+//! crosses the host end where the policy is enforced. The veth end's address is removed
+//! (the guest owns it now). `sandcell-vmm` is started inside the namespace and attaches
+//! the TAP by name; the agent configures `eth0` from the `sandcell.net=` kernel parameter.
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+
+use super::RT;
+use crate::NetworkSpec;
+use crate::{Error, Result};
+use sandcell_net::{Network, SandboxNet};
+
+/// The TAP's name inside the sandbox's namespace (the same in every sandbox and clone:
+/// each has its own namespace).
+pub(super) const TAP_NAME: &str = "sctap0";
+/// The guest's MTU: the veth's.
+pub(super) const MTU: u32 = 1500;
+
+fn net_error(what: String, e: sandcell_net::Error) -> Error {
+    match e {
+        sandcell_net::Error::Policy(p) => Error::InvalidSpec {
+            runtime: RT,
+            problem: p.to_string(),
+        },
+        other => Error::io(RT, what, std::io::Error::other(other)),
+    }
+}
+
+/// The sandbox's network with the TAP in it. On failure nothing is left behind.
+pub(super) async fn create(id: &str, spec: &NetworkSpec) -> Result<SandboxNet> {
+    let net = sandcell_net::registry::attach(&spec.config, id, &spec.egress)
+        .await
+        .map_err(|e| net_error(format!("creating the network of sandbox {id}"), e))?;
+    if let Err(e) = add_tap(net.network()).await {
+        let _ = teardown(id, net).await;
+        return Err(e);
+    }
+    Ok(net)
+}
+
+pub(super) async fn teardown(id: &str, net: SandboxNet) -> Result<()> {
+    net.teardown()
+        .await
+        .map_err(|e| net_error(format!("removing the network of sandbox {id}"), e))
+}
+
+/// The commands that put the TAP between the guest and the veth end, in order: the TAP
+/// up before the redirects point at it; the veth end's address removed last of the setup
+/// (from then on only the guest answers for it).
+pub(super) fn tap_commands(net: &Network) -> Vec<(&'static str, Vec<String>)> {
+    let ns = net.netns.as_str();
+    let veth = net.guest_if.as_str();
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut cmds = vec![
+        (
+            "ip",
+            s(&["-n", ns, "tuntap", "add", "dev", TAP_NAME, "mode", "tap"]),
+        ),
+        (
+            "ip",
+            s(&[
+                "-n",
+                ns,
+                "link",
+                "set",
+                TAP_NAME,
+                "mtu",
+                &MTU.to_string(),
+                "up",
+            ]),
+        ),
+    ];
+    for (from, to) in [(veth, TAP_NAME), (TAP_NAME, veth)] {
+        cmds.push(("tc", s(&["-n", ns, "qdisc", "add", "dev", from, "ingress"])));
+        cmds.push((
+            "tc",
+            s(&[
+                "-n", ns, "filter", "add", "dev", from, "parent", "ffff:", "protocol", "all",
+                "matchall", "action", "mirred", "egress", "redirect", "dev", to,
+            ]),
+        ));
+    }
+    cmds.push(("ip", s(&["-n", ns, "addr", "flush", "dev", veth])));
+    cmds
+}
+
+async fn add_tap(net: &Network) -> Result<()> {
+    for (program, args) in tap_commands(net) {
+        let out = tokio::process::Command::new(program)
+            .args(&args)
+            .output()
+            .await
+            .map_err(|e| Error::io(RT, format!("running {program}"), e))?;
+        if !out.status.success() {
+            return Err(Error::io(
+                RT,
+                format!("{program} {}", args.join(" ")),
+                std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The kernel parameter the agent configures `eth0` from (crates/agent netconfig.rs).
+pub(super) fn kernel_param(net: &Network) -> String {
+    format!(
+        "sandcell.net=ip={}/{},gw={},mtu={MTU},dns={}",
+        net.guest, net.prefix, net.gateway, net.gateway
+    )
+}
+
+/// A locally administered unicast MAC made from the guest's address (unique per host pool
+/// slot, stable across restores of the same sandbox).
+pub(super) fn guest_mac(guest: Ipv4Addr) -> String {
+    let [a, b, c, d] = guest.octets();
+    format!("02:5c:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
+}
+
+/// Opens the sandbox's namespace for [`join_netns`].
+pub(super) fn open_netns(net: &Network) -> Result<std::fs::File> {
+    let path = net.netns_path();
+    std::fs::File::open(&path).map_err(|e| {
+        Error::io(
+            RT,
+            format!("opening network namespace {}", path.display()),
+            e,
+        )
+    })
+}
+
+/// The VMM starts inside the sandbox's namespace (it attaches the TAP by name there).
+pub(super) fn join_netns(cmd: &mut tokio::process::Command, netns: &std::fs::File) {
+    let fd = netns.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and makes one system call
+    // (setns, async-signal-safe) on a descriptor the parent keeps open across the spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn network() -> Network {
+        Network {
+            id: "sb1".into(),
+            slot: 7,
+            netns: "sc-sb1".into(),
+            host_if: "sch7".into(),
+            guest_if: "scg7".into(),
+            gateway: Ipv4Addr::new(10, 200, 0, 29),
+            guest: Ipv4Addr::new(10, 200, 0, 30),
+            prefix: 30,
+            pool: "10.200.0.0/16".parse().expect("cidr"),
+        }
+    }
+
+    #[test]
+    fn the_guest_gets_the_sandbox_address_and_the_gateway() {
+        let n = network();
+        assert_eq!(
+            kernel_param(&n),
+            "sandcell.net=ip=10.200.0.30/30,gw=10.200.0.29,mtu=1500,dns=10.200.0.29"
+        );
+        assert_eq!(guest_mac(n.guest), "02:5c:0a:c8:00:1e");
+    }
+
+    #[test]
+    fn the_tap_is_joined_to_the_veth_both_ways_inside_the_namespace() {
+        let cmds = tap_commands(&network());
+        let lines: Vec<String> = cmds
+            .iter()
+            .map(|(p, a)| format!("{p} {}", a.join(" ")))
+            .collect();
+        assert!(lines.iter().all(|l| l.contains(" -n sc-sb1 ")), "{lines:?}");
+        assert_eq!(lines[0], "ip -n sc-sb1 tuntap add dev sctap0 mode tap");
+        assert!(lines.iter().any(|l| l.ends_with(
+            "dev scg7 parent ffff: protocol all matchall action mirred egress redirect dev sctap0"
+        )));
+        assert!(lines.iter().any(|l| l.ends_with(
+            "dev sctap0 parent ffff: protocol all matchall action mirred egress redirect dev scg7"
+        )));
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("ip -n sc-sb1 addr flush dev scg7")
+        );
+    }
+}
