@@ -206,6 +206,6 @@ rm -f "$cmds" "$out.tmp/mkfs.log" "$out.tmp/debugfs.log" "$out.tmp/e2fsck.log"
 rm -rf "$out"
 mv "$out.tmp" "$out"
 # Minimal and base share the directory: keep enough for both and a previous version of each.
-"$(dirname "$0")/prune-cache.sh" "$cache/images" "*" 6
+"$root/scripts/prune-cache.sh" "$cache/images" "*" 6
 log "$name: built $out ($(du -h "$out/rootfs.ext4" | cut -f1) image)"
 echo "$out"

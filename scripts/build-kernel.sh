@@ -87,7 +87,7 @@ cp vmlinux "$out.tmp/vmlinux"
 cp .config "$out.tmp/config"
 rm -rf "$out" && mv "$out.tmp" "$out"
 # Older kernels and build trees (3 GB each) go; the last three kernels stay for bisecting.
-"$(dirname "$0")/prune-cache.sh" "$cache/kernel" "*" 3
-"$(dirname "$0")/prune-cache.sh" "$cache/kernel-build" "*" 1
+"$root/scripts/prune-cache.sh" "$cache/kernel" "*" 3
+"$root/scripts/prune-cache.sh" "$cache/kernel-build" "*" 1
 echo "kernel: built in $(( $(date +%s) - start ))s ($(du -h "$out/vmlinux" | cut -f1))" >&2
 echo "$out/vmlinux"

@@ -2,9 +2,9 @@
 # Assembles the L1 initramfs of the nested-KVM harness (an uncompressed newc cpio: under TCG,
 # decompressing in L1 would cost more than QEMU copying the bytes in), without root:
 #
-#   /init, /nested/{tests,snapshot}.sh tests/nested/l1/
+#   /init, /nested/{tests,snapshot,net}.sh tests/nested/l1/
 #   /bin/busybox + applet links       Debian's busybox-static
-#   /lib/modules/*.ko                 irqbypass, kvm, kvm-amd from the L1 kernel package
+#   /lib/modules/*.ko                 irqbypass, kvm, kvm-amd, tun from the L1 kernel package
 #   /usr/bin/{sandcell-vmm,sandcell,nested-probe}
 #   /var/lib/sandcell/                the guest kernel and the minimal image, laid out by
 #                                     scripts/install-artifacts.sh
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
   shift 2
 done
 [ -n "$l1" ] && [ -n "$kernel" ] && [ -n "$image_dir" ] && [ -n "$probe" ] || usage
-for f in "$l1/irqbypass.ko" "$l1/kvm.ko" "$l1/kvm-amd.ko" "$kernel" "$image_dir/rootfs.ext4" "$probe" "$busybox"; do
+for f in "$l1/irqbypass.ko" "$l1/kvm.ko" "$l1/kvm-amd.ko" "$l1/tun.ko" "$kernel" "$image_dir/rootfs.ext4" "$probe" "$busybox"; do
   [ -f "$f" ] || die "$f not found"
 done
 for f in "$vmm" "$cli"; do
@@ -69,11 +69,12 @@ mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,lib/modules,proc,sys,dev,tmp,run,ne
 install -m 0755 "$here/l1/init" "$stage/init"
 install -m 0755 "$here/l1/tests.sh" "$stage/nested/tests.sh"
 install -m 0644 "$here/l1/snapshot.sh" "$stage/nested/snapshot.sh"
+install -m 0644 "$here/l1/net.sh" "$stage/nested/net.sh"
 install -m 0755 "$busybox" "$stage/bin/busybox"
 while IFS= read -r applet; do
   [ -e "$stage/$applet" ] || { mkdir -p "$stage/$(dirname "$applet")"; ln -s /bin/busybox "$stage/$applet"; }
 done < <("$busybox" --list-full)
-cp "$l1/irqbypass.ko" "$l1/kvm.ko" "$l1/kvm-amd.ko" "$stage/lib/modules/"
+cp "$l1/irqbypass.ko" "$l1/kvm.ko" "$l1/kvm-amd.ko" "$l1/tun.ko" "$stage/lib/modules/"
 
 # add_binary SRC NAME: /usr/bin/NAME, plus its shared libraries and loader if it has any.
 add_binary() {
@@ -97,6 +98,6 @@ mkdir -p "$stage/var/lib/sandcell/images/minimal/rootfs"
 
 (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) > "$out.tmp"
 mv "$out.tmp" "$out"
-"$(dirname "$0")/../../scripts/prune-cache.sh" "$cache" "initramfs-*.cpio" 3
+"$here/../../scripts/prune-cache.sh" "$cache" "initramfs-*.cpio" 3
 log "built $out ($(du -h "$out" | cut -f1))"
 echo "$out"
