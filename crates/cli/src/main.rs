@@ -6,6 +6,7 @@
 //! sandcell doctor [--json]
 //! sandcell serve [--listen ADDR:PORT] [--runtime auto|microvm|gvisor] [--domain DOMAIN]
 //! sandcell image pull REF [--name N] [--insecure-registry HOST] | import PATH --name N | ls | rm NAME
+//! sandcell template build -t NAME [-f Dockerfile] [--build-arg K=V]... [CONTEXT] | ls | inspect NAME | rm NAME
 //! sandcell keys create [--name N] [--max-sandboxes N] [--json] | ls [--json] | revoke ID|NAME
 //!
 //! (against a running daemon)
@@ -36,6 +37,7 @@ mod net;
 mod run;
 mod sandboxes;
 mod snapshots;
+mod template;
 mod term;
 
 use clap::{Parser, Subcommand};
@@ -75,6 +77,11 @@ enum Command {
     Image {
         #[command(subcommand)]
         command: image::ImageCommand,
+    },
+    /// Templates: build an image from a Dockerfile (RUN steps in sandboxes), ls, inspect, rm
+    Template {
+        #[command(subcommand)]
+        command: template::TemplateCommand,
     },
     #[command(flatten)]
     Client(ClientCommand),
@@ -202,6 +209,7 @@ fn main() {
             Command::Serve(args) => sandcell_server::serve(dirs, args).await,
             Command::Keys { command } => sandcell_server::keys(dirs, command).await,
             Command::Image { command } => image::run(&dirs, command).await,
+            Command::Template { command } => template::run(&dirs, command).await,
             Command::Client(command) => client(&dirs, command).await,
         }
     });

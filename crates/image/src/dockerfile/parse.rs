@@ -100,22 +100,19 @@ fn directives(text: &str) -> Result<(char, usize), ParseError> {
         if name.contains(char::is_whitespace) {
             return Ok((escape, index));
         }
-        match name.as_str() {
-            "escape" => {
-                escape = match value.trim() {
-                    "\\" => '\\',
-                    "`" => '`',
-                    other => {
-                        return Err(ParseError {
-                            line: index + 1,
-                            problem: format!("escape directive {other:?}: must be \\ or `"),
-                        });
-                    }
+        // `# syntax=` picks a BuildKit frontend: there is none here; the other directives
+        // are BuildKit's too. Only `escape` changes how the file reads.
+        if name == "escape" {
+            escape = match value.trim() {
+                "\\" => '\\',
+                "`" => '`',
+                other => {
+                    return Err(ParseError {
+                        line: index + 1,
+                        problem: format!("escape directive {other:?}: must be \\ or `"),
+                    });
                 }
-            }
-            // `# syntax=` picks a BuildKit frontend: there is none here; the others are
-            // BuildKit's too.
-            _ => {}
+            };
         }
     }
     Ok((escape, text.lines().count()))

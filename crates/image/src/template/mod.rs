@@ -693,7 +693,12 @@ impl Builder<'_> {
             .split_last()
             .ok_or_else(|| step_err(line, "COPY needs SOURCE... DEST"))?;
         let mut dest_abs = absolute(state.workdir.as_deref(), dest);
-        if dest.ends_with('/') && !dest_abs.ends_with('/') {
+        // A directory destination: written so (`dir/`, `.`), or one the image has.
+        let named_dir = dest.ends_with('/')
+            || Path::new(dest)
+                .file_name()
+                .is_none_or(|n| n == "." || n == "..");
+        if (named_dir || self.is_dir_in(state, &dest_abs)?) && !dest_abs.ends_with('/') {
             dest_abs.push('/');
         }
         let chmod = match &spec.chmod {
@@ -757,6 +762,19 @@ impl Builder<'_> {
             u.finish()?;
             std::fs::remove_file(&tar_path).map_err(Error::io("removing", &tar_path))
         })
+    }
+
+    /// Whether `path` (absolute) is a directory (symlinks followed inside the image) in the
+    /// stage as built so far.
+    fn is_dir_in(&self, state: &StageState, path: &str) -> Result<bool> {
+        let target = self
+            .layers_dir
+            .join(format!(".view-{}-{}", std::process::id(), unique()));
+        let mount = Mount::overlay(&state.lowers(), None, &target)?;
+        let view = MountDir(Some(mount), target);
+        let root = RootDir::open(&view.1)?;
+        let rel = context::normalize(path);
+        Ok(root.stat(&rel).is_ok_and(|m| m.is_dir()))
     }
 
     fn run(
@@ -928,7 +946,32 @@ fn strip_runtime_files(upper: &Path) -> Result<()> {
     if std::fs::symlink_metadata(&mount_point).is_ok_and(|m| m.is_dir()) {
         std::fs::remove_dir_all(&mount_point).map_err(Error::io("removing", &mount_point))?;
     }
+    // Its parent, copied up only to hold it: an empty, non-opaque copy of a lower /run
+    // (every image has one: build.rs MOUNT_POINTS).
+    let parent = upper.join("run");
+    let empty = std::fs::read_dir(&parent).is_ok_and(|mut d| d.next().is_none());
+    if empty && !is_opaque(&parent) {
+        std::fs::remove_dir(&parent).map_err(Error::io("removing", &parent))?;
+    }
     Ok(())
+}
+
+/// Whether overlayfs marked the directory opaque (it replaced a lower one).
+fn is_opaque(dir: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut value = [0u8; 4];
+    // SAFETY: both strings are NUL-terminated; value is writable for its length.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    n == 1 && value[0] == b'y'
 }
 
 #[cfg(test)]

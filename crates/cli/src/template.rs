@@ -1,0 +1,526 @@
+//! `sandcell template build|ls|inspect|rm`: images built from Dockerfiles without Docker
+//! (crates/image `template`), their RUN steps executed in gVisor sandboxes whose root's
+//! writes land in a host layer (`SandboxSpec::host_layer`).
+//!
+//! ```text
+//! sandcell template build -t NAME [-f Dockerfile] [--build-arg K=V]... [--no-cache]
+//!                         [--memory MiB] [--vcpus N] [--insecure-registry HOST]... [--json] [CONTEXT]
+//! sandcell template ls [--json]
+//! sandcell template inspect NAME
+//! sandcell template rm NAME... [--json]
+//! ```
+//! Templates and images share `<data-dir>/images/`: a template is an image built from a
+//! Dockerfile (it has a `template.json`), so `run --image NAME` and the daemon's
+//! `templateID: NAME` use it, and `template ls` lists both with a KIND column. RUN steps have
+//! no network (loopback only). Exit status: 0, 1 when the build or a RUN step failed
+//! (the step's output and exit status are shown), 2 for bad usage.
+
+use sandcell_agent::client::{OutputKind, decode_data};
+use sandcell_image::registry::PullOptions;
+use sandcell_image::template::{
+    self, BuildEvent, BuildLog, RunRequest, StepRunner, TemplateBuild, TemplateRecord,
+};
+use sandcell_image::{Limits, NoProgress, ResolvedImage, store};
+use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
+use sandcell_runtime::gvisor::GvisorRuntime;
+use sandcell_runtime::{
+    AGENT_PORT, Dirs, HostLayer, Image, Runtime, Sandbox, SandboxSpec, agent_client, new_sandbox_id,
+};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const EXIT_FAILED: i32 = 1;
+const EXIT_USAGE: i32 = 2;
+
+#[derive(clap::Subcommand)]
+pub enum TemplateCommand {
+    /// Build an image from a Dockerfile; RUN steps run in sandboxes
+    Build(BuildArgs),
+    /// List templates and images
+    Ls(LsArgs),
+    /// Show a template's config and layers (JSON)
+    Inspect(InspectArgs),
+    /// Remove templates (refused while a sandbox uses one)
+    Rm(RmArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BuildArgs {
+    /// The name of the result (an image name: lowercase letters, digits, '-', '_', '.')
+    #[arg(short = 't', long = "tag", value_name = "NAME")]
+    pub name: String,
+    /// The Dockerfile [default: CONTEXT/Dockerfile]
+    #[arg(short = 'f', long = "file", value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// A build argument (for ARG)
+    #[arg(long = "build-arg", value_name = "KEY=VALUE")]
+    pub build_args: Vec<String>,
+    /// Run every step again
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Memory of each RUN sandbox
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(64..=65536), value_name = "MiB")]
+    pub memory: u32,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=32))]
+    pub vcpus: u8,
+    /// A registry (`host` or `host:port`) to pull FROM images from over plain HTTP
+    #[arg(long = "insecure-registry", value_name = "HOST")]
+    pub insecure_registries: Vec<String>,
+    /// The static agent to put in the image [default: the one in an installed image]
+    #[arg(long, value_name = "PATH")]
+    pub agent: Option<PathBuf>,
+    /// Replace an image of that name that was not built from a Dockerfile
+    #[arg(long)]
+    pub force: bool,
+    /// Print a JSON summary at the end (steps, cached or built, layers, sizes, times)
+    #[arg(long)]
+    pub json: bool,
+    /// The build context (COPY and ADD sources)
+    #[arg(default_value = ".", value_name = "CONTEXT")]
+    pub context: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct LsArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    pub name: String,
+}
+
+#[derive(clap::Args)]
+pub struct RmArgs {
+    #[arg(required = true)]
+    pub names: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(dirs: &Dirs, command: TemplateCommand) -> i32 {
+    match command {
+        TemplateCommand::Build(args) => build(dirs, args).await,
+        TemplateCommand::Ls(args) => ls(dirs, args),
+        TemplateCommand::Inspect(args) => inspect(dirs, args),
+        TemplateCommand::Rm(args) => rm(dirs, args),
+    }
+}
+
+fn fail(msg: impl std::fmt::Display, code: i32) -> i32 {
+    eprintln!("sandcell: {msg}");
+    code
+}
+
+async fn build(dirs: &Dirs, args: BuildArgs) -> i32 {
+    let mut build_args = BTreeMap::new();
+    for pair in &args.build_args {
+        match pair.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                build_args.insert(k.to_string(), v.to_string());
+            }
+            // Docker's `--build-arg NAME`: the value from our environment.
+            _ => match std::env::var(pair) {
+                Ok(v) if !pair.is_empty() => {
+                    build_args.insert(pair.clone(), v);
+                }
+                _ => {
+                    return fail(
+                        format!("--build-arg {pair:?}: expected KEY=VALUE"),
+                        EXIT_USAGE,
+                    );
+                }
+            },
+        }
+    }
+    let context = match std::fs::canonicalize(&args.context) {
+        Ok(c) if c.is_dir() => c,
+        Ok(c) => {
+            return fail(
+                format!("context {} is not a directory", c.display()),
+                EXIT_USAGE,
+            );
+        }
+        Err(e) => {
+            return fail(
+                format!("context {}: {e}", args.context.display()),
+                EXIT_USAGE,
+            );
+        }
+    };
+    let file = args
+        .file
+        .clone()
+        .unwrap_or_else(|| context.join("Dockerfile"));
+    let dockerfile = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("reading {}: {e}", file.display()), EXIT_USAGE),
+    };
+    // A previous build of the same name is replaced; another kind of image only with --force.
+    let existing = dirs.images().join(&args.name);
+    let force = args.force || template::read_record(&existing).is_some();
+    let runtime = match GvisorRuntime::new(dirs.clone()).await {
+        Ok(rt) => Arc::new(rt),
+        Err(e) => {
+            return fail(
+                format!("RUN steps need the gvisor runtime: {e}"),
+                EXIT_FAILED,
+            );
+        }
+    };
+    let runner = GvisorRunner {
+        runtime,
+        handle: tokio::runtime::Handle::current(),
+        memory_mib: args.memory,
+        vcpus: args.vcpus,
+        data_dir: dirs.data.clone(),
+        pull: PullOptions {
+            insecure_registries: args.insecure_registries.clone(),
+            ..PullOptions::default()
+        },
+    };
+    let request = TemplateBuild {
+        data_dir: dirs.data.clone(),
+        name: args.name.clone(),
+        dockerfile,
+        dockerfile_path: std::fs::canonicalize(&file).unwrap_or(file),
+        context,
+        build_args,
+        agent: args.agent.clone(),
+        force,
+        no_cache: args.no_cache,
+        limits: Limits::default(),
+    };
+    let json = args.json;
+    let result = tokio::task::spawn_blocking(move || {
+        let log = StepLog;
+        template::build(&request, &runner, &log)
+    })
+    .await;
+    match result {
+        Ok(Ok(record)) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&record).unwrap_or_default()
+                );
+            } else {
+                eprintln!(
+                    "built {} in {:.1} s: {} steps with layers built, {} cached, {:.1} MiB ext4",
+                    record.name,
+                    record.seconds,
+                    record.built_steps,
+                    record.cached_steps,
+                    record.ext4_bytes as f64 / 1048576.0
+                );
+            }
+            0
+        }
+        Ok(Err(e)) => fail(e, EXIT_FAILED),
+        Err(e) => fail(format!("the build thread failed: {e}"), EXIT_FAILED),
+    }
+}
+
+/// Progress on stderr ("Step 3/7: RUN ...", CACHED, the RUN output as it comes).
+struct StepLog;
+
+impl BuildLog for StepLog {
+    fn event(&self, event: BuildEvent) {
+        let mut err = std::io::stderr().lock();
+        let _ = match event {
+            BuildEvent::Step {
+                number,
+                total,
+                text,
+            } => writeln!(err, "Step {number}/{total}: {text}"),
+            BuildEvent::Cached => writeln!(err, " ---> CACHED"),
+            BuildEvent::Output(bytes) => err.write_all(&bytes),
+            BuildEvent::Note(note) => writeln!(err, " ---> {note}"),
+            BuildEvent::Exporting { layers } => {
+                writeln!(err, "Exporting {layers} layers to the image")
+            }
+        };
+    }
+}
+
+/// RUN steps in gVisor sandboxes; FROM pulls from registries.
+struct GvisorRunner {
+    runtime: Arc<GvisorRuntime>,
+    handle: tokio::runtime::Handle,
+    memory_mib: u32,
+    vcpus: u8,
+    data_dir: PathBuf,
+    pull: PullOptions,
+}
+
+impl StepRunner for GvisorRunner {
+    fn run(&self, request: &RunRequest, output: &mut dyn FnMut(&[u8])) -> Result<i32, String> {
+        self.handle.block_on(self.run_step(request, output))
+    }
+
+    fn pull(&self, reference: &str) -> sandcell_image::Result<ResolvedImage> {
+        let cache = sandcell_image::cache::BlobCache::in_data_dir(&self.data_dir);
+        self.handle.block_on(sandcell_image::registry::pull(
+            reference,
+            &cache,
+            &self.pull,
+            &NoProgress,
+        ))
+    }
+}
+
+impl GvisorRunner {
+    async fn run_step(
+        &self,
+        request: &RunRequest,
+        output: &mut dyn FnMut(&[u8]),
+    ) -> Result<i32, String> {
+        let id = new_sandbox_id().map_err(|e| e.to_string())?;
+        let image = Image {
+            name: format!("build step {id}"),
+            rootfs_dir: Some(request.base.clone()),
+            rootfs_ext4: None,
+        };
+        let mut spec = SandboxSpec::new(id, image);
+        spec.memory_mib = self.memory_mib;
+        spec.vcpus = self.vcpus;
+        spec.boot_timeout = Duration::from_secs(60);
+        spec.host_layer = Some(HostLayer {
+            lowers: request.lowers.clone(),
+            upper: request.upper.clone(),
+            work: request.work.clone(),
+        });
+        let sandbox: Arc<dyn Sandbox> = match self.runtime.create(spec).await {
+            Ok(sb) => Arc::from(sb),
+            Err(e) => return Err(e.to_string()),
+        };
+        let result = run_in(&sandbox, request, output).await;
+        // The layer is read once the sandbox (and its mount) is gone.
+        if let Err(e) = sandbox.destroy().await {
+            return Err(format!("removing build sandbox {}: {e}", sandbox.id()));
+        }
+        result
+    }
+}
+
+async fn run_in(
+    sandbox: &Arc<dyn Sandbox>,
+    request: &RunRequest,
+    output: &mut dyn FnMut(&[u8]),
+) -> Result<i32, String> {
+    sandbox.start().await.map_err(|e| e.to_string())?;
+    if let Some(user) = request.user.as_deref() {
+        set_default_user(sandbox, user).await?;
+    }
+    let (cmd, args) = request
+        .argv
+        .split_first()
+        .ok_or_else(|| "an empty command".to_string())?;
+    let client = agent_client(sandbox.clone());
+    let start = StartRequest {
+        process: ProcessConfig {
+            cmd: cmd.clone(),
+            args: args.to_vec(),
+            envs: request.env.clone(),
+            cwd: request.cwd.clone(),
+        },
+        stdin: Some(false),
+        tag: None,
+    };
+    let mut stream = client
+        .start(&start)
+        .await
+        .map_err(|e| format!("starting {cmd:?}: {e}"))?;
+    while let Some(message) = stream.next().await {
+        match message.map_err(|e| format!("{cmd:?}: {e}"))?.event {
+            Event::Data(data) => match decode_data(&data) {
+                Ok((OutputKind::Stderr | OutputKind::Stdout, bytes)) => output(&bytes),
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            },
+            Event::End(end) => {
+                if let Some(error) = end.error.as_deref().filter(|e| !e.is_empty()) {
+                    output(format!("sandcell: {cmd}: {error}\n").as_bytes());
+                }
+                return Ok(end.shell_status());
+            }
+            _ => {}
+        }
+    }
+    Err(format!(
+        "{cmd:?}: the agent's stream ended without an exit status"
+    ))
+}
+
+/// `POST /init {"defaultUser": ...}`: the agent runs the step's processes as USER (a name
+/// from the image's /etc/passwd; the part before `:`).
+async fn set_default_user(sandbox: &Arc<dyn Sandbox>, user: &str) -> Result<(), String> {
+    let name = user.split(':').next().unwrap_or(user);
+    if name.is_empty() || name == "root" || name == "0" {
+        return Ok(());
+    }
+    let body = serde_json::json!({ "defaultUser": name }).to_string();
+    let mut stream = sandbox
+        .connect(AGENT_PORT)
+        .await
+        .map_err(|e| format!("connecting to the agent: {e}"))?;
+    let head = format!(
+        "POST /init HTTP/1.1\r\nHost: sandcell-agent\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let io = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        let mut reply = Vec::new();
+        (&mut stream)
+            .take(64 * 1024)
+            .read_to_end(&mut reply)
+            .await?;
+        Ok::<_, std::io::Error>(reply)
+    };
+    let reply = tokio::time::timeout(Duration::from_secs(10), io)
+        .await
+        .map_err(|_| "POST /init: no answer within 10 s".to_string())?
+        .map_err(|e| format!("POST /init: {e}"))?;
+    let status = String::from_utf8_lossy(&reply);
+    let line = status.lines().next().unwrap_or("");
+    if line.split(' ').nth(1).is_some_and(|c| c.starts_with('2')) {
+        Ok(())
+    } else {
+        Err(format!("POST /init (USER {user}): {line}"))
+    }
+}
+
+fn ls(dirs: &Dirs, args: LsArgs) -> i32 {
+    let images = match store::list(&dirs.data) {
+        Ok(i) => i,
+        Err(e) => return fail(e, EXIT_FAILED),
+    };
+    let rows: Vec<serde_json::Value> = images
+        .iter()
+        .map(|i| {
+            let dir = dirs.images().join(&i.name);
+            let record = template::read_record(&dir);
+            let created = record.as_ref().map(|r| r.created).or_else(|| {
+                std::fs::metadata(&dir)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs())
+            });
+            let source = match (&record, &i.config) {
+                (Some(r), _) => r.dockerfile.display().to_string(),
+                (None, Some(c)) => c.source.clone().unwrap_or_default(),
+                (None, None) => String::new(),
+            };
+            serde_json::json!({
+                "name": i.name,
+                "kind": if record.is_some() { "template" } else { "image" },
+                "source": source,
+                "ext4Bytes": i.ext4_bytes,
+                "created": created,
+            })
+        })
+        .collect();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        return 0;
+    }
+    println!(
+        "{:<24} {:<9} {:>9} {:<20} SOURCE",
+        "NAME", "KIND", "SIZE", "CREATED"
+    );
+    for r in rows {
+        let size = r["ext4Bytes"]
+            .as_u64()
+            .map_or("-".into(), |b| format!("{:.1}M", b as f64 / 1048576.0));
+        let created = r["created"].as_u64().map_or("-".into(), utc);
+        println!(
+            "{:<24} {:<9} {:>9} {:<20} {}",
+            r["name"].as_str().unwrap_or(""),
+            r["kind"].as_str().unwrap_or(""),
+            size,
+            created,
+            r["source"].as_str().unwrap_or("")
+        );
+    }
+    0
+}
+
+/// Unix seconds as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn utc(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn inspect(dirs: &Dirs, args: InspectArgs) -> i32 {
+    let dir = dirs.images().join(&args.name);
+    if !sandcell_image::valid_name(&args.name) || !dir.is_dir() {
+        return fail(format!("template {:?} not found", args.name), EXIT_FAILED);
+    }
+    let record: Option<TemplateRecord> = template::read_record(&dir);
+    let out = serde_json::json!({
+        "name": args.name,
+        "kind": if record.is_some() { "template" } else { "image" },
+        "dir": dir,
+        "config": store::read_config(&dir),
+        "ext4Bytes": std::fs::metadata(dir.join("rootfs.ext4")).ok().map(|m| m.len()),
+        "build": record,
+    });
+    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    0
+}
+
+fn rm(dirs: &Dirs, args: RmArgs) -> i32 {
+    let mut code = 0;
+    let mut removed = Vec::new();
+    for name in &args.names {
+        match store::remove(&dirs.data, name) {
+            Ok(()) => {
+                removed.push(name.clone());
+                if !args.json {
+                    println!("removed {name}");
+                }
+            }
+            Err(e) => code = fail(e, EXIT_FAILED),
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::json!({ "removed": removed }));
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00");
+        assert_eq!(super::utc(1_796_000_000), "2026-11-30 02:53:20");
+    }
+}

@@ -1,0 +1,277 @@
+//! `sandcell template build` end to end: a two-stage Dockerfile FROM the installed `minimal`
+//! image (RUN steps creating, changing and deleting files, so whiteouts and an opaque
+//! directory are exercised; COPY with .dockerignore, --chown and --from; ENV, ARG with
+//! --build-arg, WORKDIR, USER, CMD) built by the real binary with its RUN steps in gVisor
+//! sandboxes, then a sandbox run from the result checks the files, and `template inspect`
+//! the defaults. A second build of the same Dockerfile takes every layer from the cache; a
+//! failing RUN gives its exit status and output. Needs root, runsc and the installed images
+//! (`make install`); fails loudly without them.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const INSTALLED_MINIMAL: &str = "/var/lib/sandcell/images/minimal";
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+struct Setup {
+    tmp: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(euid, 0, "these tests need root (runsc, overlayfs)");
+        assert!(
+            Command::new("runsc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "runsc is needed on $PATH (apt install runsc)"
+        );
+        assert!(
+            Path::new(INSTALLED_MINIMAL).join("rootfs/sbin").is_dir(),
+            "{INSTALLED_MINIMAL} is missing: run `make install`"
+        );
+        let tmp = tempfile::Builder::new()
+            .prefix("sc-tpl")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let images = tmp.path().join("data/images");
+        std::fs::create_dir_all(&images).unwrap();
+        std::os::unix::fs::symlink(INSTALLED_MINIMAL, images.join("minimal")).unwrap();
+        Setup { tmp }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    fn sandcell(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_sandcell"))
+            .env("SANDCELL_DATA_DIR", self.path("data"))
+            .env("SANDCELL_RUN_DIR", self.path("run"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> (String, String) {
+        let out = self.sandcell(args);
+        assert!(
+            out.status.success(),
+            "sandcell {args:?}: {}\nstdout: {}\nstderr: {}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        (text(&out.stdout), text(&out.stderr))
+    }
+
+    fn write(&self, rel: &str, content: &str) {
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+}
+
+const DOCKERFILE: &str = r#"# syntax=docker/dockerfile:1
+ARG BASE=minimal
+FROM $BASE AS builder
+ARG GREETING=hello
+RUN mkdir -p /out && echo "$GREETING from the builder" > /out/greeting
+
+FROM ${BASE}
+ENV APP_HOME=/app \
+    MODE=test
+WORKDIR $APP_HOME
+COPY src/ ./src/
+COPY --chown=nobody:nogroup owned.txt .
+COPY --from=builder /out/greeting greeting
+# Create, change and delete: a new file, an appended one, a whiteout, an opaque directory.
+RUN echo created > /app/new.txt \
+ && echo changed >> /etc/profile \
+ && rm /etc/hostname \
+ && rm -rf /app/src/gone && mkdir /app/src/gone && echo fresh > /app/src/gone/only
+USER nobody
+RUN echo "running as $(id -un) in $(pwd) with MODE=$MODE"
+CMD ["/bin/sh", "-c", "cat /app/greeting"]
+"#;
+
+fn build_json(s: &Setup, extra: &[&str]) -> (serde_json::Value, String) {
+    let ctx = s.path("ctx");
+    let mut args = vec!["template", "build", "-t", "tpl", "--json"];
+    args.extend_from_slice(extra);
+    args.push(ctx.to_str().unwrap());
+    let (stdout, stderr) = s.ok(&args);
+    (serde_json::from_str(&stdout).unwrap(), stderr)
+}
+
+#[test]
+fn multi_stage_build_runs_and_rebuilds_from_cache() {
+    let s = Setup::new();
+    s.write("ctx/Dockerfile", DOCKERFILE);
+    s.write("ctx/.dockerignore", "src/*.key\n**/*.tmp\n");
+    s.write("ctx/src/a.txt", "alpha\n");
+    s.write("ctx/src/sub/b.txt", "beta\n");
+    s.write("ctx/src/gone/x.txt", "replaced by a new directory\n");
+    s.write("ctx/src/gone/y.txt", "replaced by a new directory\n");
+    s.write("ctx/src/secret.key", "do not copy\n");
+    s.write("ctx/src/sub/scratch.tmp", "do not copy\n");
+    s.write("ctx/owned.txt", "mine\n");
+
+    let (first, stderr) = build_json(&s, &["--build-arg", "GREETING=hi"]);
+    assert!(
+        stderr.contains("running as nobody in /app with MODE=test"),
+        "RUN output streamed: {stderr}"
+    );
+    assert!(
+        stderr.contains("Step 1/13: FROM $BASE AS builder"),
+        "{stderr}"
+    );
+    let layer_steps = first["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|st| st["layer"].is_string())
+        .count();
+    // RUN, WORKDIR, 3 COPY, 2 RUN.
+    assert_eq!(layer_steps, 7, "{first:#}");
+    assert_eq!(first["builtSteps"], 7, "{first:#}");
+    assert_eq!(first["cachedSteps"], 0);
+
+    // The result, seen from a sandbox made from it.
+    let script = "cat /app/src/a.txt /app/src/sub/b.txt /app/greeting /app/new.txt; \
+                  ls /app/src /app/src/sub /app/src/gone; stat -c '%U:%G' /app/owned.txt; \
+                  tail -n 1 /etc/profile; test -e /etc/hostname && echo hostname-present; \
+                  echo end";
+    let (out, _) = s.ok(&[
+        "run",
+        "--runtime",
+        "gvisor",
+        "--image",
+        "tpl",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    let expected = "alpha\nbeta\nhi from the builder\ncreated\n\
+                    /app/src:\na.txt\ngone\nsub\n\n/app/src/gone:\nonly\n\n\
+                    /app/src/sub:\nb.txt\nnobody:nogroup\nchanged\nend\n";
+    assert_eq!(out, expected);
+
+    let (inspect, _) = s.ok(&["template", "inspect", "tpl"]);
+    let inspect: serde_json::Value = serde_json::from_str(&inspect).unwrap();
+    let config = &inspect["config"];
+    assert_eq!(config["workingDir"], "/app");
+    assert_eq!(config["user"], "nobody");
+    assert_eq!(
+        config["cmd"],
+        serde_json::json!(["/bin/sh", "-c", "cat /app/greeting"])
+    );
+    let env: Vec<&str> = config["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        env.contains(&"MODE=test") && env.contains(&"APP_HOME=/app"),
+        "{env:?}"
+    );
+    assert!(
+        !env.iter().any(|e| e.starts_with("GREETING=")),
+        "ARGs stay out: {env:?}"
+    );
+    assert_eq!(inspect["build"]["layers"].as_array().unwrap().len(), 6);
+
+    // Unchanged: every layer from the cache.
+    let (second, stderr) = build_json(&s, &["--build-arg", "GREETING=hi"]);
+    assert_eq!(second["builtSteps"], 0, "{second:#}");
+    assert_eq!(second["cachedSteps"], 7, "{second:#}");
+    assert_eq!(stderr.matches("---> CACHED").count(), 7, "{stderr}");
+    assert!(
+        !stderr.contains("running as nobody in /app"),
+        "no RUN ran: {stderr}"
+    );
+
+    // A changed context file rebuilds from its COPY on; an ignored one changes nothing.
+    s.write("ctx/src/secret.key", "still not copied\n");
+    let (third, _) = build_json(&s, &["--build-arg", "GREETING=hi"]);
+    assert_eq!(third["builtSteps"], 0, "{third:#}");
+    s.write("ctx/src/a.txt", "alpha 2\n");
+    let (fourth, _) = build_json(&s, &["--build-arg", "GREETING=hi"]);
+    // COPY src/, then the later COPYs and RUNs (their parent changed): 5 steps.
+    assert_eq!(fourth["builtSteps"], 5, "{fourth:#}");
+
+    let (ls, _) = s.ok(&["template", "ls", "--json"]);
+    let ls: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let row = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "tpl")
+        .unwrap()
+        .clone();
+    assert_eq!(row["kind"], "template");
+    s.ok(&["template", "rm", "tpl"]);
+    assert!(!s.path("data/images/tpl").exists());
+}
+
+#[test]
+fn failing_run_shows_output_and_exit_status() {
+    let s = Setup::new();
+    s.write(
+        "ctx/Dockerfile",
+        "FROM minimal\nRUN echo before the failure\nRUN echo doomed step && exit 3\nRUN echo never\n",
+    );
+    let out = s.sandcell(&[
+        "template",
+        "build",
+        "-t",
+        "bad",
+        s.path("ctx").to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("doomed step"), "{stderr}");
+    assert!(
+        stderr.contains("Dockerfile line 3: RUN echo doomed step && exit 3: exit status 3"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("never"), "{stderr}");
+    assert!(!s.path("data/images/bad").exists());
+    // Nothing half-made is left in the layer cache.
+    let leftovers: Vec<_> = std::fs::read_dir(s.path("data/cache/layers"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // An unsupported instruction is refused before anything runs, with its line.
+    s.write(
+        "ctx/Dockerfile",
+        "FROM minimal\nRUN true\nHEALTHCHECK CMD true\n",
+    );
+    let out = s.sandcell(&[
+        "template",
+        "build",
+        "-t",
+        "bad",
+        s.path("ctx").to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Dockerfile line 3: HEALTHCHECK is not supported"),
+        "{stderr}"
+    );
+}
