@@ -9,10 +9,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-const INSTALLED_MINIMAL: &str = "/var/lib/sandcell/images/minimal";
+/// The installed `minimal` image (`make install`): under `$SANDCELL_DATA_DIR` or
+/// /var/lib/sandcell.
+fn installed_minimal() -> PathBuf {
+    std::env::var_os("SANDCELL_DATA_DIR")
+        .map_or_else(|| PathBuf::from("/var/lib/sandcell"), PathBuf::from)
+        .join("images/minimal")
+}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -34,9 +40,11 @@ impl Setup {
                 .is_ok_and(|o| o.status.success()),
             "runsc is needed on $PATH (apt install runsc)"
         );
+        let minimal = installed_minimal();
         assert!(
-            Path::new(INSTALLED_MINIMAL).join("rootfs/sbin").is_dir(),
-            "{INSTALLED_MINIMAL} is missing: run `make install`"
+            minimal.join("rootfs/sbin/sandcell-agent").is_file(),
+            "{} with the agent is missing: run `make install`",
+            minimal.display()
         );
         let tmp = tempfile::Builder::new()
             .prefix("sc-tpl")
@@ -44,7 +52,7 @@ impl Setup {
             .unwrap();
         let images = tmp.path().join("data/images");
         std::fs::create_dir_all(&images).unwrap();
-        std::os::unix::fs::symlink(INSTALLED_MINIMAL, images.join("minimal")).unwrap();
+        std::os::unix::fs::symlink(&minimal, images.join("minimal")).unwrap();
         Setup { tmp }
     }
 
