@@ -3,8 +3,12 @@
 #  - network: SandboxNet create/teardown (not pooled), a pooled take with the default
 #    rules and with rules (crates/net/examples/bench_net.rs);
 #  - create: POST /sandboxes until the sandbox answers, then DELETE, through a daemon with
-#    --no-network and one with networks (warm pool of 2), p50/p90 over N sequential runs.
-# Needs root, runsc, iproute2, nftables and the installed minimal image.
+#    --no-network and one with networks (warm pool of 2), p50/p90 over N sequential runs;
+#  - throughput: iperf3 TCP (one stream) and ping RTT from a sandbox's namespace through
+#    its veth and nftables to a server in the fake internet, and from the host's namespace
+#    straight to it (the peer baseline), p50/p90/p99 (crates/net/examples/bench_throughput.rs).
+# Needs root, runsc, iproute2, nftables, dnsmasq, python3, iperf3 and ping
+# (apt-get install iperf3 iputils-ping) and the installed minimal image.
 # Writes bench/net/results.json.
 #
 #   bench/net/run.sh [--runs N] [--debug] [--data-dir D]
@@ -22,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 cd "$root"
 flag=--release; [ "$profile" = debug ] && flag=
-cargo build $flag -q -p sandcell-net --example bench_net
+cargo build $flag -q -p sandcell-net --example bench_net --example bench_throughput
 cargo build $flag -q -p sandcell-server --bin sandcell-serve
 bin=target/$profile
 tmp=$(mktemp -d /tmp/sc-bench-net.XXXXXX)
@@ -30,6 +34,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 "$bin/examples/bench_net" --runs "$runs" > "$tmp/network.json"
+"$bin/examples/bench_throughput" --runs "$(( runs < 5 ? runs : 5 ))" > "$tmp/throughput.json"
 
 # One daemon per mode, each with its own data dir (the image linked in).
 start() { # name extra-args...
@@ -61,7 +66,8 @@ def stats(v):
     v = sorted(v)
     q = lambda p: v[round((len(v) - 1) * p)]
     return {"runs": len(v), "p50": q(0.5), "p90": q(0.9), "min": v[0], "max": v[-1]}
-out = {"network": json.load(open(f"{tmp}/network.json"))}
+out = {"network": json.load(open(f"{tmp}/network.json")),
+       "throughput": json.load(open(f"{tmp}/throughput.json"))}
 for name, body in [("off", {}), ("on", {}), ("on_with_rules", {"network": {"allowOut": ["198.51.100.0/24", "example.com"]}})]:
     url, key = daemon("off" if name == "off" else "on")
     times = []

@@ -16,9 +16,9 @@
 //! See [`policy`] for the rules' semantics, [`nft`] for where they are enforced and why,
 //! [`dns`] for the resolver.
 //!
-//! Not done yet (see the crate's README section in the report): the SNI/Host-checking
-//! proxy (so domain rules open the addresses DNS returned, on every port), private
-//! networks, ports by URL, a warm pool of prepared networks, IPv6 (dropped).
+//! IPv6: each network also has a unique-local /64 (`fd5c:5c5c:<slot>::/64`, host end `::1`,
+//! sandbox `::2`, masqueraded out of the host's uplink), under the same rules with IPv6
+//! CIDRs (policy.rs). Domain rules open IPv4 only (the Host/SNI proxy, [`hostcheck`]).
 
 pub mod cmd;
 pub mod dns;

@@ -15,7 +15,7 @@ use crate::cmd::ip;
 use crate::nft::{self, TableSpec};
 use crate::policy::{Cidr, Policy};
 use crate::{Error, Result};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 pub const NETNS_PREFIX: &str = "sc-";
@@ -109,6 +109,17 @@ impl Network {
         Ok(found.filter(|n| n.netns_path().exists()))
     }
 
+    /// The host end's IPv6 address (`fd5c:5c5c:<slot>::1/64`, unique local: the slot is
+    /// unique on the host, so is the /64), the sandbox's IPv6 gateway.
+    pub fn gateway6(&self) -> Ipv6Addr {
+        slot_v6(self.slot, 1)
+    }
+
+    /// The sandbox end's IPv6 address (`fd5c:5c5c:<slot>::2/64`).
+    pub fn guest6(&self) -> Ipv6Addr {
+        slot_v6(self.slot, 2)
+    }
+
     pub fn netns_path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.netns)
     }
@@ -120,6 +131,8 @@ impl Network {
             gateway: self.gateway,
             guest: self.guest,
             pool: self.pool,
+            gateway6: self.gateway6(),
+            guest6: self.guest6(),
         }
     }
 
@@ -172,6 +185,12 @@ impl Network {
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
         ip(&["-n", ns, "addr", "add", &guest, "dev", g])?;
         ip(&["-n", ns, "link", "set", g, "up"])?;
+        // IPv6 the same way (nodad: the addresses are ours alone, and duplicate address
+        // detection would hold them unusable for a second or more).
+        let gw6 = format!("{}/64", self.gateway6());
+        let guest6 = format!("{}/64", self.guest6());
+        ip(&["-6", "addr", "add", &gw6, "dev", h, "nodad"])?;
+        ip(&["-n", ns, "-6", "addr", "add", &guest6, "dev", g, "nodad"])?;
         ip(&[
             "-n",
             ns,
@@ -180,6 +199,16 @@ impl Network {
             "default",
             "via",
             &self.gateway.to_string(),
+        ])?;
+        ip(&[
+            "-n",
+            ns,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &self.gateway6().to_string(),
         ])?;
         Ok(())
     }
@@ -241,13 +270,27 @@ fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// Turns on IPv4 forwarding host-wide (idempotent): nothing of ours works without it.
+/// The address `host` of slot `slot`'s IPv6 /64.
+fn slot_v6(slot: u32, host: u16) -> Ipv6Addr {
+    let (hi, lo) = ((slot >> 16) as u16, slot as u16);
+    Ipv6Addr::new(0xfd5c, 0x5c5c, hi, lo, 0, 0, 0, host)
+}
+
+/// Turns on IPv4 and IPv6 forwarding host-wide (idempotent): nothing of ours works without
+/// it. IPv6 forwarding makes Linux ignore router advertisements on interfaces whose
+/// `accept_ra` is 1: a host that takes its IPv6 default route from them must set
+/// `accept_ra` to 2 on its uplink (documented in the README).
 pub fn enable_forwarding() -> Result<()> {
-    let path = "/proc/sys/net/ipv4/ip_forward";
-    if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
-        return Ok(());
+    for path in [
+        "/proc/sys/net/ipv4/ip_forward",
+        "/proc/sys/net/ipv6/conf/all/forwarding",
+    ] {
+        if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
+            continue;
+        }
+        std::fs::write(path, "1").map_err(|e| Error::io(format!("writing 1 to {path}"), e))?;
     }
-    std::fs::write(path, "1").map_err(|e| Error::io(format!("writing 1 to {path}"), e))
+    Ok(())
 }
 
 /// Host links named `sch<n>`: the slots in use.

@@ -13,10 +13,10 @@
 
 use crate::cmd;
 use crate::hostcheck;
-use crate::policy::{Cidr, Policy, reserved_ranges};
+use crate::policy::{Cidr, Cidr6, Policy, reserved_ranges, reserved_ranges6};
 use crate::{Error, Result};
 use std::fmt::Write;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 pub const TABLE_PREFIX: &str = "sandcell_";
@@ -34,6 +34,8 @@ pub struct TableSpec {
     pub gateway: Ipv4Addr,
     pub guest: Ipv4Addr,
     pub pool: Cidr,
+    pub gateway6: Ipv6Addr,
+    pub guest6: Ipv6Addr,
 }
 
 /// The whole table, created from scratch (an older table of the same name goes in the same
@@ -41,6 +43,7 @@ pub struct TableSpec {
 pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Duration)]) -> String {
     let name = table_name(t.slot);
     let (hif, gw, guest) = (&t.host_if, t.gateway, t.guest);
+    let (gw6, guest6) = (t.gateway6, t.guest6);
     let mut s = String::new();
     // `add` then `delete`: removes a leftover table of this name without failing when
     // there is none (nft 1.0.6 has no `destroy`).
@@ -53,6 +56,10 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
   set allow_reserved {{ type ipv4_addr; flags interval; auto-merge; }}
   set deny {{ type ipv4_addr; flags interval; auto-merge; }}
   set dns_allow {{ type ipv4_addr; flags timeout; }}
+  set reserved6 {{ type ipv6_addr; flags interval; auto-merge; }}
+  set allow6 {{ type ipv6_addr; flags interval; auto-merge; }}
+  set allow6_reserved {{ type ipv6_addr; flags interval; auto-merge; }}
+  set deny6 {{ type ipv6_addr; flags interval; auto-merge; }}
   # Members of a private network this sandbox is in: reachable both ways (peers_script).
   set peers {{ type ipv4_addr; }}
   set denied {{ type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size 4096; }}
@@ -60,6 +67,7 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     ip saddr {guest} oifname != "sch*" masquerade
+    ip6 saddr {guest6} oifname != "sch*" masquerade
   }}
   chain forward {{
     type filter hook forward priority -10; policy accept;
@@ -89,6 +97,12 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     ip daddr {gw} udp dport 53 accept
     ip daddr {gw} tcp dport 53 accept
     ip daddr {gw} icmp type echo-request accept
+    # IPv6 neighbour discovery (to solicited-node multicast or the gateway), ping of it.
+    icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
+    # Router solicitations and multicast listener reports: nothing answers them; dropped
+    # quietly (they are not attempts to get out).
+    icmpv6 type {{ nd-router-solicit, mld-listener-report, mld2-listener-report }} drop
+    ip6 daddr {gw6} icmpv6 type echo-request accept
     ip daddr {gw} tcp dport {proxy} accept
     jump denied
   }}
@@ -106,6 +120,7 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     );
     let reserved: Vec<Cidr> = reserved_ranges(&t.pool);
     add_elements(&mut s, &name, "reserved", &reserved);
+    add_elements(&mut s, &name, "reserved6", &reserved_ranges6());
     s.push_str(&policy_script(t, policy, learned));
     s
 }
@@ -115,7 +130,15 @@ pub fn create_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
 pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Duration)]) -> String {
     let name = table_name(t.slot);
     let mut s = String::new();
-    for set in ["allow", "allow_reserved", "deny", "dns_allow"] {
+    for set in [
+        "allow",
+        "allow_reserved",
+        "deny",
+        "dns_allow",
+        "allow6",
+        "allow6_reserved",
+        "deny6",
+    ] {
         let _ = writeln!(s, "flush set inet {name} {set}");
     }
     let (reserved_allow, allow): (Vec<Cidr>, Vec<Cidr>) = policy
@@ -125,6 +148,13 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     add_elements(&mut s, &name, "allow", &allow);
     add_elements(&mut s, &name, "allow_reserved", &reserved_allow);
     add_elements(&mut s, &name, "deny", &policy.deny_nets);
+    let (reserved_allow6, allow6): (Vec<Cidr6>, Vec<Cidr6>) = policy
+        .allow_nets6
+        .iter()
+        .partition(|c| c.is_reserved_only());
+    add_elements(&mut s, &name, "allow6", &allow6);
+    add_elements(&mut s, &name, "allow6_reserved", &reserved_allow6);
+    add_elements(&mut s, &name, "deny6", &policy.deny_nets6);
     s.push_str(&learn_script(t.slot, learned));
     let _ = writeln!(s, "flush chain inet {name} to_proxy");
     // Addresses an IP rule allows are reached directly; TCP to those only a domain rule
@@ -151,20 +181,22 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     // Private-network peers (in the pool, so before the reserved ranges); their own table
     // lets the packet in only if this sandbox is in their `peers` set too.
     rule("ip daddr @peers accept");
-    // No IPv6 route is given to sandboxes: whatever IPv6 they send is refused.
-    rule("meta nfproto ipv6 jump denied");
     rule("ip daddr @allow_reserved accept");
     rule("ip daddr @reserved jump denied");
+    rule("ip6 daddr @allow6_reserved accept");
+    rule("ip6 daddr @reserved6 jump denied");
     // Our DNS server (on the host, see chain to_host) is the only resolver: plain DNS and
     // DNS over TLS to anything else is refused, allowed IP or not.
     rule("meta l4proto { tcp, udp } th dport { 53, 853 } jump denied");
     rule("ip daddr @allow accept");
+    rule("ip6 daddr @allow6 accept");
     // A domain-only address gets no UDP or ICMP (nothing checks a name there); its TCP
     // never comes here (redirected to the proxy, chain to_proxy).
     if policy.default_deny() {
         rule("jump denied");
     } else {
         rule("ip daddr @deny jump denied");
+        rule("ip6 daddr @deny6 jump denied");
         rule("accept");
     }
     s
@@ -199,11 +231,11 @@ pub fn peers_script(slot: u32, peers: &[Ipv4Addr]) -> String {
     s
 }
 
-fn add_elements(s: &mut String, table: &str, set: &str, nets: &[Cidr]) {
+fn add_elements<C: std::fmt::Display>(s: &mut String, table: &str, set: &str, nets: &[C]) {
     if nets.is_empty() {
         return;
     }
-    let list: Vec<String> = nets.iter().map(Cidr::to_string).collect();
+    let list: Vec<String> = nets.iter().map(C::to_string).collect();
     let _ = writeln!(
         s,
         "add element inet {table} {set} {{ {} }}",
@@ -320,6 +352,8 @@ mod tests {
             gateway: Ipv4Addr::new(10, 200, 0, 29),
             guest: Ipv4Addr::new(10, 200, 0, 30),
             pool: "10.200.0.0/16".parse().unwrap(),
+            gateway6: "fd5c:5c5c:0:7::1".parse().unwrap(),
+            guest6: "fd5c:5c5c:0:7::2".parse().unwrap(),
         }
     }
 

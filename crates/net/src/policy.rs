@@ -12,11 +12,15 @@
 //!   except our DNS server on the gateway address;
 //! - DNS: only our server; it resolves a name only when the policy is open or the name
 //!   matches a domain entry (so DNS tunnelling to other domains gets no answer);
-//! - IPv6 is not routed to sandboxes: all of it is dropped.
+//! - IPv6: the same rules with IPv6 CIDRs ([`Cidr6`], `2001:db8::/32`): an allow entry of
+//!   either family makes both default-deny; `allow_internet_access = false` denies `::/0`
+//!   too; [`RESERVED6`] as [`RESERVED`]. Domain rules open IPv4 only (the Host/SNI proxy
+//!   and the learned set are IPv4): under a default-deny policy our DNS server answers no
+//!   AAAA records, so clients use the IPv4 addresses the proxy checks.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 /// Ranges a sandbox never reaches unless an `allowOut` CIDR lies inside one of them.
@@ -31,6 +35,87 @@ pub const RESERVED: &[(Ipv4Addr, u8)] = &[
     (Ipv4Addr::new(224, 0, 0, 0), 4), // multicast
     (Ipv4Addr::new(240, 0, 0, 0), 4), // reserved and broadcast
 ];
+
+/// IPv6 ranges a sandbox never reaches unless an `allowOut` CIDR lies inside one of them:
+/// unspecified and loopback, IPv4-mapped and NAT64 (IPv4 by another name), discard-only,
+/// unique local (the sandboxes' own addresses among them), link-local, multicast.
+pub const RESERVED6: &[(Ipv6Addr, u8)] = &[
+    (Ipv6Addr::UNSPECIFIED, 128),
+    (Ipv6Addr::LOCALHOST, 128),
+    (Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96),
+    (Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96),
+    (Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48),
+    (Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0), 64),
+    (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7),
+    (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10),
+    (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8),
+];
+
+/// An IPv6 network: address and prefix length, host bits cleared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr6 {
+    pub addr: Ipv6Addr,
+    pub prefix: u8,
+}
+
+fn mask6(prefix: u8) -> u128 {
+    if prefix == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(prefix.min(128)))
+    }
+}
+
+impl Cidr6 {
+    pub fn new(addr: Ipv6Addr, prefix: u8) -> Option<Cidr6> {
+        (prefix <= 128).then(|| Cidr6 {
+            addr: Ipv6Addr::from(u128::from(addr) & mask6(prefix)),
+            prefix,
+        })
+    }
+
+    pub fn contains(&self, ip: Ipv6Addr) -> bool {
+        u128::from(ip) & mask6(self.prefix) == u128::from(self.addr)
+    }
+
+    pub fn covers(&self, other: &Cidr6) -> bool {
+        other.prefix >= self.prefix && self.contains(other.addr)
+    }
+
+    pub fn is_reserved_only(&self) -> bool {
+        reserved_ranges6().iter().any(|r| r.covers(self))
+    }
+}
+
+pub fn reserved_ranges6() -> Vec<Cidr6> {
+    RESERVED6
+        .iter()
+        .filter_map(|&(a, p)| Cidr6::new(a, p))
+        .collect()
+}
+
+impl fmt::Display for Cidr6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl FromStr for Cidr6 {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Cidr6, PolicyError> {
+        let bad = || PolicyError::BadCidr6(s.to_string());
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, p.parse::<u8>().map_err(|_| bad())?),
+            None => (s, 128),
+        };
+        let addr: Ipv6Addr = a.parse().map_err(|_| bad())?;
+        let c = Cidr6::new(addr, p).ok_or_else(bad)?;
+        if c.addr != addr {
+            return Err(bad());
+        }
+        Ok(c)
+    }
+}
 
 /// An IPv4 network: address and prefix length, host bits cleared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -146,6 +231,7 @@ fn valid_domain(d: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AllowEntry {
     Net(Cidr),
+    Net6(Cidr6),
     Domain(DomainRule),
 }
 
@@ -158,7 +244,7 @@ impl FromStr for AllowEntry {
             return s.parse().map(AllowEntry::Net);
         }
         if s.contains(':') {
-            return Err(PolicyError::Ipv6(s.to_string()));
+            return s.parse().map(AllowEntry::Net6);
         }
         let lower = s.trim_end_matches('.').to_ascii_lowercase();
         let (rule, base) = match lower.strip_prefix("*.") {
@@ -178,8 +264,8 @@ pub enum PolicyError {
     BadCidr(String),
     #[error("{0:?} is not a domain (`example.com` or `*.example.com`)")]
     BadDomain(String),
-    #[error("{0:?}: IPv6 rules are not supported (sandboxes have no IPv6 route)")]
-    Ipv6(String),
+    #[error("{0:?} is not an IPv6 address or CIDR with its host bits clear (e.g. 2001:db8::/32)")]
+    BadCidr6(String),
 }
 
 /// The policy as the API gives it (E2B's field names on the wire).
@@ -215,6 +301,9 @@ pub struct Policy {
     pub allow_domains: Vec<DomainRule>,
     /// `denyOut`, plus 0.0.0.0/0 when internet access is off.
     pub deny_nets: Vec<Cidr>,
+    pub allow_nets6: Vec<Cidr6>,
+    /// `denyOut`'s IPv6 entries, plus ::/0 when internet access is off.
+    pub deny_nets6: Vec<Cidr6>,
 }
 
 impl Policy {
@@ -228,12 +317,14 @@ impl Policy {
         for e in &spec.allow_out {
             match e.parse()? {
                 AllowEntry::Net(c) => p.allow_nets.push(c),
+                AllowEntry::Net6(c) => p.allow_nets6.push(c),
                 AllowEntry::Domain(d) => p.allow_domains.push(d),
             }
         }
         for e in &spec.deny_out {
             if e.contains(':') {
-                return Err(PolicyError::Ipv6(e.clone()));
+                p.deny_nets6.push(e.trim().parse()?);
+                continue;
             }
             p.deny_nets.push(e.trim().parse()?);
         }
@@ -242,7 +333,15 @@ impl Policy {
                 addr: Ipv4Addr::UNSPECIFIED,
                 prefix: 0,
             }];
+            p.deny_nets6 = vec![Cidr6 {
+                addr: Ipv6Addr::UNSPECIFIED,
+                prefix: 0,
+            }];
         }
+        p.allow_nets6.sort();
+        p.allow_nets6.dedup();
+        p.deny_nets6.sort();
+        p.deny_nets6.dedup();
         p.allow_nets.sort();
         p.allow_nets.dedup();
         p.allow_domains.sort();
@@ -254,7 +353,25 @@ impl Policy {
 
     /// Any allow rule makes everything else denied.
     pub fn default_deny(&self) -> bool {
-        !self.allow_nets.is_empty() || !self.allow_domains.is_empty()
+        !self.allow_nets.is_empty()
+            || !self.allow_domains.is_empty()
+            || !self.allow_nets6.is_empty()
+    }
+
+    /// The IPv6 decision, as the nftables rules make it.
+    pub fn ip6_allowed(&self, ip: Ipv6Addr) -> bool {
+        let explicit = |c: &Cidr6| c.contains(ip);
+        if reserved_ranges6().iter().any(|r| r.contains(ip)) {
+            return self
+                .allow_nets6
+                .iter()
+                .filter(|c| c.is_reserved_only())
+                .any(explicit);
+        }
+        if self.allow_nets6.iter().any(explicit) {
+            return true;
+        }
+        !self.default_deny() && !self.deny_nets6.iter().any(explicit)
     }
 
     /// Whether our DNS server resolves `name`: any name when the internet is open (even
@@ -330,7 +447,9 @@ mod tests {
             "com",
             "a..b",
             "*.*.x.com",
-            "::1",
+            "::1/64",
+            "2001:db8::1/32",
+            "2001:db8:::1",
             "ex ample.com",
         ] {
             assert!(bad.parse::<AllowEntry>().is_err(), "{bad}");
@@ -407,5 +526,27 @@ mod tests {
         assert_eq!(s.allow_out, vec!["a.com"]);
         let d: EgressSpec = serde_json::from_str("{}").unwrap();
         assert!(d.allow_internet_access);
+    }
+
+    #[test]
+    fn ipv6_rules_follow_the_same_semantics() {
+        assert!(matches!(
+            "2001:db8::/32".parse::<AllowEntry>().unwrap(),
+            AllowEntry::Net6(_)
+        ));
+        let a: Ipv6Addr = "2001:db8:100::10".parse().unwrap();
+        let b: Ipv6Addr = "2001:db8:100::20".parse().unwrap();
+        let ula: Ipv6Addr = "fd00::1".parse().unwrap();
+        let open = policy(true, &[], &[]);
+        assert!(open.ip6_allowed(a) && !open.ip6_allowed(ula));
+        let deny = policy(true, &[], &["2001:db8:100::20"]);
+        assert!(deny.ip6_allowed(a) && !deny.ip6_allowed(b));
+        let allow = policy(true, &["2001:db8:100::10/128"], &[]);
+        assert!(allow.ip6_allowed(a) && !allow.ip6_allowed(b));
+        // an IPv6 allow entry makes IPv4 default-deny too, and the other way round
+        assert!(!allow.ip_allowed(Ipv4Addr::new(1, 1, 1, 1), &pool()));
+        assert!(!policy(true, &["1.1.1.1"], &[]).ip6_allowed(a));
+        assert!(!policy(false, &[], &[]).ip6_allowed(a));
+        assert!(policy(true, &["fd00::/64"], &[]).ip6_allowed(ula));
     }
 }

@@ -7,6 +7,8 @@
 //! host sct-h 198.51.100.1/24 ── veth ── sct-i (netns sct-inet): .2, .10 (HTTP "hello-10"),
 //!                                                             .20 (HTTP "hello-20"), .53 (DNS)
 //! DNS zone: allowed.test, *.wild.test -> .10; other.test -> .20 (TTL 60)
+//! IPv6: host 2001:db8:100::1/64, HTTP on ::10 ("hello6-10") and ::20 ("hello6-20");
+//! AAAA allowed.test -> 2001:db8:100::10
 //! port 443 of .10 and .20: a TCP server answering "tls-10" / "tls-20" to anything
 //! port 8443 of .10 and .20: the same, answering "tls-10-8443" / "tls-20-8443"
 //! port 8080 of .10 and .20: HTTP answering "hello-10-8080" / "hello-20-8080" to any GET
@@ -17,7 +19,7 @@
 //! Only one [`Internet`] can exist on a host at a time (fixed names and addresses): tests
 //! using it take [`Internet::lock`] first.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,8 @@ pub const INET_IF: &str = "sct-i";
 pub const HTTP_A: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 pub const HTTP_B: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
 pub const DNS: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 53);
+pub const HTTP6_A: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x10);
+pub const HTTP6_B: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x20);
 
 pub struct Internet {
     children: Vec<Child>,
@@ -101,6 +105,21 @@ impl Internet {
         ] {
             sh(&["ip", "-n", NETNS, "addr", "add", a, "dev", INET_IF])?;
         }
+        sh(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:100::1/64",
+            "dev",
+            HOST_IF,
+            "nodad",
+        ])?;
+        for a in ["2001:db8:100::10/64", "2001:db8:100::20/64"] {
+            sh(&[
+                "ip", "-n", NETNS, "-6", "addr", "add", a, "dev", INET_IF, "nodad",
+            ])?;
+        }
         sh(&["ip", "-n", NETNS, "link", "set", INET_IF, "up"])?;
         sh(&["ip", "-n", NETNS, "link", "set", "lo", "up"])?;
         sh(&[
@@ -112,6 +131,17 @@ impl Internet {
             "default",
             "via",
             "198.51.100.1",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            NETNS,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            "2001:db8:100::1",
         ])?;
         for (ip, body) in [(HTTP_A, "hello-10"), (HTTP_B, "hello-20")] {
             let dir = std::env::temp_dir().join(format!("sct-www-{}-{ip}", std::process::id()));
@@ -141,15 +171,17 @@ impl Internet {
         // that answer whatever comes with "tls-<n>": the proxy forwards bytes, no TLS stack
         // is needed to see where they go), a second HTTP port, a speak-first banner and a
         // byte sink (the throughput benchmark's far end).
-        for (ip, n) in [(HTTP_A, "10"), (HTTP_B, "20")] {
+        for (ip, ip6, n) in [(HTTP_A, HTTP6_A, "10"), (HTTP_B, HTTP6_B, "20")] {
             let script = format!(
                 "import socket,threading\n\
                  def tls(c,p):\n c.recv(4096);c.sendall(b'tls-{n}'+p+b'\\n');c.close()\n\
                  def http(c,p):\n c.recv(4096);c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\nhello-{n}-8080\\n');c.close()\n\
+                 def http6(c,p):\n c.recv(4096);c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\nhello6-{n}\\n');c.close()\n\
                  def banner(c,p):\n c.sendall(b'banner-{n}\\n');c.recv(4096);c.close()\n\
                  def sink(c,p):\n t=0\n while True:\n  d=c.recv(1<<16)\n  if not d: break\n  t+=len(d)\n c.sendall(str(t).encode());c.close()\n\
-                 def serve(port,f,p):\n s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n s.bind(('{ip}',port));s.listen(64)\n while True:\n  c,_=s.accept();threading.Thread(target=f,args=(c,p),daemon=True).start()\n\
-                 for port,f,p in [(443,tls,b''),(8443,tls,b'-8443'),(8080,http,b''),(2222,banner,b''),(5201,sink,b'')]:\n threading.Thread(target=serve,args=(port,f,p)).start()\n"
+                 def serve(port,f,p,fam=socket.AF_INET,a='{ip}'):\n s=socket.socket(fam);s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n s.bind((a,port));s.listen(64)\n while True:\n  c,_=s.accept();threading.Thread(target=f,args=(c,p),daemon=True).start()\n\
+                 for port,f,p in [(443,tls,b''),(8443,tls,b'-8443'),(8080,http,b''),(2222,banner,b''),(5201,sink,b'')]:\n threading.Thread(target=serve,args=(port,f,p)).start()\n\
+                 threading.Thread(target=serve,args=(80,http6,b'',socket.AF_INET6,'{ip6}')).start()\n"
             );
             let child = Command::new("ip")
                 .args(["netns", "exec", NETNS, "python3", "-c", &script])
@@ -174,6 +206,7 @@ impl Internet {
             ])
             .args([
                 "--address=/allowed.test/198.51.100.10",
+                "--address=/allowed.test/2001:db8:100::10",
                 "--address=/wild.test/198.51.100.10",
             ])
             .args(["--address=/other.test/198.51.100.20", "--local-ttl=60"])
@@ -182,6 +215,9 @@ impl Internet {
             .spawn()
             .map_err(|e| format!("dnsmasq (apt install dnsmasq-base): {e}"))?;
         inet.children.push(child);
+        for at in [HTTP6_A, HTTP6_B] {
+            wait_listening(SocketAddr::from((at, 80)))?;
+        }
         for (ip, port) in [
             (HTTP_A, 80),
             (HTTP_B, 80),

@@ -287,6 +287,60 @@ async fn domain_rules_check_the_name_on_every_tcp_port() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn ipv6_obeys_the_same_rules() {
+    use sandcell_net::testing::{HTTP6_A, HTTP6_B};
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let (a6, b6) = (
+        format!("http://[{HTTP6_A}]/"),
+        format!("http://[{HTTP6_B}]/"),
+    );
+    let (net, _g) = create("v6", &EgressSpec::default()).await;
+    // open: IPv6 is routed, AAAA answers pass
+    assert_eq!(probe(&net, &["http", &a6]).await, ok("hello6-10"));
+    assert_eq!(probe(&net, &["http", &b6]).await, ok("hello6-20"));
+    let gw = net.network().gateway.to_string();
+    assert_eq!(
+        probe(&net, &["dns", "allowed.test", &gw, "aaaa"]).await,
+        "AAAA 2001:db8:100::10"
+    );
+    // the host's own IPv6 addresses stay out of reach
+    let listener = std::net::TcpListener::bind("[::]:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let gw6 = net.network().gateway6().to_string();
+    let host = probe(&net, &["tcp", &gw6, &port]).await;
+    assert!(host.starts_with("ERR"), "{host}");
+    let host = probe(&net, &["tcp", "2001:db8:100::1", &port]).await;
+    assert!(host.starts_with("ERR"), "{host}");
+
+    // denyOut by IPv6 address
+    net.set_policy(&spec(true, &[], &["2001:db8:100::20"]))
+        .await
+        .unwrap();
+    assert_eq!(probe(&net, &["http", &a6]).await, ok("hello6-10"));
+    assert!(probe(&net, &["http", &b6]).await.starts_with("ERR"));
+    // allowOut by IPv6 CIDR: everything else denied, IPv4 too
+    net.set_policy(&spec(true, &["2001:db8:100::10/128"], &[]))
+        .await
+        .unwrap();
+    assert_eq!(probe(&net, &["http", &a6]).await, ok("hello6-10"));
+    assert!(probe(&net, &["http", &b6]).await.starts_with("ERR"));
+    assert!(http(&net, HTTP_A).await.starts_with("ERR"));
+    // a domain rule opens no IPv6: no AAAA answer, the address stays closed
+    net.set_policy(&spec(true, &["allowed.test"], &[]))
+        .await
+        .unwrap();
+    let aaaa = probe(&net, &["dns", "allowed.test", &gw, "aaaa"]).await;
+    assert_eq!(aaaa.trim(), "AAAA", "{aaaa}");
+    assert_eq!(dns(&net, "allowed.test").await, "A 198.51.100.10");
+    assert!(probe(&net, &["http", &a6]).await.starts_with("ERR"));
+    // no internet: no IPv6 either
+    net.set_policy(&spec(false, &[], &[])).await.unwrap();
+    assert!(probe(&net, &["http", &a6]).await.starts_with("ERR"));
+    net.teardown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn metadata_host_and_other_sandboxes_are_refused_even_when_open() {
     let _l = Internet::lock();
     let _inet = Internet::start().unwrap();

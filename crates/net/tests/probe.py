@@ -2,7 +2,7 @@
 """What a sandbox does, for the tests: run inside the sandbox's network namespace.
 
 probe.py http URL          -> "OK <status> <body>" or "ERR <reason>"
-probe.py dns NAME SERVER [tcp] -> "A ip,ip" / "RCODE n" / "ERR <reason>"
+probe.py dns NAME SERVER [tcp|aaaa] -> "A ip,ip" / "AAAA ip,ip" / "RCODE n" / "ERR <reason>"
 probe.py tcp IP PORT       -> "OK" or "ERR <reason>"
 probe.py httphost IP HOST [PORT] -> GET http://IP:PORT/ (80) with "Host: HOST": "OK <status> <body>" or "ERR ..."
 probe.py tls IP SNI [PORT] -> a ClientHello naming SNI to IP:PORT (443): "OK <first bytes back>" or "ERR ..."
@@ -17,11 +17,11 @@ def http(url):
     except Exception as e:
         print("ERR", type(e).__name__, e)
 
-def dns(name, server, tcp=False):
+def dns(name, server, tcp=False, qtype=1):
     q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
     for label in name.split("."):
         q += bytes([len(label)]) + label.encode()
-    q += b"\0" + struct.pack(">HH", 1, 1)
+    q += b"\0" + struct.pack(">HH", qtype, 1)
     try:
         if tcp:
             s = socket.create_connection((server, 53), timeout=3)
@@ -57,10 +57,12 @@ def dns(name, server, tcp=False):
                 pos += r[pos] + 1
             pos += 1
         t, _, _, l = struct.unpack(">HHIH", r[pos:pos + 10])
-        if t == 1:
+        if t == qtype == 1:
             ips.append(socket.inet_ntoa(r[pos + 10:pos + 14]))
+        if t == qtype == 28:
+            ips.append(socket.inet_ntop(socket.AF_INET6, r[pos + 10:pos + 26]))
         pos += 10 + l
-    print("A", ",".join(ips))
+    print("A" if qtype == 1 else "AAAA", ",".join(ips))
 
 def tcp(ip, port):
     try:
@@ -115,7 +117,8 @@ cmd = sys.argv[1]
 if cmd == "http":
     http(sys.argv[2])
 elif cmd == "dns":
-    dns(sys.argv[2], sys.argv[3], len(sys.argv) > 4 and sys.argv[4] == "tcp")
+    mode = sys.argv[4] if len(sys.argv) > 4 else ""
+    dns(sys.argv[2], sys.argv[3], mode == "tcp", 28 if mode == "aaaa" else 1)
 elif cmd == "tcp":
     tcp(sys.argv[2], sys.argv[3])
 elif cmd == "httphost":

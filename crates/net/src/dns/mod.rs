@@ -222,9 +222,19 @@ pub(crate) async fn handle(state: &DnsState, msg: &[u8], tcp: bool) -> Option<Ve
             _ => wire::error_reply(msg, 0),
         };
     }
-    if !state.inner.lock().await.policy.resolves(name) {
-        state.note_denied(name, query.question.qtype);
-        return wire::error_reply(msg, RCODE_NXDOMAIN);
+    {
+        let inner = state.inner.lock().await;
+        if !inner.policy.resolves(name) {
+            drop(inner);
+            state.note_denied(name, query.question.qtype);
+            return wire::error_reply(msg, RCODE_NXDOMAIN);
+        }
+        // Under a default-deny policy a name resolves because a domain rule allows it, and
+        // domain rules open IPv4 only (through the Host/SNI proxy): no AAAA records, so
+        // clients go to the IPv4 addresses (the name exists: NOERROR with no answer).
+        if query.question.qtype == wire::TYPE_AAAA && inner.policy.default_deny() {
+            return wire::error_reply(msg, 0);
+        }
     }
     let Some(mut reply) = forward(&state.upstream, msg, tcp).await else {
         return wire::error_reply(msg, RCODE_SERVFAIL);

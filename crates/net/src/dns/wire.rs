@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 
 pub const HEADER_LEN: usize = 12;
 pub const TYPE_A: u16 = 1;
+pub const TYPE_AAAA: u16 = 28;
 pub const CLASS_IN: u16 = 1;
 pub const RCODE_FORMERR: u8 = 1;
 pub const RCODE_SERVFAIL: u8 = 2;
