@@ -23,8 +23,9 @@ use utoipa::ToSchema;
 /// How long the proxy waits for a sandbox port to accept a connection.
 const PORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// E2B's `network` object of a create. `allowOut`: IPs, CIDRs, `domain`, `*.domain` (any
-/// entry makes everything else denied); `denyOut`: IPs and CIDRs; allow wins. An address
+/// E2B's `network` object of a create. `allowOut`: IPs, CIDRs (IPv4 or IPv6), `domain`,
+/// `*.domain` (any entry makes everything else denied, both families); `denyOut`: IPs and
+/// CIDRs; allow wins. Domain rules open IPv4 only (no AAAA answers then). An address
 /// allowed only through a domain rule (the DNS answers for it) takes TCP on any port, but
 /// only TLS whose SNI, or HTTP/1.x whose `Host`, names an allowed domain (the host
 /// connects to that name itself); other protocols (SSH, anything where the server speaks
