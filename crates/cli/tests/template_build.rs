@@ -4,10 +4,14 @@
 //! --build-arg, WORKDIR, USER, CMD) built by the real binary with its RUN steps in gVisor
 //! sandboxes, then a sandbox run from the result checks the files, and `template inspect`
 //! the defaults. A second build of the same Dockerfile takes every layer from the cache; a
-//! failing RUN gives its exit status and output. Needs root, runsc and the installed images
-//! (`make install`); fails loudly without them.
+//! failing RUN gives its exit status and output. A build FROM a registry image (the image
+//! tests' layered image on a local docker-registry). Needs root, runsc, the installed images
+//! (`make install`), docker-registry, skopeo and busybox-static; fails loudly without them.
 
 #![allow(clippy::unwrap_used)]
+
+#[path = "../../image/tests/common/mod.rs"]
+mod common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -281,5 +285,63 @@ fn failing_run_shows_output_and_exit_status() {
     assert!(
         stderr.contains("Dockerfile line 3: HEALTHCHECK is not supported"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn from_a_registry_image() {
+    let s = Setup::new();
+    let registry = common::Registry::start(None);
+    let mut layout = common::Layout::new(&s.path("layout"));
+    let desc = layout.image(
+        &common::layered_image_layers(),
+        "amd64",
+        common::layered_image_config(),
+    );
+    layout.tag(desc, "v1");
+    let reference = format!("{}/test/layers:v1", registry.host());
+    common::push(&layout.dir, "v1", &reference, None);
+    // The base runs as `user`, in /data, with GREETING in its Env.
+    s.write(
+        "ctx/Dockerfile",
+        &format!(
+            "FROM {reference}\nUSER root\nRUN echo \"$GREETING, $(id -un)\" > /data/from-run && rm /data/keep\nUSER user\n"
+        ),
+    );
+    let ctx = s.path("ctx");
+    let host = registry.host();
+    s.ok(&[
+        "template",
+        "build",
+        "-t",
+        "fromreg",
+        "--insecure-registry",
+        &host,
+        ctx.to_str().unwrap(),
+    ]);
+    let (out, _) = s.ok(&[
+        "run",
+        "--runtime",
+        "gvisor",
+        "--image",
+        "fromreg",
+        "--",
+        "/bin/sh",
+        "-c",
+        "cat /data/from-run; test -e /data/keep || echo keep-gone; cat /opq/new",
+    ]);
+    assert_eq!(out, "hello from the image, root\nkeep-gone\nnew");
+    let (inspect, _) = s.ok(&["template", "inspect", "fromreg"]);
+    let config = serde_json::from_str::<serde_json::Value>(&inspect).unwrap()["config"].clone();
+    assert_eq!(config["workingDir"], "/data");
+    assert_eq!(config["user"], "user");
+    assert_eq!(config["entrypoint"], serde_json::json!(["/bin/sh", "-c"]));
+    assert_eq!(config["cmd"], serde_json::json!(["echo hi"]));
+    assert!(
+        config["env"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("GREETING=hello from the image")),
+        "{config}"
     );
 }
