@@ -11,140 +11,28 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-fn installed_data_dir() -> PathBuf {
-    std::env::var_os("SANDCELL_DATA_DIR")
-        .map_or_else(|| PathBuf::from("/var/lib/sandcell"), PathBuf::from)
+mod common;
+use common::{Daemon, text};
+
+fn start() -> Daemon {
+    Daemon::start("sc-clid", &[])
 }
 
-struct Daemon {
-    tmp: tempfile::TempDir,
-    child: Child,
-    url: String,
+/// What these tests ask of the daemon beyond the shared helper.
+trait DaemonExt {
+    fn create(&self) -> String;
+    fn leftovers(&self) -> Vec<String>;
 }
 
-impl Daemon {
-    fn start() -> Daemon {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        assert_eq!(
-            euid, 0,
-            "these tests need root (the gvisor runtime: runsc, overlayfs, cgroups)"
-        );
-        assert!(
-            Command::new("runsc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "runsc is needed on $PATH (apt install runsc)"
-        );
-        let minimal = installed_data_dir().join("images/minimal");
-        assert!(
-            minimal.join("rootfs/sbin/sandcell-agent").is_file(),
-            "the minimal image is needed at {} (make images install)",
-            minimal.display()
-        );
-        let tmp = tempfile::Builder::new()
-            .prefix("sc-clid")
-            .tempdir_in("/tmp")
-            .unwrap();
-        std::fs::create_dir_all(tmp.path().join("data/images")).unwrap();
-        std::os::unix::fs::symlink(&minimal, tmp.path().join("data/images/minimal")).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandcell"))
-            .env("SANDCELL_RUN_DIR", tmp.path().join("run"))
-            .arg("--data-dir")
-            .arg(tmp.path().join("data"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--runtime", "gvisor"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("sandcell serve: listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from the daemon: {line:?}"))
-            .to_string();
-        Daemon { tmp, child, url }
-    }
-
-    fn data(&self) -> PathBuf {
-        self.tmp.path().join("data")
-    }
-
-    /// `sandcell ARGS` as a client of this daemon, stdin empty.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandcell"));
-        cmd.env_remove("SANDCELL_API_KEY")
-            .env("SANDCELL_URL", &self.url)
-            .env("SANDCELL_DATA_DIR", self.data())
-            .env("SANDCELL_CONFIG", self.tmp.path().join("no-config.toml"))
-            .env("HOME", self.tmp.path())
-            .args(args)
-            .stdin(Stdio::null());
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    /// Runs and asserts success; stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "sandcell {args:?} failed with {}: {}",
-            out.status,
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    }
-
+impl DaemonExt for Daemon {
     fn create(&self) -> String {
         self.ok(&["create", "--template", "minimal", "--timeout", "120"])
             .trim()
             .to_string()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // A stopping daemon leaves its sandboxes running (for the next start to
-            // re-adopt): kill them first, or they would outlive the test.
-            self.kill_all();
-            // SAFETY: kill with a pid we own and a valid signal.
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Daemon {
-    fn kill_all(&self) {
-        let Ok(out) = self.cmd(&["ls", "--json"]).output() else {
-            return;
-        };
-        let ids: Vec<String> = serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|s| s["sandboxID"].as_str().map(str::to_string))
-            .collect();
-        if !ids.is_empty() {
-            let mut args = vec!["kill"];
-            args.extend(ids.iter().map(String::as_str));
-            let _ = self.cmd(&args).output();
-        }
     }
 
     /// Sandbox directories left in the run dir.
@@ -159,13 +47,9 @@ impl Daemon {
     }
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 #[test]
 fn create_ls_exec_kill() {
-    let d = Daemon::start();
+    let d = start();
     let created = d.ok(&[
         "create",
         "--template",
@@ -297,7 +181,7 @@ fn random_file(path: &Path, len: usize) -> Vec<u8> {
 
 #[test]
 fn cp_streams_both_ways_intact() {
-    let d = Daemon::start();
+    let d = start();
     let id = d.create();
     let local = d.tmp.path().join("five.bin");
     let data = random_file(&local, 5 * 1024 * 1024);
@@ -382,7 +266,7 @@ fn cp_streams_both_ways_intact() {
 
 #[test]
 fn errors_say_what_to_do() {
-    let d = Daemon::start();
+    let d = start();
     // A port nothing listens on (bound, then closed).
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -526,7 +410,7 @@ sys.exit(100 + os.waitstatus_to_exitcode(status))
 
 #[test]
 fn shell_is_an_interactive_pty() {
-    let d = Daemon::start();
+    let d = start();
     let id = d.create();
     let driver = d.tmp.path().join("drive.py");
     std::fs::write(&driver, PTY_DRIVER).unwrap();

@@ -6,30 +6,15 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../../image/tests/common/mod.rs"]
 mod common;
+#[path = "../../image/tests/common/mod.rs"]
+mod registry;
 
-use common::*;
+use common::{Daemon, require_root_and_runsc, text};
+use registry::*;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-
-fn require_root_and_runsc() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "these tests need root (runsc, overlayfs, cgroups)");
-    assert!(
-        Command::new("runsc")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "runsc is needed on $PATH (apt install runsc)"
-    );
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// A registry holding the layered test image as `test/layers:v1`, and a temp data dir.
 struct Setup {
@@ -244,75 +229,12 @@ fn an_image_in_use_is_not_removed() {
     assert!(!s.data().join("images/busy").exists());
 }
 
-/// `sandcell serve` on loopback with the setup's data dir; killed (with its sandboxes) on drop.
-struct Daemon<'a> {
-    setup: &'a Setup,
-    child: Child,
-    url: String,
-}
-
-impl<'a> Daemon<'a> {
-    fn start(setup: &'a Setup) -> Daemon<'a> {
-        let mut child = setup
-            .sandcell(&["serve", "--listen", "127.0.0.1:0", "--runtime", "gvisor"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("sandcell serve: listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from the daemon: {line:?}"))
-            .to_string();
-        Daemon { setup, child, url }
-    }
-
-    fn client(&self, args: &[&str]) -> Output {
-        self.setup
-            .sandcell(args)
-            .env_remove("SANDCELL_API_KEY")
-            .env("SANDCELL_URL", &self.url)
-            .env(
-                "SANDCELL_CONFIG",
-                self.setup.tmp.path().join("no-config.toml"),
-            )
-            .env("HOME", self.setup.tmp.path())
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Daemon<'_> {
-    fn drop(&mut self) {
-        // A stopping daemon leaves its sandboxes running: kill them first.
-        let listed = self.client(&["ls", "--json"]);
-        let ids: Vec<String> = serde_json::from_slice::<serde_json::Value>(&listed.stdout)
-            .ok()
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|s| s["sandboxID"].as_str().map(str::to_string))
-            .collect();
-        if !ids.is_empty() {
-            let mut args = vec!["kill"];
-            args.extend(ids.iter().map(String::as_str));
-            let _ = self.client(&args);
-        }
-        // SAFETY: kill with a pid we own and a valid signal.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn the_daemon_applies_the_image_defaults() {
     let s = Setup::new();
     s.pull("withdefaults");
-    let daemon = Daemon::start(&s);
-    let out = daemon.client(&[
+    let daemon = Daemon::start_on(&s.data(), &[]);
+    let out = daemon.run(&[
         "create",
         "--template",
         "withdefaults",
@@ -323,7 +245,7 @@ fn the_daemon_applies_the_image_defaults() {
     ]);
     assert!(out.status.success(), "create: {}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_string();
-    let out = daemon.client(&[
+    let out = daemon.run(&[
         "exec",
         &id,
         "--",

@@ -17,35 +17,10 @@ struct Env {
     image: PathBuf,
 }
 
-fn installed_data_dir() -> PathBuf {
-    std::env::var_os("SANDCELL_DATA_DIR")
-        .map_or_else(|| PathBuf::from("/var/lib/sandcell"), PathBuf::from)
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    euid == 0
-}
+mod common;
 
 fn env() -> Env {
-    assert!(
-        is_root(),
-        "these tests need root (runsc, overlayfs, cgroups)"
-    );
-    assert!(
-        Command::new("runsc")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "runsc is needed on $PATH (apt install runsc)"
-    );
-    let image = installed_data_dir().join("images/minimal");
-    assert!(
-        image.join("rootfs/sbin/sandcell-agent").is_file(),
-        "the minimal image with the agent is needed at {} (run `make images install`)",
-        image.display()
-    );
+    let image = common::require_gvisor_host();
     let tmp = tempfile::Builder::new()
         .prefix("sc-cli")
         .tempdir_in("/tmp")
@@ -434,7 +409,7 @@ fn interrupt_removes_the_sandbox() {
 #[test]
 fn auto_picks_gvisor_here_and_says_why_once() {
     let env = env();
-    let kernel = installed_data_dir().join("kernels/default/vmlinux");
+    let kernel = common::installed_data_dir().join("kernels/default/vmlinux");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandcell"));
     cmd.env("SANDCELL_DATA_DIR", env.data())
         .env("SANDCELL_RUN_DIR", env.run_dir())

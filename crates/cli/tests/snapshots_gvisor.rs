@@ -6,107 +6,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::{Daemon, json};
 
-struct Daemon {
-    tmp: tempfile::TempDir,
-    child: Child,
-    url: String,
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        assert_eq!(euid, 0, "these tests need root (gvisor)");
-        assert!(
-            Command::new("runsc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "runsc is needed on $PATH (apt install runsc)"
-        );
-        let installed = std::env::var_os("SANDCELL_DATA_DIR")
-            .map_or_else(|| PathBuf::from("/var/lib/sandcell"), PathBuf::from);
-        let minimal = installed.join("images/minimal");
-        assert!(
-            minimal.join("rootfs/sbin/sandcell-agent").is_file(),
-            "the minimal image is needed at {} (make images install)",
-            minimal.display()
-        );
-        let tmp = tempfile::Builder::new()
-            .prefix("sc-clisnap")
-            .tempdir_in("/tmp")
-            .unwrap();
-        std::fs::create_dir_all(tmp.path().join("data/images")).unwrap();
-        std::os::unix::fs::symlink(&minimal, tmp.path().join("data/images/minimal")).unwrap();
-        let serve = [
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--runtime",
-            "gvisor",
-            "--kill-on-exit",
-            // As crates/server/tests/snapshots.rs: restore chains with networks fail.
-            "--no-network",
-        ];
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandcell"))
-            .env("SANDCELL_RUN_DIR", tmp.path().join("run"))
-            .arg("--data-dir")
-            .arg(tmp.path().join("data"))
-            .args(serve)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("sandcell serve: listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from the daemon: {line:?}"))
-            .to_string();
-        Daemon { tmp, child, url }
-    }
-
-    /// `sandcell ARGS` as a client of this daemon; asserts success, returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_sandcell"))
-            .env_remove("SANDCELL_API_KEY")
-            .env("SANDCELL_URL", &self.url)
-            .env("SANDCELL_DATA_DIR", self.tmp.path().join("data"))
-            .env("SANDCELL_CONFIG", self.tmp.path().join("no-config.toml"))
-            .env("HOME", self.tmp.path())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "sandcell {args:?} failed with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // --kill-on-exit: SIGTERM kills its sandboxes.
-        // SAFETY: kill with a pid we own and a valid signal.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+fn start() -> Daemon {
+    Daemon::start(
+        "sc-clisnap",
+        // As crates/server/tests/snapshots.rs: restore chains with networks fail.
+        &["--kill-on-exit", "--no-network"],
+    )
 }
 
 /// Snapshot and fork first, then pause and resume: on runsc 20240729 a snapshot or fork
@@ -114,7 +22,7 @@ fn json(text: &str) -> serde_json::Value {
 /// answers (seen 2 of 2; its own later resumes work), a runtime issue reported apart.
 #[test]
 fn pause_resume_snapshot_and_fork_from_the_command_line() {
-    let d = Daemon::start();
+    let d = start();
     let id = d
         .ok(&["create", "-t", "minimal", "--timeout", "300"])
         .trim()
