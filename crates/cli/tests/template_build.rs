@@ -111,7 +111,7 @@ RUN echo created > /app/new.txt \
  && echo changed >> /etc/profile \
  && rm /etc/hostname \
  && rm -rf /app/src/gone && mkdir /app/src/gone && echo fresh > /app/src/gone/only
-USER nobody
+USER 65534
 RUN echo "running as $(id -un) in $(pwd) with MODE=$MODE"
 CMD ["/bin/sh", "-c", "cat /app/greeting"]
 "#;
@@ -183,7 +183,7 @@ fn multi_stage_build_runs_and_rebuilds_from_cache() {
     let inspect: serde_json::Value = serde_json::from_str(&inspect).unwrap();
     let config = &inspect["config"];
     assert_eq!(config["workingDir"], "/app");
-    assert_eq!(config["user"], "nobody");
+    assert_eq!(config["user"], "65534");
     assert_eq!(
         config["cmd"],
         serde_json::json!(["/bin/sh", "-c", "cat /app/greeting"])
@@ -267,6 +267,22 @@ fn failing_run_shows_output_and_exit_status() {
         .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // A USER the image does not know fails the RUN that would run as it.
+    s.write("ctx/Dockerfile", "FROM minimal\nUSER ghost\nRUN true\n");
+    let out = s.sandcell(&[
+        "template",
+        "build",
+        "-t",
+        "bad",
+        s.path("ctx").to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Dockerfile line 3: RUN true: USER ghost: no such user"),
+        "{stderr}"
+    );
 
     // An unsupported instruction is refused before anything runs, with its line.
     s.write(

@@ -777,6 +777,40 @@ impl Builder<'_> {
         Ok(root.stat(&rel).is_ok_and(|m| m.is_dir()))
     }
 
+    /// The user name a RUN step runs as (the agent takes names): USER's name part, or the
+    /// name of its uid, from the stage's /etc/passwd. `None`: root. An unknown user fails
+    /// the step, as under Docker, rather than running it as root.
+    fn run_user(
+        &self,
+        state: &StageState,
+        user: &str,
+    ) -> std::result::Result<Option<String>, String> {
+        let name = user.split(':').next().unwrap_or(user);
+        if name.is_empty() || name == "root" || name == "0" {
+            return Ok(None);
+        }
+        let target = self
+            .layers_dir
+            .join(format!(".view-{}-{}", std::process::id(), unique()));
+        let mount = Mount::overlay(&state.lowers(), None, &target).map_err(|e| e.to_string())?;
+        let view = MountDir(Some(mount), target);
+        let root = RootDir::open(&view.1).map_err(|e| e.to_string())?;
+        let (uid, _) = context::resolve_owner(&root, name)
+            .map_err(|_| format!("USER {user}: no such user in the image's /etc/passwd"))?;
+        let mut passwd = String::new();
+        if let Ok(f) = root.open_file(Path::new("etc/passwd"), true) {
+            use std::io::Read;
+            let _ = f.take(4 << 20).read_to_string(&mut passwd);
+        }
+        passwd
+            .lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .find(|f| f.get(2).and_then(|u| u.parse::<u32>().ok()) == Some(uid))
+            .and_then(|f| f.first().map(|n| n.to_string()))
+            .map(Some)
+            .ok_or_else(|| format!("USER {user}: uid {uid} has no name in the image's /etc/passwd"))
+    }
+
     fn run(
         &mut self,
         state: &mut StageState,
@@ -804,6 +838,12 @@ impl Builder<'_> {
             state.key = key.clone();
             return Ok((Some(key), true));
         }
+        let user = match state.user.as_deref() {
+            Some(u) => self
+                .run_user(state, u)
+                .map_err(|problem| step_err(line, format!("{text}: {problem}")))?,
+            None => None,
+        };
         let pending = self.pending()?;
         let request = RunRequest {
             base: state.base_tree.clone(),
@@ -813,7 +853,7 @@ impl Builder<'_> {
             argv,
             env,
             cwd: state.workdir.clone(),
-            user: state.user.clone(),
+            user,
         };
         let mut tail: Vec<u8> = Vec::new();
         let log = self.log;
