@@ -1,12 +1,22 @@
-//! Benchmark: gvisor snapshots through the runtime against `runsc checkpoint`/`restore`
-//! driven directly, interleaved run by run. Driven by `bench/snapshot/run.sh`; prints JSON.
+//! Benchmark: gvisor snapshot operations through the runtime against `runsc` driven
+//! directly, interleaved run by run. Driven by `bench/snapshot/run.sh`; prints JSON.
 //!
-//! - checkpoint: Sandcell `pause_to_disk` of a running sandbox (agent hold + `runsc
-//!   checkpoint` + frozen upper copy + manifest + removal). Direct: `runsc checkpoint` of a
-//!   detached container running a shell counter as PID 1 (no agent: runsc cannot checkpoint
-//!   one that holds a host socket, which is why Sandcell asks the agent to let go first).
-//! - restore_ready: Sandcell `Runtime::restore` to the agent answering `GET /health`.
-//!   Direct: `runsc restore -detach` of that checkpoint returning.
+//! Sandcell (a sandbox with the agent, 256 MiB; each time ends when the agent answers
+//! `GET /health`, where a sandbox results):
+//! - checkpoint: `pause_to_disk` of a running sandbox (agent hold, `runsc checkpoint`,
+//!   frozen upper copy, manifest, removal of the stopped sandbox).
+//! - restore: `Runtime::restore` of that snapshot under the same id (the daemon's resume).
+//! - fork_1 / fork_4: `Sandbox::fork(n)` of the resumed sandbox (checkpoint, parent restored
+//!   in place, n children restored one after the other), to the last child answering.
+//! - create_from_snapshot: `Runtime::restore` of a template snapshot under a new id.
+//!
+//! runsc directly (`runsc run -detach` of a bundle over the same image tree with the same
+//! global flags, PID 1 a shell counter: runsc cannot checkpoint a sandbox holding a host
+//! socket, which is why Sandcell asks its agent to let go first); each time ends when the
+//! runsc command(s) return:
+//! - checkpoint: `runsc checkpoint`; restore: `runsc restore -detach` into a new id;
+//! - fork_n: `runsc checkpoint` + `delete` + `restore` of the parent + n `restore`s;
+//! - create_from_snapshot: `runsc restore -detach` of a template image into a new id.
 //!
 //! Usage: bench_gvisor_snapshot --image DIR [--runs N]
 
@@ -14,15 +24,25 @@
 
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::{
-    Dirs, Image, RestoreSpec, Runtime, Sandbox, SandboxSpec, agent_client, new_sandbox_id,
+    Dirs, Image, RestoreSpec, Runtime, Sandbox, SandboxSpec, SnapshotKind, agent_client,
+    new_sandbox_id,
 };
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+const OPS: [&str; 5] = [
+    "checkpoint",
+    "restore",
+    "fork_1",
+    "fork_4",
+    "create_from_snapshot",
+];
+
 fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    (d.as_secs_f64() * 1000.0 * 10.0).round() / 10.0
 }
 
 fn percentile(samples: &[f64], p: f64) -> f64 {
@@ -33,26 +53,62 @@ fn percentile(samples: &[f64], p: f64) -> f64 {
 }
 
 fn stats(samples: &[f64]) -> serde_json::Value {
+    if samples.is_empty() {
+        return serde_json::json!({"runs": 0});
+    }
     serde_json::json!({
         "p50_ms": percentile(samples, 50.0),
         "p90_ms": percentile(samples, 90.0),
+        "p99_ms": percentile(samples, 99.0),
+        "min_ms": percentile(samples, 0.0),
+        "max_ms": percentile(samples, 100.0),
         "runs": samples.len(),
     })
 }
 
-fn runsc(root: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new("runsc");
+/// The 1-minute load average.
+fn load1() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(-1.0)
+}
+
+/// runsc with the global flags the runtime uses for a sandbox without a network.
+fn runsc(rt: &GvisorRuntime, root: &Path) -> std::process::Command {
+    let info = rt.runsc();
+    let mut c = std::process::Command::new(&info.path);
     c.arg(format!("--root={}", root.display()))
-        .args([
-            "--platform=ptrace",
-            "--network=none",
-            "--host-uds=create",
-            "--overlay2=root:memory",
-        ])
-        .stdin(Stdio::null())
+        .arg(format!("--platform={}", info.platform))
+        .args(["--network=none", "--host-uds=create"]);
+    if info.overlay2 {
+        c.arg("--overlay2=root:memory");
+    }
+    c.stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(Stdio::piped());
     c
+}
+
+fn run_ok(mut c: std::process::Command, what: &str) {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn checkpoint_args(rt: &GvisorRuntime, image: &Path, id: &str) -> Vec<String> {
+    let mut args = vec![
+        "checkpoint".to_string(),
+        format!("--image-path={}", image.display()),
+    ];
+    if rt.runsc().checkpoint_compression {
+        args.push("--compression=none".into());
+    }
+    args.push(id.into());
+    args
 }
 
 /// A bundle whose PID 1 is a shell counter, over a host overlay of the image tree.
@@ -87,10 +143,57 @@ fn direct_bundle(dir: &Path, tree: &Path) -> PathBuf {
     bundle
 }
 
+struct Direct<'a> {
+    rt: &'a GvisorRuntime,
+    root: PathBuf,
+    bundle: PathBuf,
+    tmp: PathBuf,
+    /// Every container id started, for the final cleanup.
+    ids: Vec<String>,
+}
+
+impl Direct<'_> {
+    fn run(&mut self, id: &str) {
+        let mut c = runsc(self.rt, &self.root);
+        c.args(["run", "-detach", "--bundle"])
+            .arg(&self.bundle)
+            .arg(id);
+        self.ids.push(id.into());
+        run_ok(c, "runsc run");
+    }
+    fn checkpoint(&self, id: &str, image: &Path) {
+        std::fs::create_dir_all(image).unwrap();
+        let mut c = runsc(self.rt, &self.root);
+        c.args(checkpoint_args(self.rt, image, id));
+        run_ok(c, "runsc checkpoint");
+    }
+    fn restore(&mut self, image: &Path, id: &str) {
+        let mut c = runsc(self.rt, &self.root);
+        c.args(["restore", "-detach", "--bundle"])
+            .arg(&self.bundle)
+            .arg(format!("--image-path={}", image.display()))
+            .arg(id);
+        self.ids.push(id.into());
+        run_ok(c, "runsc restore");
+    }
+    fn delete(&self, id: &str) {
+        let _ = runsc(self.rt, &self.root)
+            .args(["delete", "--force", id])
+            .output();
+    }
+    fn image(&self, name: String) -> PathBuf {
+        self.tmp.join(name)
+    }
+}
+
+async fn healthy(sb: &Arc<dyn Sandbox>) {
+    agent_client(sb.clone()).health().await.unwrap();
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let mut image_dir = PathBuf::new();
-    let mut runs = 20usize;
+    let mut runs = 10usize;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -108,78 +211,163 @@ async fn main() {
         .unwrap();
     let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
     let rt = GvisorRuntime::new(dirs.clone()).await.unwrap();
-    let direct_root = tmp.path().join("direct-root");
     let direct_dir = tmp.path().join("direct");
-    let bundle = direct_bundle(&direct_dir, &tree);
-
-    let (mut ours_ck, mut ours_rs, mut direct_ck, mut direct_rs) = (vec![], vec![], vec![], vec![]);
-    for run in 0..runs {
-        // Sandcell.
+    let mut direct = Direct {
+        rt: &rt,
+        root: tmp.path().join("direct-root"),
+        bundle: direct_bundle(&direct_dir, &tree),
+        tmp: tmp.path().to_path_buf(),
+        ids: Vec::new(),
+    };
+    let spec = |image: &Image| {
         let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), image.clone());
         spec.memory_mib = 256;
-        let sb = rt.create(spec).await.unwrap();
+        spec
+    };
+    let restore_spec = |id: String| {
+        let mut s = RestoreSpec::new(id);
+        s.boot_timeout = Duration::from_secs(60);
+        s
+    };
+
+    // The templates: a snapshot of a running sandbox (it keeps running: destroyed now), and
+    // a checkpoint image of a direct container.
+    let base: Arc<dyn Sandbox> = Arc::from(rt.create(spec(&image)).await.unwrap());
+    base.start().await.unwrap();
+    healthy(&base).await;
+    let template = base
+        .snapshot(&tmp.path().join("template"), SnapshotKind::Full)
+        .await
+        .unwrap();
+    base.destroy().await.unwrap();
+    direct.run("tmpl");
+    let direct_template = direct.image("direct-template".into());
+    direct.checkpoint("tmpl", &direct_template);
+    direct.delete("tmpl");
+
+    let mut ours: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut theirs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut loads = Vec::new();
+    for run in 0..runs {
+        loads.push(load1());
+        // Sandcell.
+        let sb: Arc<dyn Sandbox> = Arc::from(rt.create(spec(&image)).await.unwrap());
         sb.start().await.unwrap();
-        let snap_dir = tmp.path().join(format!("snap-{run}"));
+        healthy(&sb).await;
+        let id = sb.id().to_string();
+        let snap_dir = tmp.path().join(format!("pause-{run}"));
         let t = Instant::now();
         let snap = sb.pause_to_disk(&snap_dir).await.unwrap();
-        ours_ck.push(ms(t.elapsed()));
+        ours.entry("checkpoint").or_default().push(ms(t.elapsed()));
         let t = Instant::now();
-        let restored: Arc<dyn Sandbox> = Arc::from(
-            rt.restore(&snap, RestoreSpec::new(new_sandbox_id().unwrap()))
+        let sb: Arc<dyn Sandbox> = Arc::from(rt.restore(&snap, restore_spec(id)).await.unwrap());
+        healthy(&sb).await;
+        ours.entry("restore").or_default().push(ms(t.elapsed()));
+        snap.delete().unwrap();
+        for (op, n) in [("fork_1", 1usize), ("fork_4", 4)] {
+            let fork_dir = tmp.path().join(format!("{op}-{run}"));
+            let t = Instant::now();
+            let children = sb.fork(n, &fork_dir).await.unwrap();
+            let children: Vec<Arc<dyn Sandbox>> = children.into_iter().map(Arc::from).collect();
+            for child in &children {
+                healthy(child).await;
+            }
+            ours.entry(op).or_default().push(ms(t.elapsed()));
+            for child in &children {
+                child.destroy().await.unwrap();
+            }
+            let _ = std::fs::remove_dir_all(&fork_dir);
+        }
+        sb.destroy().await.unwrap();
+        let t = Instant::now();
+        let created: Arc<dyn Sandbox> = Arc::from(
+            rt.restore(&template, restore_spec(new_sandbox_id().unwrap()))
                 .await
                 .unwrap(),
         );
-        agent_client(restored.clone()).health().await.unwrap();
-        ours_rs.push(ms(t.elapsed()));
-        restored.destroy().await.unwrap();
-        snap.delete().unwrap();
+        healthy(&created).await;
+        ours.entry("create_from_snapshot")
+            .or_default()
+            .push(ms(t.elapsed()));
+        created.destroy().await.unwrap();
 
         // runsc directly.
         let (a, b) = (format!("d{run}a"), format!("d{run}b"));
-        let image_path = tmp.path().join(format!("direct-img-{run}"));
-        std::fs::create_dir_all(&image_path).unwrap();
-        let ok = runsc(&direct_root)
-            .args(["run", "-detach", "--bundle"])
-            .arg(&bundle)
-            .arg(&a)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "runsc run");
+        direct.run(&a);
+        let img = direct.image(format!("direct-pause-{run}"));
         let t = Instant::now();
-        let ok = runsc(&direct_root)
-            .arg("checkpoint")
-            .arg(format!("--image-path={}", image_path.display()))
-            .arg(&a)
-            .status()
-            .unwrap()
-            .success();
-        direct_ck.push(ms(t.elapsed()));
-        assert!(ok, "runsc checkpoint");
+        direct.checkpoint(&a, &img);
+        theirs
+            .entry("checkpoint")
+            .or_default()
+            .push(ms(t.elapsed()));
+        direct.delete(&a);
         let t = Instant::now();
-        let ok = runsc(&direct_root)
-            .args(["restore", "-detach", "--bundle"])
-            .arg(&bundle)
-            .arg(format!("--image-path={}", image_path.display()))
-            .arg(&b)
-            .status()
-            .unwrap()
-            .success();
-        direct_rs.push(ms(t.elapsed()));
-        assert!(ok, "runsc restore");
-        for id in [&a, &b] {
-            let _ = runsc(&direct_root).args(["delete", "--force", id]).status();
+        direct.restore(&img, &b);
+        theirs.entry("restore").or_default().push(ms(t.elapsed()));
+        for (op, n) in [("fork_1", 1usize), ("fork_4", 4)] {
+            let img = direct.image(format!("direct-{op}-{run}"));
+            let t = Instant::now();
+            direct.checkpoint(&b, &img);
+            direct.delete(&b);
+            direct.restore(&img, &b);
+            for k in 0..n {
+                direct.restore(&img, &format!("d{run}{op}c{k}"));
+            }
+            theirs.entry(op).or_default().push(ms(t.elapsed()));
+            for k in 0..n {
+                direct.delete(&format!("d{run}{op}c{k}"));
+            }
+            let _ = std::fs::remove_dir_all(&img);
         }
+        direct.delete(&b);
+        let _ = std::fs::remove_dir_all(&img);
+        let c = format!("d{run}c");
+        let t = Instant::now();
+        direct.restore(&direct_template, &c);
+        theirs
+            .entry("create_from_snapshot")
+            .or_default()
+            .push(ms(t.elapsed()));
+        direct.delete(&c);
+        eprintln!("run {run} done (load {:.2})", load1());
     }
+    loads.push(load1());
+    for id in &direct.ids {
+        direct.delete(id);
+    }
+    template.delete().unwrap();
     let _ = std::process::Command::new("umount")
         .arg(direct_dir.join("rootfs"))
         .status();
+
+    let mut results = serde_json::Map::new();
+    for op in OPS {
+        let (o, d) = (
+            ours.get(op).cloned().unwrap_or_default(),
+            theirs.get(op).cloned().unwrap_or_default(),
+        );
+        let ratio = if d.is_empty() || o.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!((percentile(&o, 50.0) / percentile(&d, 50.0) * 100.0).round() / 100.0)
+        };
+        results.insert(
+            op.to_string(),
+            serde_json::json!({"sandcell": stats(&o), "runsc": stats(&d), "p50_ratio": ratio}),
+        );
+    }
+    let mut sorted = loads.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
     let out = serde_json::json!({
         "suite": "snapshot-gvisor",
         "runsc": rt.runsc().version,
-        "checkpoint": {"sandcell": stats(&ours_ck), "runsc": stats(&direct_ck)},
-        "restore_to_ready": {"sandcell": stats(&ours_rs), "runsc": stats(&direct_rs)},
-        "notes": "sandcell checkpoint = pause_to_disk (agent hold + runsc checkpoint + upper copy + cleanup); sandcell restore = new sandbox to agent /health; runsc = the same operations on a shell-counter container without an agent",
+        "platform": rt.runsc().platform,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "runs": runs,
+        "load1": {"min": sorted.first(), "max": sorted.last(), "samples": loads},
+        "results": results,
+        "notes": "sandcell: 256 MiB sandbox with the agent, each time to the agent answering /health; fork_n and restore include the parent's checkpoint and in-place restore (gVisor cannot fork without stopping the parent). runsc: the same runsc commands on a shell-counter container over the same image tree with the same flags, each time to the commands returning. Interleaved run by run; load1 = 1-minute load average sampled before each run.",
     });
     println!("{}", serde_json::to_string_pretty(&out).unwrap());
 }

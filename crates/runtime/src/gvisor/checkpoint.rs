@@ -18,9 +18,13 @@
 //!   connections to it end. This is the closest correct thing to "keep running".
 //! - `runsc restore` into a new container id with a new bundle (new root mount, new socket
 //!   directory) works: that is how restores and fork children are made.
-//! - Concurrent checkpoints/restores (even of different sandboxes) sometimes left restored
-//!   agents that accept connections and never answer; one at a time they always worked, so
-//!   this process runs them one at a time (`RESTORES`). A fork of N costs N restores.
+//! - Restored agents that accepted connections and never answered, reset the first one, or
+//!   died (SIGSEGV, a tokio panic) were runsc's epoll defect, not concurrency: a registration
+//!   the agent deleted before the checkpoint comes back ready after the restore and hands
+//!   tokio a freed pointer (gVisor commit 5d857245b fixed it upstream, 2026-03). The agent
+//!   works around it when it holds (see `sandcell_agent::checkpoint`). Checkpoints and
+//!   restores still run one at a time (`RESTORES`): on a 2-core host concurrent ones only
+//!   slow each other down. A fork of N costs N restores.
 //! - gVisor cannot unlink a host socket from inside the sandbox: the runtime removes the
 //!   agent's socket file before a restored agent binds it again.
 //! - Restored sandboxes keep the snapshot's hostname (the kernel state is restored).
@@ -37,8 +41,9 @@ const UPPER_DIR: &str = "upper";
 /// or less; 5 s was seen to run out on a host loaded ~4x over its cores).
 const HOLD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Serializes checkpoints and restores in this process (a restore up to the restored agent
-/// answering): with concurrent ones, restored agents sometimes accepted connections and
-/// never answered (runsc 20221219; cause unknown; one at a time they work every time).
+/// answering). Once blamed for restored agents that never answered; that was runsc's epoll
+/// defect (module docs), and one at a time is kept because concurrent runsc checkpoints and
+/// restores only compete for the same cores.
 static RESTORES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The same across processes: the daemon, a `sandcell run` beside it and test binaries all
