@@ -29,6 +29,7 @@ pub mod snapshot_store;
 pub mod snapshots;
 pub mod state;
 pub mod template_defaults;
+pub mod template_runner;
 pub mod util;
 
 pub use keys_cli::{KeysCommand, keys};
