@@ -208,6 +208,11 @@ fn multi_stage_build_runs_and_rebuilds_from_cache() {
     let (second, stderr) = build_json(&s, &["--build-arg", "GREETING=hi"]);
     assert_eq!(second["builtSteps"], 0, "{second:#}");
     assert_eq!(second["cachedSteps"], 7, "{second:#}");
+    assert_eq!(
+        second["exportSkipped"], true,
+        "the image is kept: {second:#}"
+    );
+    assert_eq!(first["exportSkipped"], false);
     assert_eq!(stderr.matches("---> CACHED").count(), 7, "{stderr}");
     assert!(
         !stderr.contains("running as nobody in /app"),
@@ -222,6 +227,18 @@ fn multi_stage_build_runs_and_rebuilds_from_cache() {
     let (fourth, _) = build_json(&s, &["--build-arg", "GREETING=hi"]);
     // COPY src/, then the later COPYs and RUNs (their parent changed): 5 steps.
     assert_eq!(fourth["builtSteps"], 5, "{fourth:#}");
+    assert_eq!(fourth["exportSkipped"], false);
+    let (out, _) = s.ok(&[
+        "run",
+        "--runtime",
+        "gvisor",
+        "--image",
+        "tpl",
+        "--",
+        "/bin/cat",
+        "/app/src/a.txt",
+    ]);
+    assert_eq!(out, "alpha 2\n");
 
     let (ls, _) = s.ok(&["template", "ls", "--json"]);
     let ls: serde_json::Value = serde_json::from_str(&ls).unwrap();

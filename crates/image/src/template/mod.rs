@@ -153,6 +153,13 @@ pub struct TemplateRecord {
     pub cached_steps: usize,
     pub ext4_bytes: u64,
     pub seconds: f64,
+    /// What the image was exported from: the last layer's key, the config and the agent.
+    /// An unchanged rebuild (same fingerprint) keeps the image as it is.
+    #[serde(default)]
+    pub fingerprint: String,
+    /// The image was kept from the previous build of the same fingerprint.
+    #[serde(default)]
+    pub export_skipped: bool,
 }
 
 /// A stage as built so far.
@@ -301,8 +308,34 @@ pub fn build(
         steps: std::mem::take(&mut b.records),
         ext4_bytes: 0,
         seconds: 0.0,
+        fingerprint: String::new(),
+        export_skipped: false,
     };
-    record.ext4_bytes = b.export(&last, &record)?;
+    let agent_digest =
+        Digest::of(&std::fs::read(&b.agent).map_err(Error::io("reading the agent", &b.agent))?);
+    record.fingerprint = key_of(&[
+        &last.key,
+        &serde_json::to_string(&defaults_of(&last, req)).unwrap_or_default(),
+        agent_digest.as_str(),
+    ]);
+    let dest = images.join(&req.name);
+    let previous = read_record(&dest).filter(|p| {
+        !req.no_cache
+            && p.fingerprint == record.fingerprint
+            && dest.join("rootfs").is_dir()
+            && dest.join("rootfs.ext4").is_file()
+    });
+    match previous {
+        Some(p) => {
+            b.log.event(BuildEvent::Note(format!(
+                "{} is up to date (same layers, config and agent): kept",
+                req.name
+            )));
+            record.ext4_bytes = p.ext4_bytes;
+            record.export_skipped = true;
+        }
+        None => record.ext4_bytes = b.export(&last, &record)?,
+    }
     record.seconds = started.elapsed().as_secs_f64();
     // The final record (with the size and time) replaces the one written with the image.
     let path = images.join(&req.name).join(TEMPLATE_FILE);
@@ -931,15 +964,7 @@ impl Builder<'_> {
         }
         image_build::add_sandcell_files(&mut unpacker, &self.agent)?;
         unpacker.finish()?;
-        let defaults = ImageDefaults {
-            env: last.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-            working_dir: last.workdir.clone(),
-            user: last.user.clone(),
-            entrypoint: last.entrypoint.clone(),
-            cmd: last.cmd.clone(),
-            source: Some(format!("dockerfile:{}", self.req.dockerfile_path.display())),
-            manifest_digest: None,
-        };
+        let defaults = defaults_of(last, self.req);
         let write_json = |name: &str, value: serde_json::Result<Vec<u8>>| -> Result<()> {
             let path = work.join(name);
             let bytes = value.map_err(|e| Error::Manifest {
@@ -966,6 +991,19 @@ impl Drop for MountDir {
         // Unmounted before the mount point is removed.
         drop(self.0.take());
         let _ = std::fs::remove_dir(&self.1);
+    }
+}
+
+/// The image config of the last stage.
+fn defaults_of(last: &StageState, req: &TemplateBuild) -> ImageDefaults {
+    ImageDefaults {
+        env: last.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        working_dir: last.workdir.clone(),
+        user: last.user.clone(),
+        entrypoint: last.entrypoint.clone(),
+        cmd: last.cmd.clone(),
+        source: Some(format!("dockerfile:{}", req.dockerfile_path.display())),
+        manifest_digest: None,
     }
 }
 
