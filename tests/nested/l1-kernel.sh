@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fetches the L1 kernel of the nested-KVM harness: vmlinuz and the KVM modules (irqbypass,
-# kvm, kvm-amd) from Debian's linux-image-cloud-amd64, cached under
+# Fetches the L1 kernel of the nested-KVM harness: vmlinuz, the KVM modules (irqbypass,
+# kvm, kvm-amd) and tun (virtio-net's TAP; a module in the cloud kernel, no dependencies) from Debian's linux-image-cloud-amd64, cached under
 # ${SANDCELL_CACHE:-~/.cache/sandcell}/nested/l1-<hash>/ where <hash> covers the versioned
 # package name, its version and this script. Prints that directory on its last line.
 #
@@ -29,7 +29,7 @@ fi
 
 key=$( { echo "$pkg=$version"; cat "$0"; } | sha256sum | cut -c1-16)
 out=$cache/l1-$key
-if [ -f "$out/vmlinuz" ] && [ -f "$out/kvm-amd.ko" ]; then
+if [ -f "$out/vmlinuz" ] && [ -f "$out/kvm-amd.ko" ] && [ -f "$out/tun.ko" ]; then
   log "cached $pkg $version ($out)"
   echo "$out"
   exit 0
@@ -49,7 +49,7 @@ mkdir -p "$out.tmp"
 vmlinuz=$(ls "$work"/x/boot/vmlinuz-* 2>/dev/null | head -n 1)
 [ -n "$vmlinuz" ] || die "$deb has no /boot/vmlinuz-*"
 cp "$vmlinuz" "$out.tmp/vmlinuz"
-for mod in irqbypass kvm kvm-amd; do
+for mod in irqbypass kvm kvm-amd tun; do
   found=$(find "$work/x/lib/modules" -name "$mod.ko" -o -name "$mod.ko.xz" -o -name "$mod.ko.zst" | head -n 1)
   [ -n "$found" ] || die "$deb has no $mod.ko"
   case "$found" in

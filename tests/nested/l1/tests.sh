@@ -307,9 +307,10 @@ test_daemon_smoke() {
   pass "daemon (microvm): created $id, ran a command through the envd proxy (guest kernel $kernel)"
 }
 
-# ---- snapshots (snapshot.sh) -----------------------------------------------------------------
+# ---- snapshots (snapshot.sh), virtio-net (net.sh) --------------------------------------------
 
 . "$(dirname "$SELF")/snapshot.sh"
+. "$(dirname "$SELF")/net.sh"
 
 # ---- runner ----------------------------------------------------------------------------------
 
@@ -350,7 +351,7 @@ case "$1" in
     mkdir -p /tmp/nested-logs
     only=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^nested\.only=//p' | tr ',' ' ')
     plan=
-    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF" "$(dirname "$SELF")/snapshot.sh"); do
+    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF" "$(dirname "$SELF")/snapshot.sh" "$(dirname "$SELF")/net.sh"); do
       if [ -z "$only" ] || echo " $only " | grep -q " $t "; then plan="$plan $t"; fi
     done
     echo "NESTED-PLAN$plan"

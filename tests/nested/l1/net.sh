@@ -1,0 +1,126 @@
+# virtio-net tests of the nested-KVM harness (sourced by tests.sh after snapshot.sh, whose
+# helpers gx, ctl, stop_vm are used). The L2 guest (our kernel, the minimal image, the agent
+# as PID 1) gets a virtio-net device on a TAP in L1; the agent configures eth0 at init from
+# `sandcell.net=`; servers in L1 (busybox httpd, nc) listen on the TAP's address.
+#
+#   L1 sctap0 10.0.2.1/24  <-- TAP -->  sandcell-vmm virtio-net  <-->  L2 eth0 10.0.2.2/24
+
+NET_TAP=sctap0
+NET_HOST=10.0.2.1
+NET_GUEST=10.0.2.2
+NET_MAC=02:5c:00:00:02:02
+NET_BLOB_BYTES=4194304
+NET_CMDLINE="sandcell.net=ip=$NET_GUEST/24,gw=$NET_HOST,mtu=1500,dns=$NET_HOST"
+
+# net_setup: the TAP (persistent, so a restored VMM attaches to the same one after the
+# parent exits), its address, an HTTP server with a random blob. Idempotent.
+net_setup() {
+  [ -c /dev/net/tun ] || fail "/dev/net/tun is missing in L1 (tun.ko not loaded?)"
+  ip link show $NET_TAP >/dev/null 2>&1 || tunctl -t $NET_TAP >/dev/null \
+    || fail "tunctl -t $NET_TAP failed"
+  ip addr flush dev $NET_TAP
+  ip addr add $NET_HOST/24 dev $NET_TAP
+  ip link set $NET_TAP up
+  mkdir -p /tmp/www
+  [ -s /tmp/www/blob ] || head -c $NET_BLOB_BYTES /dev/urandom > /tmp/www/blob
+  md5sum < /tmp/www/blob | cut -d' ' -f1 > /tmp/www/blob.md5
+  # In the foreground of this test's session: it dies with the test.
+  httpd -f -p $NET_HOST:8080 -h /tmp/www &
+}
+
+# net_vm DIR: boots the agent guest with a net device on the TAP (128 MiB) in the
+# background and waits for the agent.
+net_vm() {
+  vm_config "$1" "$L2_CMDLINE $NET_CMDLINE init=/sbin/sandcell-agent --listen vsock:$AGENT_PORT" 1 128 vsock
+  sed -i "s|\"serial_log\"|\"net\": {\"tap\": \"$NET_TAP\", \"guest_mac\": \"$NET_MAC\"}, \"serial_log\"|" "$1/vm.json"
+  grep -q '"net"' "$1/vm.json" || fail "could not add the net device to $1/vm.json"
+  sandcell-vmm --config "$1/vm.json" >"$1/vmm.out" 2>&1 &
+  echo $! > "$1/pid"
+  $P wait-agent --uds "$1/vsock" --timeout 120 > "$1/ready" \
+    || { cat "$1/vmm.out"; show_serial "$1"; fail "boot of $1: the agent never answered"; }
+}
+
+# net_download DIR: the guest fetches the blob from L1's httpd; fails unless it arrives
+# whole. Prints the L1-side time in centiseconds (agent exec included).
+net_download() {
+  t0=$(now_cs)
+  sum=$(gx "$1" "wget -q -O /tmp/blob http://$NET_HOST:8080/blob && md5sum < /tmp/blob") \
+    || { show_serial "$1"; fail "wget http://$NET_HOST:8080/blob in the guest failed: $sum"; }
+  t1=$(now_cs)
+  [ "${sum%% *}" = "$(cat /tmp/www/blob.md5)" ] || fail "the guest's copy of the blob differs: ${sum%% *}"
+  echo $((t1 - t0))
+}
+
+# net_upload DIR PORT: the guest sends its copy of the blob to an nc listener in L1; fails
+# unless it arrives whole. Prints the L1-side time in centiseconds, from the guest command
+# starting to the last byte in L1 (agent exec included).
+net_upload() {
+  rm -f /tmp/net-up.$2
+  # nc's stdin stays open (sleep): a listener whose stdin ends stops reading.
+  sleep 120 | nc -l -p "$2" > /tmp/net-up.$2 &
+  sleep 0.3
+  t0=$(now_cs)
+  gx "$1" "nc $NET_HOST $2 < /tmp/blob" > /dev/null || fail "nc to $NET_HOST:$2 in the guest failed"
+  n=0
+  until [ "$(wc -c < /tmp/net-up.$2)" -ge $NET_BLOB_BYTES ]; do
+    n=$((n + 1)); [ $n -lt 600 ] || fail "upload: $(wc -c < /tmp/net-up.$2) of $NET_BLOB_BYTES bytes arrived in L1"
+    sleep 0.1
+  done
+  t1=$(now_cs)
+  [ "$(md5sum < /tmp/net-up.$2 | cut -d' ' -f1)" = "$(cat /tmp/www/blob.md5)" ] \
+    || fail "the blob the guest sent arrived different in L1"
+  echo $((t1 - t0))
+}
+
+# KiB/s of the blob over CENTISECONDS.
+kibps() { cs=$1; [ "$cs" -gt 0 ] || cs=1; echo $(( NET_BLOB_BYTES / 1024 * 100 / cs )); }
+
+# The guest's interface as the agent configured it, ping at full MTU both ways, a 4 MiB
+# HTTP download from L1 and a 4 MiB TCP upload to L1, checksums compared.
+test_net_tcp() {
+  need sandcell-vmm nested-probe; need_l2
+  net_setup
+  d=/tmp/net_tcp; mkdir -p $d
+  net_vm $d
+  info=$(gx $d "cat /sys/class/net/eth0/address /sys/class/net/eth0/mtu /etc/resolv.conf") \
+    || fail "reading the guest's eth0: $info"
+  echo "$info"
+  echo "$info" | grep -qx "$NET_MAC" || fail "eth0's MAC is not $NET_MAC: $info"
+  echo "$info" | grep -qx 1500 || fail "eth0's MTU is not 1500: $info"
+  echo "$info" | grep -qx "nameserver $NET_HOST" || fail "/etc/resolv.conf is not ours: $info"
+  # 1472 bytes of ICMP payload: a full 1500-byte IP packet.
+  out=$(gx $d "ping -c 2 -s 1472 -W 20 $NET_HOST") || { echo "$out"; show_serial $d; fail "guest -> L1 ping failed"; }
+  echo "$out" | grep -q "2 packets received" || fail "guest -> L1 ping: $out"
+  ping -c 2 -s 1472 -W 20 $NET_GUEST > $d/ping.out || { cat $d/ping.out; fail "L1 -> guest ping failed"; }
+  down=$(net_download $d)
+  up=$(net_upload $d 5001)
+  bench net_guest_to_l1_tcp_kibps "$(kibps "$up")" KiB/s
+  bench net_l1_to_guest_http_kibps "$(kibps "$down")" KiB/s
+  stop_vm $d
+  pass "eth0 $NET_GUEST/24 mtu 1500 by the agent; pings at full MTU both ways; 4 MiB down (HTTP) $(kibps "$down") KiB/s, 4 MiB up (TCP) $(kibps "$up") KiB/s, checksums equal (nested TCG: not a speed)"
+}
+
+# A guest with a network, snapshotted and restored by `sandcell-vmm --restore` (the
+# runtime's way) after the parent exited: the restored VMM reattaches the TAP by name and
+# the guest's network works as before, without reconfiguration.
+test_net_snapshot() {
+  need sandcell-vmm nested-probe; need_l2
+  net_setup
+  d=/tmp/net_snap/parent; r=/tmp/net_snap/restored; mkdir -p $d $r
+  net_vm $d
+  gx $d "wget -q -O /tmp/blob http://$NET_HOST:8080/blob" || fail "the parent's download failed"
+  ms=$(ctl $d "{\"op\":\"snapshot\",\"state_path\":\"$d/vm.state\",\"mem_path\":\"$d/vm.mem\",\"mode\":\"full\"}")
+  stop_vm $d
+  # The disk continues on the parent's writable top (the parent is gone): the guest's page
+  # cache matches it.
+  sandcell-vmm --restore $d/vm.state --mem $d/vm.mem --vsock-uds $r/vsock \
+    --serial-log $r/serial.log --control-socket $r/control > $r/vmm.out 2>&1 &
+  echo $! > $r/pid
+  $P wait-agent --uds $r/vsock --timeout 120 > $r/ready \
+    || { cat $r/vmm.out; show_serial $r; fail "the restored agent never answered"; }
+  out=$(gx $r "ping -c 1 -W 20 $NET_HOST") || { echo "$out"; cat $r/vmm.out; fail "restored guest -> L1 ping failed"; }
+  up=$(net_upload $r 5002)
+  down=$(net_download $r)
+  stop_vm $r
+  pass "snapshot ${ms} ms with a net device; restored VMM reattached $NET_TAP: ping, 4 MiB up and down, checksums equal"
+}
