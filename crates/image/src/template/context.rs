@@ -647,4 +647,75 @@ mod tests {
         plan.hash_into(&mut h2).unwrap();
         assert_ne!(h1.finish(), h2.finish());
     }
+
+    #[test]
+    fn add_unpacks_a_local_archive_under_the_destination() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ctx = tmp.path();
+        let mut inner = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(5);
+        h.set_mode(0o640);
+        h.set_uid(7);
+        inner
+            .append_data(&mut h, "pkg/file", &b"hello"[..])
+            .unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mode(0o777);
+        h.set_mtime(0);
+        inner.append_link(&mut h, "pkg/link", "file").unwrap();
+        let raw = inner.into_inner().unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &raw).unwrap();
+        std::fs::write(ctx.join("a.tar.gz"), gz.finish().unwrap()).unwrap();
+        let root = RootDir::open(ctx).unwrap();
+        let sources = vec!["a.tar.gz".to_string()];
+        let request = |add| CopyRequest {
+            root: &root,
+            ignore: None,
+            sources: &sources,
+            dest: "/opt/",
+            add,
+            owner: (0, 0),
+            chmod: None,
+        };
+        let mut out = Vec::new();
+        CopyPlan::new(request(true))
+            .unwrap()
+            .write_tar(&mut out)
+            .unwrap();
+        let mut archive = tar::Archive::new(&out[..]);
+        let mut seen = Vec::new();
+        for e in archive.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            let mut body = String::new();
+            std::io::Read::read_to_string(&mut e, &mut body).unwrap();
+            seen.push((path, e.header().uid().unwrap(), body));
+        }
+        assert_eq!(
+            seen,
+            [
+                ("opt/pkg/file".to_string(), 7, "hello".to_string()),
+                ("opt/pkg/link".to_string(), 0, String::new())
+            ]
+        );
+        // COPY copies the archive as it is.
+        let mut out = Vec::new();
+        CopyPlan::new(request(false))
+            .unwrap()
+            .write_tar(&mut out)
+            .unwrap();
+        let mut archive = tar::Archive::new(&out[..]);
+        let names: Vec<String> = archive
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert_eq!(names, ["opt/a.tar.gz"]);
+    }
 }
