@@ -498,8 +498,9 @@ fn real_tap_carries_frames_both_ways() {
     // This test's own namespace (nextest runs each test in its own process; under plain
     // `cargo test` unshare affects only this thread).
     // SAFETY: unshare has no memory preconditions.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
     assert_eq!(
-        unsafe { libc::unshare(libc::CLONE_NEWNET) },
+        rc,
         0,
         "unshare(CLONE_NEWNET): {}",
         io::Error::last_os_error()
