@@ -454,6 +454,30 @@ mod tests {
     }
 
     #[test]
+    fn net_devices_are_checked() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let net = |tap: &str, mac: &str| VmConfig {
+            net: Some(sandcell_proto::vmm::NetConfig {
+                tap: tap.into(),
+                guest_mac: mac.into(),
+            }),
+            ..base(d.path())
+        };
+        assert!(validate(&net("tap0", "02:5c:00:00:00:01")).is_ok());
+        for (tap, mac) in [
+            ("tap0", "02:5c:00:00:01"),
+            ("tap0", "not a mac"),
+            ("", "02:5c:00:00:00:01"),
+            ("a-name-longer-than-15", "02:5c:00:00:00:01"),
+        ] {
+            assert!(
+                matches!(validate(&net(tap, mac)), Err(ConfigError::Net(_))),
+                "{tap:?} {mac:?} accepted"
+            );
+        }
+    }
+
+    #[test]
     fn vsock_and_socket_paths_are_checked() {
         let d = tempfile::tempdir().expect("tempdir");
         let c = VmConfig {
