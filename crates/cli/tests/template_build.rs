@@ -110,7 +110,8 @@ COPY --from=builder /out/greeting greeting
 RUN echo created > /app/new.txt \
  && echo changed >> /etc/profile \
  && rm /etc/hostname \
- && rm -rf /app/src/gone && mkdir /app/src/gone && echo fresh > /app/src/gone/only
+ && rm -rf /app/src/gone && mkdir /app/src/gone && echo fresh > /app/src/gone/only \
+ && echo kept > /tmp/kept
 USER 65534
 RUN echo "running as $(id -un) in $(pwd) with MODE=$MODE"
 CMD ["/bin/sh", "-c", "cat /app/greeting"]
@@ -179,6 +180,11 @@ fn multi_stage_build_runs_and_rebuilds_from_cache() {
                     /app/src/sub:\nb.txt\nnobody:nogroup\nchanged\nend\n";
     assert_eq!(out, expected);
 
+    // /tmp is no tmpfs in a build step: its writes are part of the layer.
+    assert_eq!(
+        std::fs::read_to_string(s.path("data/images/tpl/rootfs/tmp/kept")).unwrap(),
+        "kept\n"
+    );
     let (inspect, _) = s.ok(&["template", "inspect", "tpl"]);
     let inspect: serde_json::Value = serde_json::from_str(&inspect).unwrap();
     let config = &inspect["config"];

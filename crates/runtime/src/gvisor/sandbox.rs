@@ -249,7 +249,7 @@ impl GvisorSandbox {
         }
         SandboxCgroup::create(self.shared.cgroups, &self.id, spec.memory_mib, spec.vcpus)?;
         let netns = lock(&self.netns).clone();
-        let config = bundle::config(&bundle::BundleSpec {
+        let mut config = bundle::config(&bundle::BundleSpec {
             rootfs: &p.rootfs,
             host_dir: &p.host,
             env: &spec.env,
@@ -259,6 +259,19 @@ impl GvisorSandbox {
             hostname: &self.id,
             netns: netns.as_deref(),
         });
+        if self.host_writes {
+            // runsc puts a tmpfs on an empty /tmp the spec does not mount: /tmp bound to
+            // itself keeps a build step's writes there in the host layer too.
+            let tmp = p.rootfs.join("tmp");
+            std::fs::create_dir_all(&tmp)
+                .map_err(|e| Error::io(RT, format!("creating {}", tmp.display()), e))?;
+            if let Some(mounts) = config["mounts"].as_array_mut() {
+                mounts.push(serde_json::json!({
+                    "destination": "/tmp", "type": "bind", "source": tmp,
+                    "options": ["rbind", "rw"],
+                }));
+            }
+        }
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| Error::io(RT, "encoding config.json", e.into()))?;
         let file = p.bundle.join("config.json");
