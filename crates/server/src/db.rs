@@ -35,6 +35,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "traffic token",
         include_str!("../migrations/0005_traffic_token.sql"),
     ),
+    (
+        6,
+        "template builds",
+        include_str!("../migrations/0006_template_builds.sql"),
+    ),
 ];
 
 pub use crate::state::State;

@@ -28,6 +28,8 @@ pub mod snapshot_api;
 pub mod snapshot_store;
 pub mod snapshots;
 pub mod state;
+pub mod template_api;
+pub mod template_builds;
 pub mod template_defaults;
 pub mod template_runner;
 pub mod util;
@@ -192,6 +194,14 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(api::connect_v2))
         .routes(routes!(api::connect_v1))
         .routes(routes!(api::list_templates))
+        .routes(routes!(template_api::request_build))
+        .routes(routes!(
+            template_api::file_upload_link,
+            template_api::upload_files
+        ))
+        .routes(routes!(template_api::start_build))
+        .routes(routes!(template_api::build_status))
+        .routes(routes!(template_api::alias))
         .routes(routes!(snapshot_api::pause_sandbox))
         .routes(routes!(snapshot_api::resume_sandbox))
         .routes(routes!(snapshot_api::fork_sandbox))
@@ -263,6 +273,12 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         eprintln!(
             "sandcell serve: created the admin API key in {}",
             file.display()
+        );
+    }
+    let interrupted = template_builds::mark_interrupted(&db).await?;
+    if interrupted > 0 {
+        eprintln!(
+            "sandcell serve: {interrupted} template build(s) of the previous daemon were interrupted"
         );
     }
     if let Some(settings) = net_settings(&dirs, &args)? {

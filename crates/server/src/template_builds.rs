@@ -1,0 +1,896 @@
+//! E2B template builds (the routes are in template_api.rs): an E2B build request (base,
+//! steps, start and ready commands) as Dockerfile text for crates/image's template builder,
+//! the build run on a blocking thread with the gVisor [`GvisorRunner`], and its state and
+//! logs: in memory while the daemon runs, in SQLite (migration 6) once it ends, so that
+//! `GET .../status` still answers after a restart (a build the restart cut short is
+//! `error`, reason `interrupted`).
+//!
+//! Step mapping (E2B's `TemplateStep.type` and `args`):
+//! - `RUN [cmd, user?]`: `RUN ["/bin/sh","-c",cmd]` (exec form: no Dockerfile expansion, the
+//!   shell sees the command as sent); with a user, between `USER user` and a `USER` back to
+//!   the one before (the base's, or root when unknown).
+//! - `COPY [src, dest, user?, mode?]` + `filesHash`: `COPY [--chown=user] [--chmod=mode]
+//!   ["<hash>/<src>","<dest>"]`, the context being the caller's uploaded archives, each
+//!   extracted under its hash (template_api.rs).
+//! - `ENV [k1, v1, k2, v2, ...]`: `ENV k1="v1" k2="v2"` (`$VAR` in values expands as in a
+//!   Dockerfile), `WORKDIR [dir]`, `USER [user]`: as written.
+//!
+//! `startCmd`/`readyCmd` are kept in `images/<name>/e2b.json`; sandboxes created from the
+//! template do not run them yet.
+
+use crate::App;
+use crate::db::Db;
+use crate::error::Error;
+use crate::template_runner::GvisorRunner;
+use crate::util::now_ms;
+use sandcell_image::registry::PullOptions;
+use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
+use sandcell_image::{Limits, valid_name};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
+
+/// Log entries kept per build (later output is dropped, with a note).
+const MAX_LOG_ENTRIES: usize = 20_000;
+/// A longer output line is cut.
+const MAX_LINE_BYTES: usize = 4096;
+/// How many of the last log entries an error's `reason` carries.
+const REASON_LOG_ENTRIES: usize = 20;
+/// E2B's name of the FROM step in `reason.step`.
+pub const BASE_STEP: &str = "base";
+/// E2B's name of what comes after the steps.
+pub const FINALIZE_STEP: &str = "finalize";
+/// Where `startCmd`/`readyCmd` are kept in the built image's directory.
+pub const E2B_FILE: &str = "e2b.json";
+/// The RUN sandboxes' size when `POST /v3/templates` gave none, and the largest.
+const DEFAULT_BUILD_MEMORY_MIB: u32 = 1024;
+const MAX_BUILD_MEMORY_MIB: u32 = 8192;
+const DEFAULT_BUILD_VCPUS: u8 = 2;
+const MAX_BUILD_VCPUS: u32 = 8;
+
+/// `POST /v2/templates/{templateID}/builds/{buildID}` (E2B's `TemplateBuildStartV2`).
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStart {
+    /// A registry reference (pulled by the daemon).
+    #[serde(default)]
+    pub from_image: Option<String>,
+    /// A Sandcell template or image name.
+    #[serde(default)]
+    pub from_template: Option<String>,
+    /// Registry credentials: not supported (400).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub from_image_registry: Option<serde_json::Value>,
+    /// Rebuild every step (no layer cache).
+    #[serde(default)]
+    pub force: Option<bool>,
+    #[serde(default)]
+    pub steps: Vec<BuildStep>,
+    /// Kept in the template's `e2b.json`; not run by sandboxes yet.
+    #[serde(default)]
+    pub start_cmd: Option<String>,
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
+}
+
+/// One step (E2B's `TemplateStep`).
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStep {
+    /// RUN, COPY, ENV, WORKDIR or USER.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// COPY: the uploaded archive (`GET /templates/{templateID}/files/{hash}`).
+    #[serde(default)]
+    pub files_hash: Option<String>,
+    #[serde(default)]
+    pub force: Option<bool>,
+    #[serde(default)]
+    pub force_upload: Option<bool>,
+}
+
+/// A build request as a Dockerfile: its lines, and the E2B step name of each (for logs and
+/// `reason.step`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub dockerfile: String,
+    pub steps: Vec<String>,
+    /// Any step (or the whole) asked for no cache.
+    pub no_cache: bool,
+}
+
+/// What a request's base is, for the USER a `RUN` with a user goes back to.
+pub struct BaseInfo {
+    pub user: Option<String>,
+}
+
+fn bad(message: impl Into<String>) -> String {
+    message.into()
+}
+
+/// Whether a hash from the SDK can name a directory: lowercase hex, 16 to 128 digits.
+pub fn valid_files_hash(hash: &str) -> bool {
+    (16..=128).contains(&hash.len()) && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn one_line(what: &str, value: &str) -> Result<(), String> {
+    if value.contains(['\n', '\r', '\0']) {
+        return Err(bad(format!(
+            "{what} {value:?}: no line breaks or NULs allowed"
+        )));
+    }
+    // A trailing escape character would join the next Dockerfile line.
+    if value.ends_with('\\') {
+        return Err(bad(format!(
+            "{what} {value:?}: may not end with a backslash"
+        )));
+    }
+    Ok(())
+}
+
+fn single_word(what: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() || value.contains(|c: char| c.is_whitespace() || c == '\0' || c == '\\') {
+        return Err(bad(format!("{what} {value:?}: one word expected")));
+    }
+    Ok(())
+}
+
+fn json(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+/// `ENV`'s double-quoted value: `\` and `"` escaped, `$` left to expand.
+fn env_quoted(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        if matches!(c, '\\' | '"') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// A COPY source from the SDK: relative, inside the context.
+fn copy_source(src: &str) -> Result<String, String> {
+    one_line("COPY source", src)?;
+    let trimmed = src.trim_start_matches("./");
+    if trimmed.is_empty() || trimmed.starts_with('/') || trimmed.split('/').any(|c| c == "..") {
+        return Err(bad(format!(
+            "COPY source {src:?}: a relative path inside the context expected"
+        )));
+    }
+    Ok(trimmed.to_string())
+}
+
+/// The Dockerfile of an E2B build request. `base_info` gives what is known about the base
+/// (its user); `Err`: what is wrong with the request (a 400).
+pub fn plan(req: &BuildStart, base_info: &BaseInfo) -> Result<Plan, String> {
+    if req.from_image_registry.is_some() {
+        return Err(bad(
+            "fromImageRegistry (registry credentials) is not supported by this server: \
+             use a public image or a Sandcell template",
+        ));
+    }
+    let from = match (&req.from_template, &req.from_image) {
+        (Some(t), _) => {
+            if !valid_name(t) {
+                return Err(bad(format!("fromTemplate {t:?}: not a template name")));
+            }
+            t.clone()
+        }
+        (None, Some(i)) => {
+            single_word("fromImage", i)?;
+            i.clone()
+        }
+        (None, None) => return Err(bad("fromImage or fromTemplate is required")),
+    };
+    let mut lines = vec![format!("FROM {from}")];
+    let mut steps = vec![BASE_STEP.to_string()];
+    let mut no_cache = req.force == Some(true);
+    let mut user = base_info.user.clone();
+    for (index, step) in req.steps.iter().enumerate() {
+        // E2B numbers the steps from 1 (the base is step 0).
+        let name = (index + 1).to_string();
+        let at = |problem: String| format!("step {} ({}): {problem}", index + 1, step.kind);
+        no_cache |= step.force == Some(true);
+        let mut push = |line: String| {
+            lines.push(line);
+            steps.push(name.clone());
+        };
+        match step.kind.as_str() {
+            "RUN" => {
+                let (cmd, run_as) = match step.args.as_slice() {
+                    [cmd] => (cmd, None),
+                    [cmd, u] if u.is_empty() => (cmd, None),
+                    [cmd, u] => (cmd, Some(u)),
+                    _ => return Err(at("args: [command] or [command, user] expected".into())),
+                };
+                if cmd.contains('\0') {
+                    return Err(at("the command has a NUL".into()));
+                }
+                let argv = serde_json::to_string(&["/bin/sh", "-c", cmd.as_str()])
+                    .map_err(|e| at(e.to_string()))?;
+                match run_as {
+                    Some(u) => {
+                        single_word("user", u).map_err(at)?;
+                        push(format!("USER {u}"));
+                        push(format!("RUN {argv}"));
+                        push(format!("USER {}", user.as_deref().unwrap_or("root")));
+                    }
+                    None => push(format!("RUN {argv}")),
+                }
+            }
+            "COPY" => {
+                let (src, dest) = match step.args.as_slice() {
+                    [src, dest, ..] if step.args.len() <= 4 => (src, dest),
+                    _ => return Err(at("args: [src, dest, user?, mode?] expected".into())),
+                };
+                let hash = step
+                    .files_hash
+                    .as_deref()
+                    .ok_or_else(|| at("filesHash is required".into()))?;
+                if !valid_files_hash(hash) {
+                    return Err(at(format!("filesHash {hash:?}: lowercase hex expected")));
+                }
+                let src = copy_source(src).map_err(at)?;
+                one_line("COPY destination", dest).map_err(at)?;
+                if dest.is_empty() {
+                    return Err(at("an empty destination".into()));
+                }
+                let mut flags = String::new();
+                if let Some(owner) = step.args.get(2).filter(|u| !u.is_empty()) {
+                    single_word("user", owner).map_err(at)?;
+                    flags.push_str(&format!("--chown={owner} "));
+                }
+                if let Some(mode) = step.args.get(3).filter(|m| !m.is_empty()) {
+                    if mode.len() > 6 || !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+                        return Err(at(format!("mode {mode:?}: octal expected")));
+                    }
+                    flags.push_str(&format!("--chmod={mode} "));
+                }
+                push(format!(
+                    "COPY {flags}[{},{}]",
+                    json(&format!("{hash}/{src}")),
+                    json(dest)
+                ));
+            }
+            "ENV" => {
+                if step.args.is_empty() || step.args.len() % 2 != 0 {
+                    return Err(at("args: [key, value, ...] pairs expected".into()));
+                }
+                let mut line = String::from("ENV");
+                for pair in step.args.chunks(2) {
+                    let (k, v) = (&pair[0], &pair[1]);
+                    let good_key = k.bytes().enumerate().all(|(i, b)| {
+                        b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
+                    });
+                    if k.is_empty() || !good_key {
+                        return Err(at(format!("{k:?}: not an environment variable name")));
+                    }
+                    if v.contains(['\n', '\r', '\0']) {
+                        return Err(at(format!("{k}: no line breaks or NULs in values")));
+                    }
+                    line.push_str(&format!(" {k}={}", env_quoted(v)));
+                }
+                push(line);
+            }
+            "WORKDIR" => {
+                let [dir] = step.args.as_slice() else {
+                    return Err(at("args: [directory] expected".into()));
+                };
+                one_line("WORKDIR", dir).map_err(at)?;
+                if dir.trim().is_empty() {
+                    return Err(at("an empty directory".into()));
+                }
+                push(format!("WORKDIR {dir}"));
+            }
+            "USER" => {
+                let [u] = step.args.as_slice() else {
+                    return Err(at("args: [user] expected".into()));
+                };
+                single_word("user", u).map_err(at)?;
+                user = Some(u.clone());
+                push(format!("USER {u}"));
+            }
+            other => {
+                return Err(bad(format!(
+                    "step {}: type {other:?} is not supported (RUN, COPY, ENV, WORKDIR, USER)",
+                    index + 1
+                )));
+            }
+        }
+    }
+    let mut dockerfile = lines.join("\n");
+    dockerfile.push('\n');
+    Ok(Plan {
+        dockerfile,
+        steps,
+        no_cache,
+    })
+}
+
+/// `waiting` (made, not started), `building`, `ready`, `error` (E2B's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Waiting => "waiting",
+            Status::Building => "building",
+            Status::Ready => "ready",
+            Status::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Status {
+        match s {
+            "waiting" => Status::Waiting,
+            "building" => Status::Building,
+            "ready" => Status::Ready,
+            _ => Status::Error,
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Ready | Status::Error)
+    }
+}
+
+/// `debug < info < warn < error`.
+pub fn level_rank(level: &str) -> u8 {
+    match level {
+        "debug" => 0,
+        "info" => 1,
+        "warn" => 2,
+        _ => 3,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    pub timestamp_ms: i64,
+    pub level: &'static str,
+    pub message: String,
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Reason {
+    pub message: String,
+    pub step: Option<String>,
+}
+
+/// A build's state as the status route shows it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub template_id: String,
+    pub key_id: String,
+    pub status: Status,
+    pub logs: Vec<LogEntry>,
+    pub reason: Option<Reason>,
+}
+
+#[derive(Debug)]
+struct Progress {
+    status: Status,
+    logs: Vec<LogEntry>,
+    reason: Option<Reason>,
+    /// The E2B step running now.
+    step: Option<String>,
+    /// Output not ended by a newline yet.
+    partial: Vec<u8>,
+}
+
+/// A build of this daemon's lifetime.
+#[derive(Debug)]
+pub struct Build {
+    pub build_id: String,
+    pub template_id: String,
+    pub key_id: String,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u32>,
+    progress: Mutex<Progress>,
+}
+
+impl Build {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
+        // A panic while holding it leaves plain data: still usable.
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn status(&self) -> Status {
+        self.lock().status
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let p = self.lock();
+        Snapshot {
+            template_id: self.template_id.clone(),
+            key_id: self.key_id.clone(),
+            status: p.status,
+            logs: p.logs.clone(),
+            reason: p.reason.clone(),
+        }
+    }
+
+    fn push(p: &mut Progress, level: &'static str, message: String) {
+        if p.logs.len() >= MAX_LOG_ENTRIES {
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LINE_BYTES {
+            let mut cut = MAX_LINE_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        if p.logs.len() + 1 == MAX_LOG_ENTRIES {
+            message = format!(
+                "(log limit of {MAX_LOG_ENTRIES} entries reached; later output is dropped)"
+            );
+        }
+        let step = p.step.clone();
+        p.logs.push(LogEntry {
+            timestamp_ms: now_ms(),
+            level,
+            message,
+            step,
+        });
+    }
+
+    pub fn log(&self, level: &'static str, message: impl Into<String>) {
+        let mut p = self.lock();
+        Build::flush_partial(&mut p);
+        Build::push(&mut p, level, message.into());
+    }
+
+    fn flush_partial(p: &mut Progress) {
+        if !p.partial.is_empty() {
+            let line = String::from_utf8_lossy(&std::mem::take(&mut p.partial)).into_owned();
+            Build::push(p, "info", line);
+        }
+    }
+
+    fn output(&self, bytes: &[u8]) {
+        let mut p = self.lock();
+        p.partial.extend_from_slice(bytes);
+        while let Some(nl) = p.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = p.partial.drain(..=nl).collect();
+            let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+            Build::push(&mut p, "info", text.trim_end_matches('\r').to_string());
+        }
+        if p.partial.len() > MAX_LINE_BYTES {
+            Build::flush_partial(&mut p);
+        }
+    }
+
+    fn set_step(&self, step: Option<String>) {
+        let mut p = self.lock();
+        Build::flush_partial(&mut p);
+        p.step = step;
+    }
+
+    fn set_status(&self, status: Status, reason: Option<Reason>) {
+        let mut p = self.lock();
+        Build::flush_partial(&mut p);
+        p.status = status;
+        if reason.is_some() {
+            p.reason = reason;
+        }
+    }
+}
+
+/// The builds of this daemon's lifetime, by build id.
+static BUILDS: LazyLock<Mutex<HashMap<String, Arc<Build>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// One build at a time: they share the layer cache and the CPUs (the others wait).
+static TURN: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
+
+fn builds() -> std::sync::MutexGuard<'static, HashMap<String, Arc<Build>>> {
+    BUILDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn find(build_id: &str) -> Option<Arc<Build>> {
+    builds().get(build_id).cloned()
+}
+
+/// A build of `template_id` not ended yet, if any.
+pub fn active_for(template_id: &str) -> Option<Arc<Build>> {
+    builds()
+        .values()
+        .find(|b| b.template_id == template_id && !b.status().is_final())
+        .cloned()
+}
+
+/// A new build (status `waiting`), recorded.
+pub async fn create(
+    db: &Db,
+    build_id: String,
+    template_id: String,
+    key_id: String,
+    cpu_count: Option<u32>,
+    memory_mb: Option<u32>,
+) -> Result<Arc<Build>, Error> {
+    sqlx::query(
+        "INSERT INTO template_builds (build_id, template_id, key_id, status, cpu_count, \
+         memory_mb, created_at) VALUES ($1, $2, $3, 'waiting', $4, $5, $6)",
+    )
+    .bind(&build_id)
+    .bind(&template_id)
+    .bind(&key_id)
+    .bind(cpu_count.map(i64::from))
+    .bind(memory_mb.map(i64::from))
+    .bind(now_ms())
+    .execute(db.pool())
+    .await
+    .map_err(Error::db("recording a template build"))?;
+    let build = Arc::new(Build {
+        build_id: build_id.clone(),
+        template_id,
+        key_id,
+        cpu_count,
+        memory_mb,
+        progress: Mutex::new(Progress {
+            status: Status::Waiting,
+            logs: Vec::new(),
+            reason: None,
+            step: None,
+            partial: Vec::new(),
+        }),
+    });
+    builds().insert(build_id, build.clone());
+    Ok(build)
+}
+
+/// At start: builds a previous daemon left unfinished are `error: interrupted`.
+pub async fn mark_interrupted(db: &Db) -> Result<u64, Error> {
+    let done = sqlx::query(
+        "UPDATE template_builds SET status = 'error', reason = 'interrupted', \
+         finished_at = $1 WHERE status IN ('waiting', 'building')",
+    )
+    .bind(now_ms())
+    .execute(db.pool())
+    .await
+    .map_err(Error::db("marking interrupted template builds"))?;
+    Ok(done.rows_affected())
+}
+
+/// A build of an earlier daemon, from the database.
+pub async fn load(db: &Db, build_id: &str) -> Result<Option<Snapshot>, Error> {
+    let Some(row) = sqlx::query(
+        "SELECT template_id, key_id, status, reason, reason_step FROM template_builds \
+         WHERE build_id = $1",
+    )
+    .bind(build_id)
+    .fetch_optional(db.pool())
+    .await
+    .map_err(Error::db("reading a template build"))?
+    else {
+        return Ok(None);
+    };
+    let logs = sqlx::query(
+        "SELECT timestamp_ms, level, message, step FROM template_build_logs \
+         WHERE build_id = $1 ORDER BY seq",
+    )
+    .bind(build_id)
+    .fetch_all(db.pool())
+    .await
+    .map_err(Error::db("reading a template build's logs"))?;
+    let level = |s: String| -> &'static str {
+        match s.as_str() {
+            "debug" => "debug",
+            "info" => "info",
+            "warn" => "warn",
+            _ => "error",
+        }
+    };
+    let reason: Option<String> = row.get("reason");
+    Ok(Some(Snapshot {
+        template_id: row.get("template_id"),
+        key_id: row.get("key_id"),
+        status: Status::parse(&row.get::<String, _>("status")),
+        logs: logs
+            .into_iter()
+            .map(|r| LogEntry {
+                timestamp_ms: r.get("timestamp_ms"),
+                level: level(r.get("level")),
+                message: r.get("message"),
+                step: r.get("step"),
+            })
+            .collect(),
+        reason: reason.map(|message| Reason {
+            message,
+            step: row.get("reason_step"),
+        }),
+    }))
+}
+
+async fn record_status(db: &Db, build: &Build) -> Result<(), Error> {
+    let snap = build.snapshot();
+    let mut tx = db
+        .pool()
+        .begin()
+        .await
+        .map_err(Error::db("starting a transaction"))?;
+    sqlx::query(
+        "UPDATE template_builds SET status = $2, reason = $3, reason_step = $4, \
+         finished_at = $5 WHERE build_id = $1",
+    )
+    .bind(&build.build_id)
+    .bind(snap.status.as_str())
+    .bind(snap.reason.as_ref().map(|r| r.message.clone()))
+    .bind(snap.reason.as_ref().and_then(|r| r.step.clone()))
+    .bind(snap.status.is_final().then(now_ms))
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("updating a template build"))?;
+    if snap.status.is_final() {
+        for (seq, e) in snap.logs.iter().enumerate() {
+            sqlx::query(
+                "INSERT OR REPLACE INTO template_build_logs \
+                 (build_id, seq, timestamp_ms, level, message, step) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(&build.build_id)
+            .bind(seq as i64)
+            .bind(e.timestamp_ms)
+            .bind(e.level)
+            .bind(&e.message)
+            .bind(&e.step)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("writing a template build's logs"))?;
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(Error::db("committing a template build"))
+}
+
+/// The user a base template's sandboxes run as (its `config.json`), if known.
+pub fn base_info(images: &Path, req: &BuildStart) -> BaseInfo {
+    let user = req
+        .from_template
+        .as_deref()
+        .filter(|t| valid_name(t))
+        .and_then(|t| sandcell_image::store::read_config(&images.join(t)))
+        .and_then(|c| c.user);
+    BaseInfo { user }
+}
+
+/// Where the caller's uploaded COPY archives are extracted (`<hash>/`): the build context.
+pub fn files_dir(data: &Path, key_id: &str) -> PathBuf {
+    data.join("cache/e2b-files").join(key_id)
+}
+
+/// Build events as log entries, each with the E2B step it belongs to.
+struct ApiLog {
+    build: Arc<Build>,
+    steps: Vec<String>,
+}
+
+impl BuildLog for ApiLog {
+    fn event(&self, event: BuildEvent) {
+        match event {
+            BuildEvent::Step {
+                number,
+                total,
+                text,
+            } => {
+                let step = number
+                    .checked_sub(1)
+                    .and_then(|i| self.steps.get(i))
+                    .cloned();
+                self.build.set_step(step);
+                self.build.log("info", format!("[{number}/{total}] {text}"));
+            }
+            BuildEvent::Cached => self.build.log("info", "CACHED"),
+            BuildEvent::Output(bytes) => self.build.output(&bytes),
+            BuildEvent::Note(note) => self.build.log("info", note),
+            BuildEvent::Exporting { layers } => {
+                self.build.set_step(Some(FINALIZE_STEP.into()));
+                self.build
+                    .log("info", format!("exporting {layers} layers to the template"));
+            }
+        }
+    }
+}
+
+/// `images/<name>/e2b.json`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct E2bRecord {
+    pub build_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+}
+
+/// Runs the build in the background; its status and logs tell how it went.
+pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) {
+    build.set_status(Status::Building, None);
+    tokio::spawn(async move {
+        let _ = record_status(&app.db, &build).await;
+        let result = run(&app, &build, plan, &req).await;
+        match result {
+            Ok(()) => {
+                build.set_step(None);
+                build.log("info", format!("template {} is ready", build.template_id));
+                build.set_status(Status::Ready, None);
+            }
+            Err((message, step)) => {
+                build.log("error", format!("build failed: {message}"));
+                build.set_status(Status::Error, Some(Reason { message, step }));
+            }
+        }
+        if let Err(e) = record_status(&app.db, &build).await {
+            eprintln!("sandcell serve: template build {}: {e}", build.build_id);
+        }
+    });
+}
+
+async fn run(
+    app: &App,
+    build: &Arc<Build>,
+    plan: Plan,
+    req: &BuildStart,
+) -> Result<(), (String, Option<String>)> {
+    let _turn = TURN.lock().await;
+    let dirs = app.lifecycle.dirs().clone();
+    let runtime = sandcell_runtime::gvisor::GvisorRuntime::new(dirs.clone())
+        .await
+        .map_err(|e| (format!("RUN steps need the gvisor runtime: {e}"), None))?;
+    let runner = GvisorRunner {
+        runtime: Arc::new(runtime),
+        handle: tokio::runtime::Handle::current(),
+        memory_mib: build.memory_mb.map_or(DEFAULT_BUILD_MEMORY_MIB, |m| {
+            m.clamp(128, MAX_BUILD_MEMORY_MIB)
+        }),
+        vcpus: build.cpu_count.map_or(DEFAULT_BUILD_VCPUS, |c| {
+            u8::try_from(c.clamp(1, MAX_BUILD_VCPUS)).unwrap_or(DEFAULT_BUILD_VCPUS)
+        }),
+        data_dir: dirs.data.clone(),
+        pull: PullOptions::default(),
+    };
+    let context = files_dir(&dirs.data, &build.key_id);
+    std::fs::create_dir_all(&context)
+        .map_err(|e| (format!("creating {}: {e}", context.display()), None))?;
+    let existing = dirs.images().join(&build.template_id);
+    let request = TemplateBuild {
+        data_dir: dirs.data.clone(),
+        name: build.template_id.clone(),
+        dockerfile: plan.dockerfile.clone(),
+        dockerfile_path: PathBuf::from(format!("e2b-build:{}", build.build_id)),
+        context,
+        build_args: Default::default(),
+        agent: None,
+        // A template of that name built before is replaced (POST /v3/templates refused
+        // other kinds of images).
+        force: template::read_record(&existing).is_some(),
+        no_cache: plan.no_cache,
+        limits: Limits::default(),
+    };
+    let log = ApiLog {
+        build: build.clone(),
+        steps: plan.steps.clone(),
+    };
+    let outcome = tokio::task::spawn_blocking(move || template::build(&request, &runner, &log))
+        .await
+        .map_err(|e| (format!("the build thread failed: {e}"), None))?;
+    let step = || build.lock().step.clone();
+    outcome.map_err(|e| (e.to_string(), step()))?;
+    let record = E2bRecord {
+        build_id: build.build_id.clone(),
+        start_cmd: req.start_cmd.clone(),
+        ready_cmd: req.ready_cmd.clone(),
+    };
+    let path = existing.join(E2B_FILE);
+    let bytes = serde_json::to_vec_pretty(&record).map_err(|e| (e.to_string(), step()))?;
+    std::fs::write(&path, bytes)
+        .map_err(|e| (format!("writing {}: {e}", path.display()), step()))?;
+    Ok(())
+}
+
+/// The last entries of a log, for an error's `reason`.
+pub fn reason_entries(logs: &[LogEntry]) -> &[LogEntry] {
+    &logs[logs.len().saturating_sub(REASON_LOG_ENTRIES)..]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn step(kind: &str, args: &[&str]) -> BuildStep {
+        BuildStep {
+            kind: kind.into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            ..BuildStep::default()
+        }
+    }
+
+    #[test]
+    fn every_step_type_maps_to_dockerfile_lines() {
+        let hash = "0123456789abcdef0123";
+        let mut copy = step("COPY", &["./dir/a.txt", "/app/", "user", "0755"]);
+        copy.files_hash = Some(hash.into());
+        let req = BuildStart {
+            from_template: Some("base".into()),
+            steps: vec![
+                step("RUN", &["echo \"$HOME\"\nls"]),
+                step("RUN", &["id", "nobody"]),
+                copy,
+                step("ENV", &["A", "x y", "B", "a\"b\\c$A"]),
+                step("WORKDIR", &["/app dir"]),
+                step("USER", &["user"]),
+            ],
+            ..BuildStart::default()
+        };
+        let plan = plan(&req, &BaseInfo { user: None }).unwrap();
+        let expected = [
+            "FROM base",
+            r#"RUN ["/bin/sh","-c","echo \"$HOME\"\nls"]"#,
+            "USER nobody",
+            r#"RUN ["/bin/sh","-c","id"]"#,
+            "USER root",
+            r#"COPY --chown=user --chmod=0755 ["0123456789abcdef0123/dir/a.txt","/app/"]"#,
+            r#"ENV A="x y" B="a\"b\\c$A""#,
+            "WORKDIR /app dir",
+            "USER user",
+        ];
+        assert_eq!(plan.dockerfile, format!("{}\n", expected.join("\n")));
+        assert_eq!(plan.steps, ["base", "1", "2", "2", "2", "3", "4", "5", "6"]);
+        assert!(!plan.no_cache);
+        // And the image crate's parser takes it.
+        sandcell_image::dockerfile::parse(&plan.dockerfile).unwrap();
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let base = |steps: Vec<BuildStep>| BuildStart {
+            from_template: Some("base".into()),
+            steps,
+            ..BuildStart::default()
+        };
+        let info = BaseInfo { user: None };
+        assert!(plan(&BuildStart::default(), &info).is_err(), "no base");
+        let mut copy = step("COPY", &["../etc/passwd", "/x"]);
+        copy.files_hash = Some("0123456789abcdef".into());
+        for bad in [
+            vec![step("MAGIC", &["x"])],
+            vec![step("RUN", &[])],
+            vec![step("COPY", &["a", "/b"])],
+            vec![copy],
+            vec![step("ENV", &["A"])],
+            vec![step("ENV", &["1A", "x"])],
+            vec![step("WORKDIR", &["/a\nRUN evil"])],
+            vec![step("USER", &["a b"])],
+        ] {
+            assert!(plan(&base(bad.clone()), &info).is_err(), "{bad:?}");
+        }
+        let mut forced = base(vec![step("RUN", &["true"])]);
+        forced.steps[0].force = Some(true);
+        assert!(plan(&forced, &info).unwrap().no_cache);
+        assert!(!valid_files_hash("../x"));
+        assert!(valid_files_hash(&"a".repeat(64)));
+    }
+}
