@@ -1020,16 +1020,30 @@ fn absolute(workdir: Option<&str>, path: &str) -> String {
 /// What the runtime itself made in a RUN step's upper layer (the agent socket's mount
 /// point), which is no part of the step's result.
 fn strip_runtime_files(upper: &Path) -> Result<()> {
-    let mount_point = upper.join(RUNTIME_MOUNT_POINT);
-    if std::fs::symlink_metadata(&mount_point).is_ok_and(|m| m.is_dir()) {
-        std::fs::remove_dir_all(&mount_point).map_err(Error::io("removing", &mount_point))?;
+    drop_runtime_file(upper, Path::new(RUNTIME_MOUNT_POINT))
+}
+
+/// Removes `rel` (a file or directory the runtime, not the step, put in an upper layer:
+/// `run/sandcell-host`, a network's `etc/resolv.conf`) and then its parents while they are
+/// empty copies of lower directories (not opaque): copied up only to hold it.
+pub fn drop_runtime_file(upper: &Path, rel: &Path) -> Result<()> {
+    let path = upper.join(rel);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => {
+            std::fs::remove_dir_all(&path).map_err(Error::io("removing", &path))?
+        }
+        Ok(_) => std::fs::remove_file(&path).map_err(Error::io("removing", &path))?,
+        Err(_) => return Ok(()),
     }
-    // Its parent, copied up only to hold it: an empty, non-opaque copy of a lower /run
-    // (every image has one: build.rs MOUNT_POINTS).
-    let parent = upper.join("run");
-    let empty = std::fs::read_dir(&parent).is_ok_and(|mut d| d.next().is_none());
-    if empty && !is_opaque(&parent) {
-        std::fs::remove_dir(&parent).map_err(Error::io("removing", &parent))?;
+    let mut parent = rel.parent();
+    while let Some(dir) = parent.filter(|d| !d.as_os_str().is_empty()) {
+        let host = upper.join(dir);
+        let empty = std::fs::read_dir(&host).is_ok_and(|mut d| d.next().is_none());
+        if !empty || is_opaque(&host) {
+            break;
+        }
+        std::fs::remove_dir(&host).map_err(Error::io("removing", &host))?;
+        parent = dir.parent();
     }
     Ok(())
 }
