@@ -251,6 +251,7 @@ pub fn build(
     };
     let layers_dir = req.data_dir.join("cache/layers");
     std::fs::create_dir_all(&layers_dir).map_err(Error::io("creating", &layers_dir))?;
+    sweep_abandoned(&layers_dir);
     let total = file.stages.iter().map(|s| 1 + s.steps.len()).sum();
     let mut b = Builder {
         req,
@@ -1007,6 +1008,41 @@ fn defaults_of(last: &StageState, req: &TemplateBuild) -> ImageDefaults {
     }
 }
 
+/// Work directories and mount points (`.tmp-PID-N`, `.view-`, `.from-`, `.old-`) of
+/// builds whose process died (killed mid-step): unmounted and removed. Best effort.
+fn sweep_abandoned(layers_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(layers_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = [".tmp-", ".view-", ".from-", ".old-"]
+            .iter()
+            .find_map(|p| name.strip_prefix(p))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if alive {
+            continue;
+        }
+        let path = entry.path();
+        for target in [path.join("merged"), path.clone()] {
+            if let Ok(c) = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()) {
+                // SAFETY: c is NUL-terminated; unmounting what is not a mount point fails
+                // harmlessly.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+        let _ = std::fs::remove_dir_all(&path);
+    }
+}
+
 /// `path` made absolute against the working directory (`/` when none).
 fn absolute(workdir: Option<&str>, path: &str) -> String {
     if path.starts_with('/') {
@@ -1067,7 +1103,32 @@ fn is_opaque(dir: &Path) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
+    #[test]
+    fn sweeps_what_dead_builds_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let mine = std::process::id();
+        for name in [
+            format!(".tmp-{dead}-1/tree"),
+            format!(".view-{dead}-2"),
+            format!(".tmp-{mine}-3/tree"),
+            "abc/tree".to_string(),
+        ] {
+            std::fs::create_dir_all(tmp.path().join(name)).unwrap();
+        }
+        super::sweep_abandoned(tmp.path());
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [format!(".tmp-{mine}-3"), "abc".to_string()]);
+    }
+
     #[test]
     fn absolute_paths() {
         assert_eq!(super::absolute(None, "x"), "/x");
