@@ -141,6 +141,8 @@ retry_once() {
 }
 say "python: pytest tests/e2b/test_sdk.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_sdk.py" ${PYTEST_ARGS:-} || status=1
+say "python: pytest tests/e2b/test_template.py (e2b $PY_SDK)"
+"$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_template.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_snapshots.py (e2b $PY_SDK)"
 retry_once test_snapshots.py "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider \
     "$HERE/test_snapshots.py" ${PYTEST_ARGS:-} || status=1

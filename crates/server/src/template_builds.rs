@@ -797,7 +797,13 @@ async fn run(
         .await
         .map_err(|e| (format!("the build thread failed: {e}"), None))?;
     let step = || build.lock().step.clone();
-    outcome.map_err(|e| (e.to_string(), step()))?;
+    outcome.map_err(|e| match e {
+        // Its output is in the log already.
+        sandcell_image::Error::StepFailed {
+            step: text, code, ..
+        } => (format!("{text}: exit status {code}"), step()),
+        other => (other.to_string(), step()),
+    })?;
     let record = E2bRecord {
         build_id: build.build_id.clone(),
         start_cmd: req.start_cmd.clone(),

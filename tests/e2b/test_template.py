@@ -1,0 +1,41 @@
+"""E2B `Template.build` with the registry `e2b` Python SDK, unmodified, against a real
+`sandcell serve` (run through tests/e2b/run.sh, which sets E2B_API_URL, E2B_SANDBOX_URL,
+E2B_API_KEY and SANDCELL_TEMPLATE, a template with /bin/bash).
+
+One build (they take a while): from the test template, a RUN step, a COPY of a local file
+(uploaded through the daemon's files URL), ENV and WORKDIR; then a sandbox from the result
+sees the file, the variables and the working directory.
+"""
+
+import os
+
+from e2b import Sandbox, Template
+
+TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
+
+
+def test_template_build_round_trip(tmp_path):
+    (tmp_path / "hello.txt").write_text("hello from the build context\n")
+    name = f"e2b-built-{os.getpid()}"
+    template = (
+        Template(file_context_path=str(tmp_path))
+        .from_template(TEMPLATE)
+        .run_cmd("mkdir -p /srv/app && echo built-by-run > /srv/app/run.txt")
+        .copy("hello.txt", "/srv/app/")
+        .set_envs({"GREETING": "hi there", "ORIGIN": "e2b"})
+        .set_workdir("/srv/app")
+    )
+    logs = []
+    info = Template.build(template, name, on_build_logs=logs.append, cpu_count=1, memory_mb=512)
+    assert info.template_id == name
+    messages = [entry.message for entry in logs]
+    assert any("Uploaded 'hello.txt'" in m for m in messages), messages
+    assert any("RUN" in m for m in messages), messages
+    assert Template.exists(name)
+
+    sandbox = Sandbox.create(template=name, timeout=120)
+    try:
+        r = sandbox.commands.run("cat hello.txt run.txt; echo $GREETING/$ORIGIN; pwd")
+        assert r.stdout == "hello from the build context\nbuilt-by-run\nhi there/e2b\n/srv/app\n"
+    finally:
+        sandbox.kill()
