@@ -1,0 +1,200 @@
+//! The E2B template build routes (template_api.rs) against a real daemon (gvisor runtime,
+//! the installed minimal image): malformed requests, a failing RUN step whose status says
+//! why with its output, and that status after a restart. The stock SDK's round trip is
+//! tests/e2b/test_template.py.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::GUARD;
+use hyper::{Method, StatusCode};
+use sandcell_client::Client;
+use serde_json::{Value, json};
+use std::time::Instant;
+
+async fn call(c: &Client, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let resp = c.api(method, path, body.as_ref()).await.unwrap();
+    let json = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
+    (resp.status, json)
+}
+
+/// `POST /v3/templates` for `name`: the build id.
+async fn request(c: &Client, name: &str) -> String {
+    let (status, body) = call(
+        c,
+        Method::POST,
+        "/v3/templates",
+        Some(json!({"name": name})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["templateID"], name);
+    body["buildID"].as_str().unwrap().to_string()
+}
+
+/// Polls the status until the build ends; returns the last answer and all log messages.
+async fn wait(c: &Client, name: &str, build: &str) -> (Value, Vec<String>) {
+    let started = Instant::now();
+    let mut messages = Vec::new();
+    loop {
+        let path = format!(
+            "/templates/{name}/builds/{build}/status?logsOffset={}",
+            messages.len()
+        );
+        let (status, body) = call(c, Method::GET, &path, None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let entries = body["logEntries"].as_array().unwrap();
+        messages.extend(
+            entries
+                .iter()
+                .map(|e| e["message"].as_str().unwrap().to_string()),
+        );
+        let state = body["status"].as_str().unwrap();
+        if (state == "ready" || state == "error") && entries.is_empty() {
+            return (body, messages);
+        }
+        assert!(started.elapsed() < GUARD * 5, "build {build} still {state}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn malformed_requests_are_400_and_names_are_checked() {
+    let env = common::Env::new();
+    let daemon = env.start(&[]);
+    let c = &daemon.client;
+    let (status, body) = call(
+        c,
+        Method::POST,
+        "/v3/templates",
+        Some(json!({"name": "Bad Name!"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["code"], 400);
+    let (status, _) = call(c, Method::POST, "/v3/templates", Some(json!({}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = call(
+        c,
+        Method::POST,
+        "/v3/templates",
+        Some(json!({"name": "minimal"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "an installed image: {body}");
+
+    let build = request(c, "tpl-bad").await;
+    let start = format!("/v2/templates/tpl-bad/builds/{build}");
+    for bad in [
+        json!({"fromTemplate": "minimal", "steps": [{"type": "MAGIC", "args": []}]}),
+        json!({"fromTemplate": "minimal", "steps": [{"type": "RUN"}]}),
+        json!({"fromTemplate": "minimal", "steps": [{"type": "COPY", "args": ["a", "/b"]}]}),
+        json!({"fromTemplate": "minimal", "steps": [{"type": "COPY", "args": ["a", "/b"],
+            "filesHash": "0123456789abcdef0123"}]}),
+        json!({"fromTemplate": "no-such-template", "steps": []}),
+        json!({"steps": [{"type": "RUN", "args": ["true"]}]}),
+        json!({"fromTemplate": "minimal", "steps": "RUN true"}),
+    ] {
+        let (status, body) = call(c, Method::POST, &start, Some(bad.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad} -> {body}");
+        assert!(body["message"].is_string());
+    }
+    // Unknown builds, and builds of another key, are 404.
+    let (status, _) = call(
+        c,
+        Method::POST,
+        "/v2/templates/tpl-bad/builds/nope",
+        Some(json!({"fromTemplate": "minimal"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let other = c.with_api_key(Some(env.key("other", None).await));
+    let (status, _) = call(
+        &other,
+        Method::GET,
+        &format!("/templates/tpl-bad/builds/{build}/status"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Upload URLs take their token, not an API key.
+    let (status, body) = call(
+        c,
+        Method::GET,
+        "/templates/tpl-bad/files/0123456789abcdef0123",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["present"], false);
+    assert!(body["url"].as_str().unwrap().contains("token="));
+    let (status, _) = call(
+        c,
+        Method::PUT,
+        "/templates/tpl-bad/files/0123456789abcdef0123?token=forged",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    daemon.stop();
+}
+
+#[tokio::test]
+async fn a_failing_run_step_is_an_error_with_its_output_and_survives_a_restart() {
+    let env = common::Env::new();
+    let daemon = env.start(&[]);
+    let c = &daemon.client;
+    let build = request(c, "tpl-fail").await;
+    let steps = json!({
+        "fromTemplate": "minimal",
+        "steps": [
+            {"type": "ENV", "args": ["WHO", "the step"]},
+            {"type": "RUN", "args": ["echo output of $WHO; exit 3"]},
+            {"type": "RUN", "args": ["echo never"]},
+        ],
+    });
+    let path = format!("/v2/templates/tpl-fail/builds/{build}");
+    let (status, body) = call(c, Method::POST, &path, Some(steps.clone())).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let (status, _) = call(c, Method::POST, &path, Some(steps)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "started twice");
+
+    let (last, messages) = wait(c, "tpl-fail", &build).await;
+    assert_eq!(last["status"], "error", "{last}");
+    let reason = &last["reason"];
+    assert_eq!(reason["step"], "2", "{reason}");
+    assert!(
+        reason["message"]
+            .as_str()
+            .unwrap()
+            .contains("exit status 3"),
+        "{reason}"
+    );
+    assert!(
+        messages.iter().any(|m| m == "output of the step"),
+        "{messages:?}"
+    );
+    assert!(!messages.iter().any(|m| m == "never"), "{messages:?}");
+    assert!(
+        reason["logEntries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["level"] == "error"),
+        "{reason}"
+    );
+    assert!(
+        !env.data().join("images/tpl-fail").exists(),
+        "no template from a failed build"
+    );
+
+    // A restarted daemon answers from the database.
+    daemon.stop();
+    let daemon = env.start(&[]);
+    let (again, messages_again) = wait(&daemon.client, "tpl-fail", &build).await;
+    assert_eq!(again["status"], "error");
+    assert_eq!(again["reason"]["step"], "2");
+    assert_eq!(messages_again, messages);
+    daemon.stop();
+}
