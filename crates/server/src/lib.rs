@@ -31,6 +31,7 @@ pub mod state;
 pub mod template_api;
 pub mod template_builds;
 pub mod template_defaults;
+pub mod template_plan;
 pub mod template_runner;
 pub mod util;
 
@@ -95,6 +96,10 @@ pub struct ServeArgs {
     /// Sandbox networks kept prepared ahead of creates
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub net_warm: usize,
+    /// A registry (`host` or `host:port`) that template builds pull `fromImage` images
+    /// from over plain HTTP
+    #[arg(long = "insecure-registry", value_name = "HOST")]
+    pub insecure_registries: Vec<String>,
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -275,6 +280,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             file.display()
         );
     }
+    template_builds::set_insecure_registries(args.insecure_registries.clone());
     let interrupted = template_builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         eprintln!(

@@ -20,7 +20,8 @@
 use crate::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{ApiJson, Caller};
-use crate::template_builds::{self as builds, BuildStart, LogEntry, Snapshot, Status};
+use crate::template_builds::{self as builds, LogEntry, Snapshot, Status};
+use crate::template_plan::{self as plan, BuildStart};
 use crate::util::{random_hex, rfc3339};
 use axum::Json;
 use axum::body::Body;
@@ -234,7 +235,7 @@ pub async fn file_upload_link(
     headers: HeaderMap,
     Path((template_id, hash)): Path<(String, String)>,
 ) -> ApiResult<(StatusCode, Json<FileUpload>)> {
-    if !builds::valid_files_hash(&hash) {
+    if !plan::valid_files_hash(&hash) {
         return Err(ApiError::bad_request(format!(
             "files hash {hash:?}: lowercase hex expected"
         )));
@@ -404,8 +405,7 @@ pub async fn start_build(
         )));
     }
     let images = app.lifecycle.dirs().images();
-    let plan =
-        builds::plan(&req, &builds::base_info(&images, &req)).map_err(ApiError::bad_request)?;
+    let plan = plan::plan(&req, &plan::base_info(&images, &req)).map_err(ApiError::bad_request)?;
     if let Some(base) = &req.from_template
         && !images.join(base).join("rootfs").is_dir()
     {
@@ -556,5 +556,21 @@ mod tests {
         assert_eq!((q.offset, q.limit, q.min_level), (5, MAX_STATUS_ENTRIES, 2));
         assert!(parse_status_query(Some("level=loud")).is_err());
         assert!(parse_status_query(Some("logsOffset=-1")).is_err());
+    }
+
+    #[test]
+    fn the_routes_are_in_the_openapi_description() {
+        let (_, api) = crate::routes();
+        for path in [
+            "/v3/templates",
+            "/templates/{templateID}/files/{hash}",
+            "/v2/templates/{templateID}/builds/{buildID}",
+            "/templates/{templateID}/builds/{buildID}/status",
+            "/templates/aliases/{alias}",
+        ] {
+            assert!(api.paths.paths.contains_key(path), "{path}");
+        }
+        let files = &api.paths.paths["/templates/{templateID}/files/{hash}"];
+        assert!(files.get.is_some() && files.put.is_some());
     }
 }
