@@ -3,8 +3,9 @@
 E2B_API_KEY and SANDCELL_TEMPLATE, a template with /bin/bash).
 
 One build (they take a while): from the test template, a RUN step, a COPY of a local file
-(uploaded through the daemon's files URL), ENV and WORKDIR; then a sandbox from the result
-sees the file, the variables and the working directory.
+(uploaded through the daemon's files URL), ENV, WORKDIR and a start + ready command; then a
+sandbox from the result sees the file, the variables, the working directory and what the
+start command wrote.
 """
 
 import os
@@ -24,6 +25,7 @@ def test_template_build_round_trip(tmp_path):
         .copy("hello.txt", "/srv/app/")
         .set_envs({"GREETING": "hi there", "ORIGIN": "e2b"})
         .set_workdir("/srv/app")
+        .set_start_cmd("echo started-by-start-cmd > /tmp/started; sleep 3600", "test -s /tmp/started")
     )
     logs = []
     info = Template.build(template, name, on_build_logs=logs.append, cpu_count=1, memory_mb=512)
@@ -37,5 +39,7 @@ def test_template_build_round_trip(tmp_path):
     try:
         r = sandbox.commands.run("cat hello.txt run.txt; echo $GREETING/$ORIGIN; pwd")
         assert r.stdout == "hello from the build context\nbuilt-by-run\nhi there/e2b\n/srv/app\n"
+        # The start command runs in each new sandbox, and the create waited for readyCmd.
+        assert sandbox.commands.run("cat /tmp/started").stdout == "started-by-start-cmd\n"
     finally:
         sandbox.kill()

@@ -275,6 +275,8 @@ impl Lifecycle {
         match booted {
             Ok(sandbox) => {
                 let row = self.finish_create(row, sandbox, &env, timeout).await?;
+                // E2B's startCmd/readyCmd of an API-built template (template_start.rs).
+                crate::template_start::after_create(self, &row).await?;
                 self.metrics.observe_create(begun.elapsed());
                 Ok(row)
             }

@@ -14,7 +14,7 @@
 //! `fromImage` is pulled by the daemon (`fromImageRegistry` `registry` credentials as basic
 //! auth; `sandcell serve --insecure-registry HOST` for plain HTTP).
 //! `startCmd`/`readyCmd` are kept in `images/<name>/e2b.json`; sandboxes created from the
-//! template do not run them yet.
+//! template run them (template_start.rs).
 
 use sandcell_image::registry::Auth;
 use sandcell_image::valid_name;
@@ -44,7 +44,8 @@ pub struct BuildStart {
     pub force: Option<bool>,
     #[serde(default)]
     pub steps: Vec<BuildStep>,
-    /// Kept in the template's `e2b.json`; not run by sandboxes yet.
+    /// Kept in the template's `e2b.json`; each sandbox created from it runs them
+    /// (template_start.rs).
     #[serde(default)]
     pub start_cmd: Option<String>,
     #[serde(default)]
