@@ -425,14 +425,11 @@ pub async fn start_build(
             )));
         }
     }
-    build.log(
-        "info",
-        format!(
-            "building template {template_id} ({} steps)",
-            req.steps.len()
-        ),
-    );
-    builds::start(app.clone(), build, plan, req);
+    if !builds::start(app.clone(), build, plan, req) {
+        return Err(ApiError::conflict(format!(
+            "build '{build_id}' was started already"
+        )));
+    }
     Ok(StatusCode::ACCEPTED)
 }
 

@@ -443,9 +443,24 @@ pub struct E2bRecord {
     pub ready_cmd: Option<String>,
 }
 
-/// Runs the build in the background; its status and logs tell how it went.
-pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) {
-    build.set_status(Status::Building, None);
+/// Runs the build in the background; its status and logs tell how it went. `false`: it
+/// was started already (only a `waiting` build starts, once).
+pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> bool {
+    {
+        let mut p = build.lock();
+        if p.status != Status::Waiting {
+            return false;
+        }
+        p.status = Status::Building;
+    }
+    build.log(
+        "info",
+        format!(
+            "building template {} ({} steps)",
+            build.template_id,
+            req.steps.len()
+        ),
+    );
     tokio::spawn(async move {
         let _ = record_status(&app.db, &build).await;
         let result = run(&app, &build, plan, &req).await;
@@ -460,10 +475,15 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) {
                 build.set_status(Status::Error, Some(Reason { message, step }));
             }
         }
-        if let Err(e) = record_status(&app.db, &build).await {
-            eprintln!("sandcell serve: template build {}: {e}", build.build_id);
+        match record_status(&app.db, &build).await {
+            // Recorded: the status route reads it from the database from now on.
+            Ok(()) => {
+                builds().remove(&build.build_id);
+            }
+            Err(e) => eprintln!("sandcell serve: template build {}: {e}", build.build_id),
         }
     });
+    true
 }
 
 async fn run(
