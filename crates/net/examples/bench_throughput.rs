@@ -12,6 +12,8 @@
 //! ping RTT in ms (`--pings` echoes per path). p50/p90/p99 of each.
 //!
 //!   bench_throughput [--runs N] [--secs S] [--pings N] [--pool CIDR]
+//!   bench_throughput --hold    (only the fake internet: "ready" on stdout, up until stdin
+//!                               closes; bench/net/run.sh measures a gVisor sandbox with it)
 //!
 //! Needs root, iproute2, nftables, dnsmasq, python3, iperf3 and ping
 //! (`apt-get install iperf3 iputils-ping`). This measures the host side; a gVisor sandbox
@@ -118,6 +120,12 @@ async fn main() {
     };
     let _lock = Internet::lock();
     let _inet = Internet::start().expect("the fake internet (root, ip, dnsmasq, python3?)");
+    if args.iter().any(|a| a == "--hold") {
+        println!("ready");
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+        return;
+    }
     let mut server = Command::new("ip")
         .args(["netns", "exec", NETNS, "iperf3", "-s", "-B"])
         .arg(HTTP_B.to_string())
