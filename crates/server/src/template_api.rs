@@ -240,6 +240,11 @@ pub async fn file_upload_link(
             "files hash {hash:?}: lowercase hex expected"
         )));
     }
+    if !valid_name(&template_id) {
+        return Err(ApiError::bad_request(format!(
+            "template {template_id:?}: not a template name"
+        )));
+    }
     let dir = builds::files_dir(&app.lifecycle.dirs().data, &caller.0.id).join(&hash);
     let present = dir.is_dir();
     let token = random_hex(20).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
@@ -369,12 +374,41 @@ fn extract(archive: &std::path::Path, tree: &std::path::Path) -> ApiResult<()> {
         unpacker
             .apply_layer(file, "the uploaded archive", None)
             .map_err(|e| e.to_string())?;
-        unpacker.finish().map_err(|e| e.to_string())
+        unpacker.finish().map_err(|e| e.to_string())?;
+        only_plain_files(tree)
     })();
     result.map_err(|problem| {
         let _ = std::fs::remove_dir_all(tree);
         ApiError::bad_request(format!("the uploaded archive was refused: {problem}"))
     })
+}
+
+/// Refuses device nodes, FIFOs and sockets in an upload: COPY sources are read on the host,
+/// and the SDKs only ever send files, directories and links.
+fn only_plain_files(dir: &std::path::Path) -> Result<(), String> {
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| format!("reading {}: {e}", d.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("reading {}: {e}", d.display()))?;
+            let kind = entry
+                .file_type()
+                .map_err(|e| format!("looking at {}: {e}", entry.path().display()))?;
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if !kind.is_file() && !kind.is_symlink() {
+                return Err(format!(
+                    "{}: only files, directories and symbolic links may be uploaded",
+                    entry
+                        .path()
+                        .strip_prefix(dir)
+                        .unwrap_or(&entry.path())
+                        .display()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Starts the build requested by `POST /v3/templates`: the steps become a Dockerfile
@@ -553,6 +587,26 @@ mod tests {
         assert_eq!((q.offset, q.limit, q.min_level), (5, MAX_STATUS_ENTRIES, 2));
         assert!(parse_status_query(Some("level=loud")).is_err());
         assert!(parse_status_query(Some("logsOffset=-1")).is_err());
+    }
+
+    #[test]
+    fn uploads_with_special_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/f"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("a/link")).unwrap();
+        assert!(only_plain_files(dir.path()).is_ok());
+        let fifo = std::ffi::CString::new(
+            dir.path()
+                .join("a/b/fifo")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let err = only_plain_files(dir.path()).unwrap_err();
+        assert!(err.contains("a/b/fifo"), "{err}");
     }
 
     #[test]

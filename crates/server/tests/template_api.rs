@@ -59,6 +59,44 @@ async fn wait(c: &Client, name: &str, build: &str) -> (Value, Vec<String>) {
     }
 }
 
+/// A one-file ustar archive (the test crates have no tar writer).
+fn tar_of(name: &str, content: &[u8]) -> Vec<u8> {
+    let mut header = [0u8; 512];
+    header[..name.len()].copy_from_slice(name.as_bytes());
+    let fields: [(usize, String); 5] = [
+        (100, "0000644\0".into()),
+        (108, "0000000\0".into()),
+        (116, "0000000\0".into()),
+        (124, format!("{:011o}\0", content.len())),
+        (136, "00000000000\0".into()),
+    ];
+    for (at, text) in fields {
+        header[at..at + text.len()].copy_from_slice(text.as_bytes());
+    }
+    header[156] = b'0';
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    header[148..156].copy_from_slice(b"        ");
+    let sum: u32 = header.iter().map(|b| u32::from(*b)).sum();
+    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut out = header.to_vec();
+    out.extend_from_slice(content);
+    out.resize(out.len().div_ceil(512) * 512 + 1024, 0);
+    out
+}
+
+/// PUTs `body` to the upload URL `GET .../files/{hash}` gave (no API key: its token).
+async fn upload(c: &Client, url: &str, body: Vec<u8>) -> StatusCode {
+    let path = &url[url.find("/templates/").unwrap()..];
+    let req = hyper::Request::builder()
+        .method(Method::PUT)
+        .uri(path)
+        .header("content-length", body.len())
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    c.with_api_key(None).send(req).await.unwrap().status()
+}
+
 #[tokio::test]
 async fn malformed_requests_are_400_and_names_are_checked() {
     let env = common::Env::new();
@@ -137,6 +175,22 @@ async fn malformed_requests_are_400_and_names_are_checked() {
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // An archive with a path out of its directory is refused and nothing is kept.
+    let files = "/templates/tpl-bad/files/0123456789abcdef0123";
+    let url = body["url"].as_str().unwrap();
+    let evil = tar_of("../escaped.txt", b"x");
+    assert_eq!(upload(c, url, evil).await, StatusCode::BAD_REQUEST);
+    let (_, body) = call(c, Method::GET, files, None).await;
+    assert_eq!(body["present"], false);
+    assert!(!env.data().join("cache/e2b-files/escaped.txt").exists());
+    // A good one is then present, for that key only.
+    let url = body["url"].as_str().unwrap();
+    let good = tar_of("dir/ok.txt", b"fine");
+    assert_eq!(upload(c, url, good).await, StatusCode::OK);
+    let (_, body) = call(c, Method::GET, files, None).await;
+    assert_eq!(body["present"], true);
+    let (_, body) = call(&other, Method::GET, files, None).await;
+    assert_eq!(body["present"], false, "another key's uploads are its own");
     daemon.stop();
 }
 
