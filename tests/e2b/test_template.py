@@ -41,5 +41,8 @@ def test_template_build_round_trip(tmp_path):
         assert r.stdout == "hello from the build context\nbuilt-by-run\nhi there/e2b\n/srv/app\n"
         # The start command runs in each new sandbox, and the create waited for readyCmd.
         assert sandbox.commands.run("cat /tmp/started").stdout == "started-by-start-cmd\n"
+        # The build's cpuCount/memoryMB are the template's default size.
+        info = sandbox.get_info()
+        assert (info.cpu_count, info.memory_mb) == (1, 512)
     finally:
         sandbox.kill()

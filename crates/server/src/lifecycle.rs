@@ -188,7 +188,14 @@ impl Lifecycle {
             self.metrics.observe_create(begun.elapsed());
             return Ok(row);
         }
-        let (vcpus, memory_mib) = self.size(req.cpu_count, req.memory_mb)?;
+        // An API-built template's size when the request names none (template_start.rs).
+        let (cpu_count, memory_mb) = crate::template_start::default_size(
+            self,
+            &req.template_id,
+            req.cpu_count,
+            req.memory_mb,
+        );
+        let (vcpus, memory_mib) = self.size(cpu_count, memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let net_req = crate::networks::check_request(
             &self.db,

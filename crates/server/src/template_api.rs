@@ -55,7 +55,8 @@ pub struct BuildRequestV3 {
     pub alias: Option<String>,
     #[serde(default, rename = "teamID")]
     pub team_id: Option<String>,
-    /// vCPUs and memory of the RUN sandboxes.
+    /// vCPUs and memory of the RUN sandboxes and the default size of the template's
+    /// sandboxes (400 beyond what this server allows).
     #[serde(default)]
     pub cpu_count: Option<u32>,
     #[serde(default, rename = "memoryMB")]
@@ -181,6 +182,10 @@ pub async fn request_build(
         return Err(ApiError::bad_request(format!(
             "template name {name:?}: lowercase letters, digits, '-', '_' and '.', at most 128"
         )));
+    }
+    if req.cpu_count.is_some() || req.memory_mb.is_some() {
+        // The template's sandboxes get that size: it must be one this server allows.
+        app.lifecycle.size(req.cpu_count, req.memory_mb)?;
     }
     let dir = app.lifecycle.dirs().images().join(name);
     if dir.exists() && sandcell_image::template::read_record(&dir).is_none() {

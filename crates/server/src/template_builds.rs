@@ -437,10 +437,16 @@ impl BuildLog for ApiLog {
 #[serde(rename_all = "camelCase")]
 pub struct E2bRecord {
     pub build_id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_cmd: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_cmd: Option<String>,
+    /// The size of sandboxes created from it when the create names none
+    /// (`POST /v3/templates`'s `cpuCount` and `memoryMB`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_count: Option<u32>,
+    #[serde(default, rename = "memoryMB", skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u32>,
 }
 
 /// Runs the build in the background; its status and logs tell how it went. `false`: it
@@ -550,6 +556,8 @@ async fn run(
         build_id: build.build_id.clone(),
         start_cmd: req.start_cmd.clone(),
         ready_cmd: req.ready_cmd.clone(),
+        cpu_count: build.cpu_count,
+        memory_mb: build.memory_mb,
     };
     let path = existing.join(E2B_FILE);
     let bytes = serde_json::to_vec_pretty(&record).map_err(|e| (e.to_string(), step()))?;

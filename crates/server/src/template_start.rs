@@ -1,5 +1,6 @@
-//! E2B's `startCmd` and `readyCmd` of a template built through the template API (kept in
-//! `images/<name>/e2b.json`, template_builds.rs): when a sandbox is created from it, the
+//! What a template built through the template API (`images/<name>/e2b.json`,
+//! template_builds.rs) gives the sandboxes created from it: its `cpuCount`/`memoryMB` as
+//! their default size, and E2B's `startCmd` and `readyCmd`: when a sandbox is created from it, the
 //! start command is launched in the background (`/bin/sh -c`, as the template's default
 //! user, in its working directory) and the ready command is run until it exits 0; only then
 //! does the create answer. A ready command that never succeeds within [`READY_TIMEOUT`]
@@ -45,6 +46,22 @@ fn record(lifecycle: &Lifecycle, template: &str) -> Option<E2bRecord> {
         .read_to_end(&mut bytes)
         .ok()?;
     serde_json::from_slice(&bytes).ok()
+}
+
+/// A create's `cpuCount` and `memoryMB`, else those the template was built with.
+pub fn default_size(
+    lifecycle: &Lifecycle,
+    template: &str,
+    cpu_count: Option<u32>,
+    memory_mb: Option<u32>,
+) -> (Option<u32>, Option<u32>) {
+    if cpu_count.is_some() && memory_mb.is_some() {
+        return (cpu_count, memory_mb);
+    }
+    match record(lifecycle, template) {
+        Some(rec) => (cpu_count.or(rec.cpu_count), memory_mb.or(rec.memory_mb)),
+        None => (cpu_count, memory_mb),
+    }
 }
 
 fn shell(cmd: &str, tag: &str) -> StartRequest {
