@@ -213,6 +213,26 @@ impl Network {
         Ok(())
     }
 
+    /// Gives the sandbox's interface its IPv4 and IPv6 addresses and default routes again
+    /// (idempotent): for a restore into a namespace a checkpointed gVisor sandbox left
+    /// (gVisor's netstack takes the addresses over from the interface, deleting them
+    /// there, and a restore builds its netstack from what the namespace holds then).
+    pub fn readdress(&self) -> Result<()> {
+        let (g, ns) = (&self.guest_if, &self.netns);
+        let guest = format!("{}/{}", self.guest, self.prefix);
+        let guest6 = format!("{}/64", self.guest6());
+        ip(&["-n", ns, "addr", "replace", &guest, "dev", g])?;
+        ip(&[
+            "-n", ns, "-6", "addr", "replace", &guest6, "dev", g, "nodad",
+        ])?;
+        ip(&["-n", ns, "link", "set", g, "up"])?;
+        let gw = self.gateway.to_string();
+        ip(&["-n", ns, "route", "replace", "default", "via", &gw])?;
+        let gw6 = self.gateway6().to_string();
+        ip(&["-n", ns, "-6", "route", "replace", "default", "via", &gw6])?;
+        Ok(())
+    }
+
     /// Replaces the policy atomically; `learned` are DNS answers to keep (see dns/).
     pub fn set_policy(
         &self,

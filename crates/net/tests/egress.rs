@@ -337,6 +337,20 @@ async fn ipv6_obeys_the_same_rules() {
     // no internet: no IPv6 either
     net.set_policy(&spec(false, &[], &[])).await.unwrap();
     assert!(probe(&net, &["http", &a6]).await.starts_with("ERR"));
+
+    // addresses gone from the sandbox's interface (what gVisor leaves behind for a
+    // restore): readdress puts both families and their routes back
+    net.set_policy(&EgressSpec::default()).await.unwrap();
+    let n = net.network();
+    let flushed = Command::new("ip")
+        .args(["-n", &n.netns, "addr", "flush", "dev", &n.guest_if])
+        .status()
+        .unwrap();
+    assert!(flushed.success());
+    assert!(probe(&net, &["http", &a6]).await.starts_with("ERR"));
+    n.readdress().unwrap();
+    assert_eq!(probe(&net, &["http", &a6]).await, ok("hello6-10"));
+    assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
     net.teardown().await.unwrap();
 }
 
