@@ -11,7 +11,8 @@
 //! - `ENV [k1, v1, k2, v2, ...]`: `ENV k1="v1" k2="v2"` (`$VAR` in values expands as in a
 //!   Dockerfile), `WORKDIR [dir]`, `USER [user]`: as written.
 //!
-//! `fromImage` is pulled by the daemon (`fromImageRegistry` `registry` credentials as basic
+//! E2B's default image (`e2bdev/base`) is the installed `base` template when there is one;
+//! any other `fromImage` is pulled by the daemon (`fromImageRegistry` `registry` credentials as basic
 //! auth; `sandcell serve --insecure-registry HOST` for plain HTTP).
 //! `startCmd`/`readyCmd` are kept in `images/<name>/e2b.json`; sandboxes created from the
 //! template run them (template_start.rs).
@@ -80,10 +81,21 @@ pub struct Plan {
     pub no_cache: bool,
 }
 
-/// What a request's base is, for the USER a `RUN` with a user goes back to.
+/// What a request's base is: the USER a `RUN` with a user goes back to, and whether this
+/// server has a `base` template to stand for E2B's default image.
+#[derive(Debug, Clone, Default)]
 pub struct BaseInfo {
     pub user: Option<String>,
+    pub have_base: bool,
 }
+
+/// The SDKs' default image (`Template()` without a `from_*`, `from_base_image()`): E2B's
+/// own base, which the installed `base` template stands for (it has the same user,
+/// /home/user and tools) rather than a pull from Docker Hub.
+pub const E2B_BASE_IMAGES: [&str; 3] =
+    ["e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base"];
+/// The template that stands for them.
+pub const LOCAL_BASE: &str = "base";
 
 fn bad(message: impl Into<String>) -> String {
     message.into()
@@ -182,7 +194,10 @@ pub fn base_info(images: &Path, req: &BuildStart) -> BaseInfo {
         .filter(|t| valid_name(t))
         .and_then(|t| sandcell_image::store::read_config(&images.join(t)))
         .and_then(|c| c.user);
-    BaseInfo { user }
+    BaseInfo {
+        user,
+        have_base: images.join(LOCAL_BASE).join("rootfs").is_dir(),
+    }
 }
 
 /// The Dockerfile of an E2B build request. `base_info` gives what is known about the base
@@ -197,6 +212,9 @@ pub fn plan(req: &BuildStart, base_info: &BaseInfo) -> Result<Plan, String> {
                 return Err(bad(format!("fromTemplate {t:?}: not a template name")));
             }
             t.clone()
+        }
+        (None, Some(i)) if base_info.have_base && E2B_BASE_IMAGES.contains(&i.as_str()) => {
+            LOCAL_BASE.to_string()
         }
         (None, Some(i)) => {
             single_word("fromImage", i)?;
@@ -359,7 +377,7 @@ mod tests {
             ],
             ..BuildStart::default()
         };
-        let plan = plan(&req, &BaseInfo { user: None }).unwrap();
+        let plan = plan(&req, &BaseInfo::default()).unwrap();
         let expected = [
             "FROM base",
             r#"RUN ["/bin/sh","-c","echo \"$HOME\"\nls"]"#,
@@ -385,7 +403,7 @@ mod tests {
             steps,
             ..BuildStart::default()
         };
-        let info = BaseInfo { user: None };
+        let info = BaseInfo::default();
         assert!(plan(&BuildStart::default(), &info).is_err(), "no base");
         let mut copy = step("COPY", &["../etc/passwd", "/x"]);
         copy.files_hash = Some("0123456789abcdef".into());
@@ -414,6 +432,22 @@ mod tests {
         assert!(matches!(registry_auth(&creds), Ok(Auth::Basic { .. })));
         creds.from_image_registry = Some(serde_json::json!({"type": "aws"}));
         assert!(plan(&creds, &info).is_err());
+        let default_image = BuildStart {
+            from_image: Some("e2bdev/base".into()),
+            ..BuildStart::default()
+        };
+        let have_base = BaseInfo {
+            have_base: true,
+            ..BaseInfo::default()
+        };
+        assert_eq!(
+            plan(&default_image, &have_base).unwrap().dockerfile,
+            "FROM base\n"
+        );
+        assert_eq!(
+            plan(&default_image, &info).unwrap().dockerfile,
+            "FROM e2bdev/base\n"
+        );
         assert!(!valid_files_hash("../x"));
         assert!(valid_files_hash(&"a".repeat(64)));
     }
