@@ -10,7 +10,7 @@ mod common;
 use common::sh;
 
 use sandcell_runtime::gvisor::GvisorRuntime;
-use sandcell_runtime::net::testing::Internet;
+use sandcell_runtime::net::testing::{HTTP6_A, HTTP6_B, Internet};
 use sandcell_runtime::net::{EgressSpec, NetConfig};
 use sandcell_runtime::snapshot::{RestoreSpec, SnapshotKind};
 use sandcell_runtime::{Dirs, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, new_sandbox_id};
@@ -22,6 +22,12 @@ use std::time::Duration;
 async fn reaches(sb: &Arc<dyn Sandbox>, ip: &str) -> bool {
     let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 80 | tail -n 1");
     sh(sb, &script).await.0.contains("hello-")
+}
+
+/// The same over IPv6 (the fake internet's `hello6-` servers).
+async fn reaches6(sb: &Arc<dyn Sandbox>, ip: std::net::Ipv6Addr) -> bool {
+    let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 80 | tail -n 1");
+    sh(sb, &script).await.0.contains("hello6-")
 }
 
 /// What both tests need: root, the fake internet (held for the test), a runtime in a temp
@@ -57,7 +63,7 @@ impl Fixture {
         let network = NetworkSpec {
             egress: EgressSpec {
                 allow_internet_access: true,
-                allow_out: vec!["198.51.100.10/32".into()],
+                allow_out: vec!["198.51.100.10/32".into(), format!("{HTTP6_A}/128")],
                 deny_out: vec![],
             },
             config: NetConfig {
@@ -177,6 +183,12 @@ async fn networked_sandboxes_snapshot_restore_and_fork_with_their_policy() {
         reaches(&parent, "198.51.100.10").await,
         "parent lost its network"
     );
+    // The parent was restored in place into its own namespace: gVisor had taken the
+    // interface's addresses of both families; both must be back (IPv6 once was not).
+    assert!(
+        reaches6(&parent, HTTP6_A).await,
+        "parent lost its IPv6 network"
+    );
 
     let ids: Vec<String> = [&parent, &restored, &child]
         .iter()
@@ -232,6 +244,16 @@ async fn networked_pause_resume_cycles_keep_network_and_policy() {
         assert!(
             !reaches(&parent, "198.51.100.20").await,
             "resume {round} ignores the policy"
+        );
+        // gVisor took the interface's addresses of both families at start; a resume must
+        // get both back (it once got IPv4 only).
+        assert!(
+            reaches6(&parent, HTTP6_A).await,
+            "resume {round} has no IPv6 network"
+        );
+        assert!(
+            !reaches6(&parent, HTTP6_B).await,
+            "resume {round} ignores the IPv6 policy"
         );
     }
 

@@ -143,43 +143,16 @@ pub(super) fn join_netns(cmd: &mut tokio::process::Command, netns: &std::fs::Fil
     }
 }
 
-/// Gives the sandbox's interface its address and default route again, for a restore into
-/// the namespace a checkpointed sandbox left: gVisor's netstack takes the address over from
-/// the host interface when it starts (it deletes it there, so that the host stack does not
-/// answer for it), and a restore builds its netstack from what the namespace holds then.
+/// Gives the sandbox's interface its IPv4 and IPv6 addresses and default routes again, for a
+/// restore into the namespace a checkpointed sandbox left: gVisor's netstack takes the
+/// addresses over from the host interface when it starts (it deletes them there, so that the
+/// host stack does not answer for them), and a restore builds its netstack from what the
+/// namespace holds then ([`sandcell_net::Network::readdress`]).
 pub(super) async fn readdress(net: &sandcell_net::Network) -> Result<()> {
-    let guest = format!("{}/{}", net.guest, net.prefix);
-    let gateway = net.gateway.to_string();
-    let steps: [&[&str]; 3] = [
-        &[
-            "-n",
-            &net.netns,
-            "addr",
-            "replace",
-            &guest,
-            "dev",
-            &net.guest_if,
-        ],
-        &["-n", &net.netns, "link", "set", &net.guest_if, "up"],
-        &[
-            "-n", &net.netns, "route", "replace", "default", "via", &gateway,
-        ],
-    ];
-    for args in steps {
-        let out = tokio::process::Command::new("ip")
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .map_err(|e| Error::io(RT, format!("running ip {}", args.join(" ")), e))?;
-        if !out.status.success() {
-            return Err(Error::Command {
-                runtime: RT,
-                command: format!("ip {}", args.join(" ")),
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-    }
-    Ok(())
+    let net = net.clone();
+    let what = format!("re-addressing the network {} for a restore", net.netns);
+    tokio::task::spawn_blocking(move || net.readdress())
+        .await
+        .map_err(|e| Error::io(RT, what.clone(), std::io::Error::other(e)))?
+        .map_err(|e| net_error(&what, e))
 }
