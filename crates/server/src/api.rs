@@ -503,7 +503,9 @@ pub async fn connect_v1(
     connect(app, caller, id, req).await
 }
 
-/// The images installed under `<data-dir>/images/` (`make images install`).
+/// The images installed under `<data-dir>/images/` (`make images install`) and the
+/// templates built there (from a Dockerfile, or through the template API: their
+/// `cpuCount`, `memoryMB` and `buildID` are those of their last build).
 #[utoipa::path(get, path = "/templates", tag = "templates", security(("ApiKeyAuth" = [])),
     responses((status = 200, body = Vec<Template>), (status = 401, body = ErrorBody)))]
 pub async fn list_templates(
@@ -536,16 +538,27 @@ pub async fn list_templates(
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_millis() as i64);
+        // A built template's own size, build id and time (template_start.rs, template.json).
+        let e2b = crate::template_start::record(&app.lifecycle, &name);
+        let built = sandcell_image::template::read_record(&entry.path()).map_or(modified, |r| {
+            i64::try_from(r.created.saturating_mul(1000)).unwrap_or(0)
+        });
         templates.push(Template {
             template_id: name.clone(),
-            build_id: name.clone(),
-            cpu_count: u32::from(crate::lifecycle::DEFAULT_VCPUS),
-            memory_mb: crate::lifecycle::DEFAULT_MEMORY_MIB,
+            build_id: e2b.as_ref().map_or(name.clone(), |r| r.build_id.clone()),
+            cpu_count: e2b
+                .as_ref()
+                .and_then(|r| r.cpu_count)
+                .unwrap_or(u32::from(crate::lifecycle::DEFAULT_VCPUS)),
+            memory_mb: e2b
+                .as_ref()
+                .and_then(|r| r.memory_mb)
+                .unwrap_or(crate::lifecycle::DEFAULT_MEMORY_MIB),
             disk_size_mb: disk_mib(&image),
             public: true,
             aliases: vec![name.clone()],
             names: vec![name],
-            created_at: rfc3339(modified),
+            created_at: rfc3339(built),
             updated_at: rfc3339(modified),
             created_by: None,
             last_spawned_at: None,

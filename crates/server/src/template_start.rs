@@ -33,7 +33,8 @@ const MAX_RECORD_BYTES: u64 = 1 << 20;
 /// Largest event message read from the agent.
 const MAX_ENVELOPE: usize = 1 << 20;
 
-fn record(lifecycle: &Lifecycle, template: &str) -> Option<E2bRecord> {
+/// `e2b.json` of the template, if it was built through the template API.
+pub fn record(lifecycle: &Lifecycle, template: &str) -> Option<E2bRecord> {
     use std::io::Read;
     if !crate::lifecycle::valid_template_name(template) {
         return None;

@@ -252,3 +252,101 @@ async fn a_failing_run_step_is_an_error_with_its_output_and_survives_a_restart()
     assert_eq!(messages_again, messages);
     daemon.stop();
 }
+
+#[tokio::test]
+async fn built_templates_are_listed_with_their_size_and_deleted_when_unused() {
+    let env = common::Env::new();
+    let daemon = env.start(&[]);
+    let c = &daemon.client;
+    // DELETE: unknown is 404, an installed image is 400 and stays.
+    let (status, body) = call(c, Method::DELETE, "/templates/no-such-tpl", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = call(c, Method::DELETE, "/templates/minimal", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("installed image"),
+        "{body}"
+    );
+    assert!(env.data().join("images/minimal").is_dir());
+
+    let (status, body) = call(
+        c,
+        Method::POST,
+        "/v3/templates",
+        Some(json!({"name": "tpl-del", "cpuCount": 1, "memoryMB": 256})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let build = body["buildID"].as_str().unwrap().to_string();
+    let steps = json!({
+        "fromTemplate": "minimal",
+        "steps": [{"type": "RUN", "args": ["echo built > /built.txt"]}],
+    });
+    let path = format!("/v2/templates/tpl-del/builds/{build}");
+    let (status, body) = call(c, Method::POST, &path, Some(steps)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let (last, _) = wait(c, "tpl-del", &build).await;
+    assert_eq!(last["status"], "ready", "{last}");
+
+    // GET /templates: the built template's own size and build id; the installed ones' defaults.
+    let (status, list) = call(c, Method::GET, "/templates", None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let find = |list: &Value, name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["templateID"] == name)
+            .cloned()
+    };
+    let tpl = find(&list, "tpl-del").expect("the built template is listed");
+    assert_eq!(tpl["cpuCount"], 1, "{tpl}");
+    assert_eq!(tpl["memoryMB"], 256, "{tpl}");
+    assert_eq!(tpl["buildID"], build.as_str(), "{tpl}");
+    let minimal = find(&list, "minimal").expect("minimal is listed");
+    assert_eq!(minimal["memoryMB"], 512, "{minimal}");
+
+    // In use by a running sandbox, then by a paused one: 409, and it stays.
+    let (status, sbx) = call(
+        c,
+        Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "tpl-del", "timeout": 120})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{sbx}");
+    let id = sbx["sandboxID"].as_str().unwrap().to_string();
+    let (status, body) = call(c, Method::DELETE, "/templates/tpl-del", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["message"].as_str().unwrap().contains(&id), "{body}");
+    let (status, body) = call(c, Method::POST, &format!("/sandboxes/{id}/pause"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = call(c, Method::DELETE, "/templates/tpl-del", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "paused: {body}");
+    assert!(env.data().join("images/tpl-del/template.json").is_file());
+
+    // Unused: deleted, gone from the list, and creates from it fail.
+    let (status, body) = call(c, Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = call(c, Method::DELETE, "/templates/tpl-del", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert!(!env.data().join("images/tpl-del").exists());
+    let (_, list) = call(c, Method::GET, "/templates", None).await;
+    assert!(find(&list, "tpl-del").is_none(), "{list}");
+    let (status, body) = call(
+        c,
+        Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "tpl-del"})),
+    )
+    .await;
+    assert!(
+        status == StatusCode::NOT_FOUND || status == StatusCode::BAD_REQUEST,
+        "{status} {body}"
+    );
+    let (status, _) = call(c, Method::DELETE, "/templates/tpl-del", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    daemon.stop();
+}
