@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! sandcell template build -t NAME [-f Dockerfile] [--build-arg K=V]... [--no-cache]
-//!                         [--memory MiB] [--vcpus N] [--insecure-registry HOST]... [--json] [CONTEXT]
+//!                         [--memory MiB] [--vcpus N] [--insecure-registry HOST]...
+//!                         [--network default|none] [--json] [CONTEXT]
 //! sandcell template ls [--json]
 //! sandcell template inspect NAME
 //! sandcell template rm NAME... [--json]
@@ -12,14 +13,17 @@
 //! Templates and images share `<data-dir>/images/`: a template is an image built from a
 //! Dockerfile (it has a `template.json`), so `run --image NAME` and the daemon's
 //! `templateID: NAME` use it, and `template ls` lists both with a KIND column. RUN steps have
-//! no network (loopback only). Exit status: 0, 1 when the build or a RUN step failed
+//! a network (open egress, our DNS server forwarding to the host's resolvers, a /30 from
+//! sandcell-net's default pool 10.200.0.0/16: its host-wide lock and slot scan keep it apart
+//! from a daemon's networks) unless `--network none` (loopback only). Exit status: 0, 1 when the build or a RUN step failed
 //! (the step's output and exit status are shown), 2 for bad usage.
 
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild, TemplateRecord};
 use sandcell_image::{Limits, store};
-use sandcell_runtime::Dirs;
 use sandcell_runtime::gvisor::GvisorRuntime;
+use sandcell_runtime::net::EgressSpec;
+use sandcell_runtime::{Dirs, NetworkSpec};
 use sandcell_server::template_runner::GvisorRunner;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -63,6 +67,9 @@ pub struct BuildArgs {
     /// A registry (`host` or `host:port`) to pull FROM images from over plain HTTP
     #[arg(long = "insecure-registry", value_name = "HOST")]
     pub insecure_registries: Vec<String>,
+    /// The network of RUN steps: `default` (open egress) or `none` (loopback only)
+    #[arg(long, value_enum, default_value_t = BuildNetwork::Default)]
+    pub network: BuildNetwork,
     /// The static agent to put in the image [default: the one in an installed image]
     #[arg(long, value_name = "PATH")]
     pub agent: Option<PathBuf>,
@@ -75,6 +82,13 @@ pub struct BuildArgs {
     /// The build context (COPY and ADD sources)
     #[arg(default_value = ".", value_name = "CONTEXT")]
     pub context: PathBuf,
+}
+
+/// `template build --network`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BuildNetwork {
+    Default,
+    None,
 }
 
 #[derive(clap::Args)]
@@ -166,7 +180,20 @@ async fn build(dirs: &Dirs, args: BuildArgs) -> i32 {
             );
         }
     };
+    let network = match args.network {
+        BuildNetwork::None => None,
+        BuildNetwork::Default => match NetworkSpec::from_host(EgressSpec::default()) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                return fail(
+                    format!("RUN steps' network: {e} (--network none builds without one)"),
+                    EXIT_FAILED,
+                );
+            }
+        },
+    };
     let runner = GvisorRunner {
+        network,
         runtime,
         handle: tokio::runtime::Handle::current(),
         memory_mib: args.memory,

@@ -5,8 +5,10 @@
 //! sandboxes, then a sandbox run from the result checks the files, and `template inspect`
 //! the defaults. A second build of the same Dockerfile takes every layer from the cache; a
 //! failing RUN gives its exit status and output. A build FROM a registry image (the image
-//! tests' layered image on a local docker-registry). Needs root, runsc, the installed images
-//! (`make install`), docker-registry, skopeo and busybox-static; fails loudly without them.
+//! tests' layered image on a local docker-registry). RUN steps reach the network (sandcell-net's
+//! fake internet) unless `--network none`. Needs root, runsc, the installed images
+//! (`make install`), docker-registry, skopeo, busybox-static, ip, nft, dnsmasq and python3;
+//! fails loudly without them.
 
 #![allow(clippy::unwrap_used)]
 
@@ -383,4 +385,63 @@ fn from_a_registry_image() {
             .contains(&serde_json::json!("GREETING=hello from the image")),
         "{config}"
     );
+}
+
+/// A RUN fetching a page from the fake internet: busybox nc (the minimal image's static
+/// wget crashes in its resolver code), the body's last line kept in /fetched.
+const FETCH_DOCKERFILE: &str = r#"FROM minimal
+RUN printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 198.51.100.10 80 | tail -n 1 > /fetched && grep -q hello-10 /fetched
+"#;
+
+#[test]
+fn run_steps_have_the_network_unless_none() {
+    use sandcell_runtime::net::testing::Internet;
+    let _lock = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let s = Setup::new();
+    s.write("ctx/Dockerfile", FETCH_DOCKERFILE);
+    let ctx = s.path("ctx");
+    let ctx = ctx.to_str().unwrap();
+
+    s.ok(&["template", "build", "-t", "fetched", ctx]);
+    let rootfs = s.path("data/images/fetched/rootfs");
+    let fetched = std::fs::read_to_string(rootfs.join("fetched")).unwrap();
+    assert_eq!(fetched.trim(), "hello-10");
+    // The runtime's resolv.conf (our DNS server) is no part of the layer: minimal has none.
+    assert!(
+        !rootfs.join("etc/resolv.conf").exists(),
+        "{:?}",
+        std::fs::read_to_string(rootfs.join("etc/resolv.conf"))
+    );
+
+    // A resolv.conf a step writes is kept, also through later (networked) steps.
+    s.write(
+        "ctx/Dockerfile",
+        "FROM minimal\nRUN echo 'nameserver 192.0.2.53' > /etc/resolv.conf\nRUN true\n",
+    );
+    s.ok(&["template", "build", "-t", "ownresolv", ctx]);
+    assert_eq!(
+        std::fs::read_to_string(s.path("data/images/ownresolv/rootfs/etc/resolv.conf")).unwrap(),
+        "nameserver 192.0.2.53\n"
+    );
+
+    // Without a network the same RUN fails (--no-cache: the network is not in the cache key).
+    s.write("ctx/Dockerfile", FETCH_DOCKERFILE);
+    let out = s.sandcell(&[
+        "template",
+        "build",
+        "-t",
+        "offline",
+        "--network",
+        "none",
+        "--no-cache",
+        ctx,
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Dockerfile line 2: RUN printf") && stderr.contains("exit status 1"),
+        "{stderr}"
+    );
+    assert!(!s.path("data/images/offline").exists());
 }

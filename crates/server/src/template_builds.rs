@@ -518,6 +518,11 @@ async fn run(
             insecure_registries: INSECURE_REGISTRIES.get().cloned().unwrap_or_default(),
             ..PullOptions::default()
         },
+        // The daemon's network settings (pool, DNS); none under `serve --no-network`.
+        network: crate::networks::settings().map(|s| sandcell_runtime::NetworkSpec {
+            egress: sandcell_runtime::net::EgressSpec::default(),
+            config: s.config.clone(),
+        }),
     };
     let context = files_dir(&dirs.data, &build.key_id);
     std::fs::create_dir_all(&context)

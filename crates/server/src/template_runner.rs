@@ -2,6 +2,12 @@
 //! sandbox whose root's writes land in the step's host layer (`SandboxSpec::host_layer`),
 //! FROM images pulled from registries. Used by `sandcell template build` and by the
 //! daemon's E2B template API (template_api.rs).
+//!
+//! RUN steps have a network unless [`GvisorRunner::network`] is `None` (`sandcell template
+//! build --network none`, a daemon started with `--no-network`): `apt-get install` and `pip
+//! install` are what Dockerfile builds are for. The runtime writes the sandbox's
+//! `/etc/resolv.conf` (our DNS server on the gateway) into the step's upper layer; it is
+//! removed from the layer afterwards unless the step changed it (see [`RuntimeResolvConf`]).
 
 use sandcell_agent::client::{OutputKind, decode_data};
 use sandcell_image::registry::PullOptions;
@@ -10,9 +16,10 @@ use sandcell_image::{NoProgress, ResolvedImage};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::{
-    AGENT_PORT, HostLayer, Image, Runtime, Sandbox, SandboxSpec, agent_client, new_sandbox_id,
+    AGENT_PORT, HostLayer, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client,
+    new_sandbox_id,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,6 +35,39 @@ pub struct GvisorRunner {
     /// Where pulled blobs are cached (`<data-dir>/cache/blobs`).
     pub data_dir: PathBuf,
     pub pull: PullOptions,
+    /// The network of each RUN sandbox (`None`: loopback only). Not part of the step cache
+    /// key (as in Docker).
+    pub network: Option<NetworkSpec>,
+}
+
+/// Where the runtime writes a networked sandbox's resolver, relative to its root.
+const RESOLV_CONF: &str = "etc/resolv.conf";
+
+/// What the runtime wrote as a RUN sandbox's `/etc/resolv.conf` in the step's upper layer,
+/// read before the step runs. If the file is byte-for-byte the same after the step, the
+/// step did not write it (or wrote the same text, which we cannot tell apart and treat
+/// alike) and it is dropped from the layer, so the image keeps its own resolv.conf (or
+/// none); a step that changed or removed it keeps its result.
+struct RuntimeResolvConf(Option<Vec<u8>>);
+
+impl RuntimeResolvConf {
+    fn read(upper: &Path) -> RuntimeResolvConf {
+        RuntimeResolvConf(std::fs::read(upper.join(RESOLV_CONF)).ok())
+    }
+
+    /// After the sandbox is gone (its overlay unmounted).
+    fn drop_if_unchanged(&self, upper: &Path) -> Result<(), String> {
+        let Some(written) = &self.0 else {
+            return Ok(());
+        };
+        let path = upper.join(RESOLV_CONF);
+        let is_file = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        if is_file && std::fs::read(&path).is_ok_and(|now| &now == written) {
+            sandcell_image::template::drop_runtime_file(upper, Path::new(RESOLV_CONF))
+                .map_err(|e| format!("removing the runtime's resolv.conf from the layer: {e}"))?;
+        }
+        Ok(())
+    }
 }
 
 impl StepRunner for GvisorRunner {
@@ -62,6 +102,7 @@ impl GvisorRunner {
         spec.memory_mib = self.memory_mib;
         spec.vcpus = self.vcpus;
         spec.boot_timeout = Duration::from_secs(60);
+        spec.network = self.network.clone();
         spec.host_layer = Some(HostLayer {
             lowers: request.lowers.clone(),
             upper: request.upper.clone(),
@@ -71,11 +112,14 @@ impl GvisorRunner {
             Ok(sb) => Arc::from(sb),
             Err(e) => return Err(e.to_string()),
         };
+        // Written at create (through the overlay, into the upper layer).
+        let resolv = RuntimeResolvConf::read(&request.upper);
         let result = run_in(&sandbox, request, output).await;
         // The layer is read once the sandbox (and its mount) is gone.
         if let Err(e) = sandbox.destroy().await {
             return Err(format!("removing build sandbox {}: {e}", sandbox.id()));
         }
+        resolv.drop_if_unchanged(&request.upper)?;
         result
     }
 }
