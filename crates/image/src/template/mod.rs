@@ -8,9 +8,10 @@
 //! working directory and user it runs with). A step whose key exists is not run again
 //! (`CACHED`), so an unchanged rebuild only re-exports the result.
 //!
-//! - RUN runs in a Sandcell sandbox ([`StepRunner`], the CLI's gVisor runtime) whose root is
-//!   a host overlayfs: the stage's layers (top first) above its base tree as lowers, the new
-//!   layer as upper. It has no network (loopback only).
+//! - RUN runs in a Sandcell sandbox ([`StepRunner`]: the gVisor runner shared by the CLI
+//!   and the daemon) whose root is a host overlayfs: the stage's layers (top first) above its
+//!   base tree as lowers, the new layer as upper. Its network is the runner's (by default a
+//!   sandbox network with open egress; `--network none`: loopback only).
 //! - COPY, ADD and WORKDIR are done on the host through the same kind of overlay mount,
 //!   by the [`Unpacker`] (paths resolved inside the image; sources read inside the context
 //!   or the earlier stage, see [`context`]).
