@@ -7,12 +7,11 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Control, config, describe, payload, require_kvm, spawn, wait, wait_until};
-use sandcell_proto::vmm::{ControlRequest, ControlResponse, ExitStatus, VmConfig, VmState};
-
-fn ok(state: VmState) -> ControlResponse {
-    ControlResponse::Ok { state }
-}
+use common::{
+    Control, config, describe, ok, payload, require_kvm, shutdown_and_expect_stopped,
+    sigterm_and_expect_stopped, spawn, wait_until, with_log_and_control,
+};
+use sandcell_proto::vmm::{ControlRequest, VmConfig, VmState};
 
 fn ticks(log: &Path) -> usize {
     std::fs::read_to_string(log)
@@ -24,13 +23,7 @@ fn ticks(log: &Path) -> usize {
 fn pause_stops_the_guest_and_resume_continues_it() {
     require_kvm();
     let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("serial.log");
-    let sock = dir.path().join("control.sock");
-    let cfg = VmConfig {
-        serial_log: Some(log.clone()),
-        control_socket: Some(sock.clone()),
-        ..config(payload("ticker"))
-    };
+    let (cfg, log, sock) = with_log_and_control(dir.path(), "ticker", "ticker");
     let child = spawn(&cfg, &[]);
     let mut ctl = Control::connect(&sock);
     assert_eq!(ctl.request(&ControlRequest::Status), ok(VmState::Running));
@@ -57,17 +50,7 @@ fn pause_stops_the_guest_and_resume_continues_it() {
     let before = ticks(&log);
     wait_until("ticks after resume", || ticks(&log) >= before + 2);
 
-    assert_eq!(
-        ctl.request(&ControlRequest::Shutdown),
-        ok(VmState::Stopping)
-    );
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    shutdown_and_expect_stopped(&mut ctl, child);
     assert!(!sock.exists(), "the control socket is removed on exit");
 }
 
@@ -75,38 +58,18 @@ fn pause_stops_the_guest_and_resume_continues_it() {
 fn shutdown_while_paused_stops_the_vm() {
     require_kvm();
     let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("control.sock");
-    let cfg = VmConfig {
-        serial_log: Some(dir.path().join("serial.log")),
-        control_socket: Some(sock.clone()),
-        ..config(payload("ticker"))
-    };
+    let (cfg, _log, sock) = with_log_and_control(dir.path(), "ticker", "ticker");
     let child = spawn(&cfg, &[]);
     let mut ctl = Control::connect(&sock);
     assert_eq!(ctl.request(&ControlRequest::Pause), ok(VmState::Paused));
-    assert_eq!(
-        ctl.request(&ControlRequest::Shutdown),
-        ok(VmState::Stopping)
-    );
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    shutdown_and_expect_stopped(&mut ctl, child);
 }
 
 #[test]
 fn bad_requests_get_errors_in_order() {
     require_kvm();
     let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("control.sock");
-    let cfg = VmConfig {
-        serial_log: Some(dir.path().join("serial.log")),
-        control_socket: Some(sock.clone()),
-        ..config(payload("ticker"))
-    };
+    let (cfg, _log, sock) = with_log_and_control(dir.path(), "ticker", "ticker");
     let child = spawn(&cfg, &[]);
     let mut ctl = Control::connect(&sock);
     let resp = ctl.send_raw("not json\n");
@@ -119,17 +82,7 @@ fn bad_requests_get_errors_in_order() {
     assert!(resp.contains("longer than"), "{resp}");
     let next = ctl.read_line();
     assert!(next.contains("running"), "{next}");
-    assert_eq!(
-        ctl.request(&ControlRequest::Shutdown),
-        ok(VmState::Stopping)
-    );
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    shutdown_and_expect_stopped(&mut ctl, child);
 }
 
 #[test]
@@ -143,16 +96,7 @@ fn sigterm_stops_the_vm() {
     };
     let child = spawn(&cfg, &[]);
     wait_until("the first tick", || ticks(&log) >= 1);
-    // SAFETY: sending a signal to our own child process, identified by its pid.
-    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert_eq!(rc, 0);
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    let out = sigterm_and_expect_stopped(child);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("SIGTERM"),
         "{}",
@@ -167,14 +111,11 @@ fn pause_and_resume_with_virtio_devices_and_halted_vcpus() {
     // never comes; both sit inside KVM_RUN and must still answer the kicks. The virtio
     // devices' subscribers leave and rejoin the event loop on each pause/resume.
     let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("serial.log");
-    let sock = dir.path().join("control.sock");
+    let (idle, log, sock) = with_log_and_control(dir.path(), "idle", "idle");
     let base = dir.path().join("base.img");
     std::fs::write(&base, vec![0u8; 1 << 20]).expect("base image");
     let cfg = VmConfig {
         vcpus: 2,
-        serial_log: Some(log.clone()),
-        control_socket: Some(sock.clone()),
         disk: Some(sandcell_proto::vmm::DiskConfig {
             base,
             overlay: None,
@@ -185,7 +126,7 @@ fn pause_and_resume_with_virtio_devices_and_halted_vcpus() {
             guest_cid: 3,
             uds_path: dir.path().join("v.sock"),
         }),
-        ..config(payload("idle"))
+        ..idle
     };
     let child = spawn(&cfg, &[]);
     let mut ctl = Control::connect(&sock);
@@ -195,16 +136,6 @@ fn pause_and_resume_with_virtio_devices_and_halted_vcpus() {
         assert_eq!(ctl.request(&ControlRequest::Resume), ok(VmState::Running));
     }
     assert_eq!(ctl.request(&ControlRequest::Status), ok(VmState::Running));
-    assert_eq!(
-        ctl.request(&ControlRequest::Shutdown),
-        ok(VmState::Stopping)
-    );
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    shutdown_and_expect_stopped(&mut ctl, child);
     assert_eq!(std::fs::read_to_string(&log).expect("log"), "idle\n");
 }

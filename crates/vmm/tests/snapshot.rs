@@ -8,16 +8,15 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{Control, config, describe, payload, require_kvm, spawn, wait, wait_until};
+use common::{
+    Control, assert_exit, describe, ok, require_kvm, shutdown_and_expect_stopped,
+    sigterm_and_expect_stopped, spawn, wait, wait_until, with_log_and_control,
+};
 use sandcell_proto::vmm::{
     ControlRequest, ControlResponse, ExitStatus, RestoreOverrides, SnapshotMode, VmConfig, VmState,
 };
 
 const COUNTER_ADDR: u64 = 0x30_0000;
-
-fn ok(state: VmState) -> ControlResponse {
-    ControlResponse::Ok { state }
-}
 
 /// The counts printed on a console log, in order (a partial last line is ignored).
 fn counts(log: &Path) -> Vec<u32> {
@@ -57,6 +56,18 @@ fn vmm(args: &[&str]) -> Child {
         .expect("spawning sandcell-vmm")
 }
 
+/// Restores `state` over `mem` in a new VMM, its console logged to `log`.
+fn restore_logged(state: &Path, mem: &Path, log: &Path) -> Child {
+    vmm(&[
+        "--restore",
+        s(state),
+        "--mem",
+        s(mem),
+        "--serial-log",
+        s(log),
+    ])
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
@@ -69,13 +80,7 @@ struct Parent {
 }
 
 fn start_counter(dir: &Path, name: &str, min: usize) -> Parent {
-    let log = dir.join(format!("{name}.log"));
-    let sock = dir.join(format!("{name}.sock"));
-    let cfg = VmConfig {
-        serial_log: Some(log.clone()),
-        control_socket: Some(sock.clone()),
-        ..config(payload("counter"))
-    };
+    let (cfg, log, sock) = with_log_and_control(dir, name, "counter");
     let child = spawn(&cfg, &[]);
     let ctl = Control::connect(&sock);
     wait_until("the first counts", || counts(&log).len() >= min);
@@ -96,29 +101,11 @@ fn snapshot(ctl: &mut Control, dir: &Path, mode: SnapshotMode) -> (PathBuf, Path
 }
 
 fn stop(mut p: Parent) {
-    assert_eq!(
-        p.ctl.request(&ControlRequest::Shutdown),
-        ok(VmState::Stopping)
-    );
-    let out = wait(p.child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    shutdown_and_expect_stopped(&mut p.ctl, p.child);
 }
 
 fn terminate(child: Child) {
-    // SAFETY: signalling our own child by pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    sigterm_and_expect_stopped(child);
 }
 
 fn memory_u64(mem: &Path, addr: u64) -> u64 {
@@ -159,14 +146,7 @@ fn a_restored_vm_continues_counting_where_it_was_saved() {
     );
 
     let log = dir.path().join("restored.log");
-    let child = vmm(&[
-        "--restore",
-        s(&state),
-        "--mem",
-        s(&mem),
-        "--serial-log",
-        s(&log),
-    ]);
+    let child = restore_logged(&state, &mem, &log);
     wait_until("counts from the restored VM", || counts(&log).len() >= 3);
     terminate(child);
     let restored = counts(&log);
@@ -223,16 +203,7 @@ fn twenty_concurrent_restores_all_run_and_share_their_memory_image() {
         .collect();
     let children: Vec<Child> = logs
         .iter()
-        .map(|log| {
-            vmm(&[
-                "--restore",
-                s(&state),
-                "--mem",
-                s(&mem),
-                "--serial-log",
-                s(log),
-            ])
-        })
+        .map(|log| restore_logged(&state, &mem, log))
         .collect();
     for log in &logs {
         wait_until("every clone counting", || counts(log).len() >= 2);
@@ -313,12 +284,7 @@ fn corrupt_truncated_or_foreign_snapshots_are_refused_with_bad_config() {
     let short = dir.path().join("short.mem");
     std::fs::write(&short, vec![0u8; 1 << 20]).expect("short memory");
     let out = wait(vmm(&["--restore", s(&state), "--mem", s(&short)]));
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::BadConfig.code()),
-        "{}",
-        describe(&out)
-    );
+    assert_exit(&out, ExitStatus::BadConfig);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("memory file"),
         "{}",
@@ -371,17 +337,7 @@ fn a_waiting_vmm_restores_on_command_and_keeps_serving_its_socket() {
     wait_until("counts after the pool restore", || counts(&log).len() >= 2);
     let c = counts(&log);
     assert!(c[0] > last && c[0] <= last + 2, "{c:?} after {last}");
-    assert_eq!(
-        ctl.request(&ControlRequest::Shutdown),
-        ok(VmState::Stopping)
-    );
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    shutdown_and_expect_stopped(&mut ctl, child);
 }
 
 #[test]
@@ -402,14 +358,7 @@ fn a_fork_leaves_the_parent_running_and_children_diverge_from_the_frozen_image()
     });
 
     let log = dir.path().join("child.log");
-    let child = vmm(&[
-        "--restore",
-        s(&state),
-        "--mem",
-        s(&image),
-        "--serial-log",
-        s(&log),
-    ]);
+    let child = restore_logged(&state, &image, &log);
     wait_until("the child counting", || counts(&log).len() >= 3);
     let c = counts(&log);
     assert!(
@@ -427,14 +376,7 @@ fn a_fork_leaves_the_parent_running_and_children_diverge_from_the_frozen_image()
     let at_second = memory_u64(&image2, COUNTER_ADDR);
     assert!(at_second > at_fork, "{at_second} after {at_fork}");
     let log2 = dir.path().join("child2.log");
-    let child2 = vmm(&[
-        "--restore",
-        s(&state2),
-        "--mem",
-        s(&image2),
-        "--serial-log",
-        s(&log2),
-    ]);
+    let child2 = restore_logged(&state2, &image2, &log2);
     wait_until("the second child counting", || counts(&log2).len() >= 2);
     let before = counts(&parent.log).len();
     wait_until("the parent still counting", || {
@@ -458,17 +400,14 @@ fn a_snapshot_freezes_the_disk_top_and_restores_bring_their_own() {
     let base = dir.path().join("base.img");
     std::fs::write(&base, vec![0x11u8; 1 << 20]).expect("base image");
     let top = dir.path().join("top.scovl");
-    let log = dir.path().join("parent.log");
-    let sock = dir.path().join("parent.sock");
+    let (counter, log, sock) = with_log_and_control(dir.path(), "parent", "counter");
     let cfg = VmConfig {
-        serial_log: Some(log.clone()),
-        control_socket: Some(sock.clone()),
         disk: Some(sandcell_proto::vmm::DiskConfig {
             base: base.clone(),
             overlay: Some(top.clone()),
             layers: Vec::new(),
         }),
-        ..config(payload("counter"))
+        ..counter
     };
     let child = spawn(&cfg, &[]);
     let mut ctl = Control::connect(&sock);
@@ -490,12 +429,7 @@ fn a_snapshot_freezes_the_disk_top_and_restores_bring_their_own() {
 
     // A restore without its own top layer is refused; with one it runs.
     let out = wait(vmm(&["--restore", s(&state), "--mem", s(&mem)]));
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::BadConfig.code()),
-        "{}",
-        describe(&out)
-    );
+    assert_exit(&out, ExitStatus::BadConfig);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("disk-overlay"),
         "{}",
@@ -580,16 +514,6 @@ fn a_snapshot_freezes_the_disk_top_and_restores_bring_their_own() {
         counts(&mlog).len() >= 2
     });
     terminate(c);
-    assert_eq!(
-        ctl.request(&ControlRequest::Shutdown),
-        ok(VmState::Stopping)
-    );
-    let out = wait(child);
-    assert_eq!(
-        out.status.code(),
-        Some(ExitStatus::Stopped.code()),
-        "{}",
-        describe(&out)
-    );
+    shutdown_and_expect_stopped(&mut ctl, child);
     assert_eq!(std::fs::read(&base).expect("base"), vec![0x11u8; 1 << 20]);
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use sandcell_proto::vmm::{ControlRequest, ControlResponse, VmConfig};
+use sandcell_proto::vmm::{ControlRequest, ControlResponse, ExitStatus, VmConfig, VmState};
 
 /// Longest any payload VM may take before the test gives up on it (a hang guard, not a
 /// timing assertion).
@@ -90,6 +90,23 @@ pub fn config(kernel: PathBuf) -> VmConfig {
     }
 }
 
+/// A config for payload `payload_name` with its console logged to `<dir>/<name>.log` and
+/// a control socket at `<dir>/<name>.sock`; returns the config, the log and the socket.
+pub fn with_log_and_control(
+    dir: &Path,
+    name: &str,
+    payload_name: &str,
+) -> (VmConfig, PathBuf, PathBuf) {
+    let log = dir.join(format!("{name}.log"));
+    let sock = dir.join(format!("{name}.sock"));
+    let cfg = VmConfig {
+        serial_log: Some(log.clone()),
+        control_socket: Some(sock.clone()),
+        ..config(payload(payload_name))
+    };
+    (cfg, log, sock)
+}
+
 pub fn spawn(cfg: &VmConfig, extra_args: &[&str]) -> Child {
     let json = serde_json::to_string(cfg).expect("config to JSON");
     Command::new(vmm_bin())
@@ -135,6 +152,38 @@ pub fn describe(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// Asserts that the VMM exited with `status` (the message shows its output).
+pub fn assert_exit(out: &Output, status: ExitStatus) {
+    assert_eq!(out.status.code(), Some(status.code()), "{}", describe(out));
+}
+
+/// The control-socket answer `Ok` in `state`.
+pub fn ok(state: VmState) -> ControlResponse {
+    ControlResponse::Ok { state }
+}
+
+/// Asks the VMM to shut down (answered `Stopping`), waits for it and asserts it exited
+/// `Stopped`.
+pub fn shutdown_and_expect_stopped(ctl: &mut Control, child: Child) -> Output {
+    assert_eq!(
+        ctl.request(&ControlRequest::Shutdown),
+        ok(VmState::Stopping)
+    );
+    let out = wait(child);
+    assert_exit(&out, ExitStatus::Stopped);
+    out
+}
+
+/// Sends SIGTERM to the VMM, waits for it and asserts it exited `Stopped`.
+pub fn sigterm_and_expect_stopped(child: Child) -> Output {
+    // SAFETY: sending a signal to our own child process, identified by its pid.
+    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let out = wait(child);
+    assert_exit(&out, ExitStatus::Stopped);
+    out
 }
 
 /// Polls until `cond` holds (bounded by HANG_GUARD).
