@@ -9,6 +9,7 @@
 //! sandcell template ls [--json]
 //! sandcell template inspect NAME
 //! sandcell template rm NAME... [--json]
+//! sandcell template prune [--older-than DAYS] [--dry-run] [--json]   (template/prune.rs)
 //! ```
 //! Templates and images share `<data-dir>/images/`: a template is an image built from a
 //! Dockerfile (it has a `template.json`), so `run --image NAME` and the daemon's
@@ -30,6 +31,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod prune;
+
 const EXIT_FAILED: i32 = 1;
 const EXIT_USAGE: i32 = 2;
 
@@ -43,6 +46,8 @@ pub enum TemplateCommand {
     Inspect(InspectArgs),
     /// Remove templates (refused while a sandbox uses one)
     Rm(RmArgs),
+    /// Remove cached layers no template uses and old uploads (not during a build)
+    Prune(prune::PruneArgs),
 }
 
 #[derive(clap::Args)]
@@ -116,6 +121,7 @@ pub async fn run(dirs: &Dirs, command: TemplateCommand) -> i32 {
         TemplateCommand::Ls(args) => ls(dirs, args),
         TemplateCommand::Inspect(args) => inspect(dirs, args),
         TemplateCommand::Rm(args) => rm(dirs, args),
+        TemplateCommand::Prune(args) => prune::report(prune::run(&dirs.data, &args), args.json),
     }
 }
 
