@@ -1,6 +1,8 @@
 //! The E2B template build routes (template_api.rs) against a real daemon (gvisor runtime,
 //! the installed minimal image): malformed requests, a failing RUN step whose status says
-//! why with its output, and that status after a restart. The stock SDK's round trip is
+//! why with its output, and that status after a restart; a built template's size in
+//! GET /templates and its DELETE (refused while a sandbox or snapshot needs it). The stock
+//! SDK's round trip is
 //! tests/e2b/test_template.py.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -327,9 +329,40 @@ async fn built_templates_are_listed_with_their_size_and_deleted_when_unused() {
     assert_eq!(status, StatusCode::CONFLICT, "paused: {body}");
     assert!(env.data().join("images/tpl-del/template.json").is_file());
 
-    // Unused: deleted, gone from the list, and creates from it fail.
     let (status, body) = call(c, Method::DELETE, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+
+    // A snapshot taken of a sandbox from it needs it too, after that sandbox is gone.
+    let (status, sbx) = call(
+        c,
+        Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "tpl-del", "timeout": 120})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{sbx}");
+    let id = sbx["sandboxID"].as_str().unwrap().to_string();
+    let snapshots = format!("/sandboxes/{id}/snapshots");
+    let (status, body) = call(
+        c,
+        Method::POST,
+        &snapshots,
+        Some(json!({"name": "tpl-del-snap"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = call(c, Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = call(c, Method::DELETE, "/templates/tpl-del", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("snapshot"),
+        "{body}"
+    );
+    let (status, body) = call(c, Method::DELETE, "/templates/tpl-del-snap", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "the snapshot: {body}");
+
+    // Unused: deleted, gone from the list, and creates from it fail.
     let (status, body) = call(c, Method::DELETE, "/templates/tpl-del", None).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     assert!(!env.data().join("images/tpl-del").exists());
