@@ -4,15 +4,15 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use sandcell_agent::client::{OutputKind, decode_data};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
 use sandcell_runtime::cgroup::{self, SandboxCgroup};
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::{
     Dirs, Image, Runtime, Sandbox, SandboxExit, SandboxSpec, SandboxStatus, agent_client,
-    new_sandbox_id,
 };
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,20 +23,9 @@ struct Env {
 }
 
 fn env() -> Env {
-    assert_eq!(
-        unsafe_geteuid(),
-        0,
-        "the gvisor runtime tests need root (runsc, overlayfs, cgroups)"
-    );
-    let data = std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
-    let image = Image::resolve(&Path::new(&data).join("images"), "minimal").unwrap_or_else(|e| {
-        panic!("the tests need the minimal image (run `make images install`): {e}")
-    });
-    let tmp = tempfile::Builder::new()
-        .prefix("sc-rt")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
+    common::require_root("gvisor runtime");
+    let image = common::minimal_image();
+    let (tmp, dirs) = common::temp_dirs("sc-rt");
     Env {
         _tmp: tmp,
         dirs,
@@ -44,22 +33,12 @@ fn env() -> Env {
     }
 }
 
-fn unsafe_geteuid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
-}
-
 fn spec(env: &Env, memory_mib: u32) -> SandboxSpec {
-    let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), env.image.clone());
-    spec.memory_mib = memory_mib;
-    spec.boot_timeout = Duration::from_secs(60);
-    spec
+    common::sandbox_spec(&env.image, memory_mib)
 }
 
 async fn start(env: &Env, memory_mib: u32) -> (GvisorRuntime, Arc<dyn Sandbox>, Guard) {
-    let rt = GvisorRuntime::new(env.dirs.clone())
-        .await
-        .expect("runsc is needed (apt install runsc)");
+    let rt = common::gvisor_runtime(&env.dirs).await;
     let sb: Arc<dyn Sandbox> = Arc::from(rt.create(spec(env, memory_mib)).await.unwrap());
     let guard = Guard {
         dirs: env.dirs.clone(),
@@ -118,29 +97,9 @@ async fn run(sb: &Arc<dyn Sandbox>, argv: &[&str]) -> Result<(Vec<u8>, Vec<u8>, 
     Err("stream ended without an end event".into())
 }
 
-async fn containers(rt: &GvisorRuntime) -> String {
-    let out = tokio::process::Command::new("runsc")
-        .arg(format!("--root={}", rt.runsc_root().display()))
-        .args(["list", "--quiet"])
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// Nothing of sandbox `id` is left: run dir, runsc container, cgroup, mount.
 async fn assert_gone(env: &Env, rt: &GvisorRuntime, id: &str) {
-    let run_dir = env.dirs.sandbox_run_dir(id);
-    assert!(!run_dir.exists(), "{} is left", run_dir.display());
-    let listed = containers(rt).await;
-    assert!(!listed.contains(id), "runsc still lists {id}: {listed}");
-    let version = cgroup::detect_version().unwrap();
-    assert!(
-        !SandboxCgroup::existing_ids(version).contains(&id.to_string()),
-        "cgroup of {id} is left"
-    );
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(id), "a mount of {id} is left");
+    common::assert_gone(&env.dirs, rt, id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,13 +8,11 @@
 
 mod common;
 
-use common::sh;
+use common::{sh, temp_dirs};
 
-use sandcell_runtime::cgroup::{self, SandboxCgroup};
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::{
-    Dirs, Error, Image, RestoreSpec, Runtime, Sandbox, SandboxSpec, SnapshotHandle, SnapshotKind,
-    new_sandbox_id,
+    Dirs, Error, Image, RestoreSpec, Runtime, Sandbox, SnapshotHandle, SnapshotKind, new_sandbox_id,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,21 +27,9 @@ struct Env {
 }
 
 fn env() -> Env {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "the gvisor snapshot tests need root (runsc, overlayfs, cgroups)"
-    );
-    let data = std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
-    let image = Image::resolve(&Path::new(&data).join("images"), "minimal").unwrap_or_else(|e| {
-        panic!("the tests need the minimal image (run `make images install`): {e}")
-    });
-    let tmp = tempfile::Builder::new()
-        .prefix("sc-snap")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
+    common::require_root("gvisor snapshot");
+    let image = common::minimal_image();
+    let (tmp, dirs) = temp_dirs("sc-snap");
     Env {
         _sweep: common::SweepGuard { dirs: dirs.clone() },
         tmp,
@@ -59,15 +45,11 @@ impl Env {
 }
 
 async fn runtime(env: &Env) -> GvisorRuntime {
-    GvisorRuntime::new(env.dirs.clone())
-        .await
-        .expect("runsc is needed (apt install runsc)")
+    common::gvisor_runtime(&env.dirs).await
 }
 
 async fn start(env: &Env, rt: &GvisorRuntime) -> Arc<dyn Sandbox> {
-    let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), env.image.clone());
-    spec.memory_mib = 256;
-    spec.boot_timeout = Duration::from_secs(60);
+    let spec = common::sandbox_spec(&env.image, 256);
     let sb: Arc<dyn Sandbox> = Arc::from(rt.create(spec).await.unwrap());
     sb.start().await.unwrap();
     sb
@@ -122,28 +104,8 @@ async fn same_counter_runs(sb: &Arc<dyn Sandbox>, pid_before: &str) {
     assert_eq!(status, 0, "process {pid_before} is gone: {ps}");
 }
 
-async fn runsc_containers(rt: &GvisorRuntime) -> String {
-    let out = tokio::process::Command::new("runsc")
-        .arg(format!("--root={}", rt.runsc_root().display()))
-        .args(["list", "--quiet"])
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 async fn assert_gone(env: &Env, rt: &GvisorRuntime, id: &str) {
-    let run_dir = env.dirs.sandbox_run_dir(id);
-    assert!(!run_dir.exists(), "{} is left", run_dir.display());
-    let listed = runsc_containers(rt).await;
-    assert!(!listed.contains(id), "runsc still lists {id}: {listed}");
-    let version = cgroup::detect_version().unwrap();
-    assert!(
-        !SandboxCgroup::existing_ids(version).contains(&id.to_string()),
-        "cgroup of {id} is left"
-    );
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(id), "a mount of {id} is left");
+    common::assert_gone(&env.dirs, rt, id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,14 +1,86 @@
-//! What the gvisor snapshot tests share: running a shell command in a sandbox (bounded in
-//! time, with the console on failure) and sweeping what a failed test left.
+//! What the gvisor runtime tests share: their setup (root, the installed minimal image, temp
+//! dirs, the runtime), running a shell command in a sandbox (bounded in time, with the
+//! console on failure), checking that nothing of a sandbox is left, and sweeping what a
+//! failed test left.
 
 #![allow(dead_code)]
 
 use sandcell_agent::client::{OutputKind, decode_data};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
 use sandcell_runtime::cgroup::{self, SandboxCgroup};
-use sandcell_runtime::{Dirs, Sandbox, agent_client};
+use sandcell_runtime::gvisor::GvisorRuntime;
+use sandcell_runtime::{Dirs, Image, Sandbox, SandboxSpec, agent_client, new_sandbox_id};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Fails (loudly) unless the tests run as root; `tests` names them in the message.
+pub fn require_root(tests: &str) {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the {tests} tests need root (runsc, overlayfs, cgroups)"
+    );
+}
+
+/// The installed minimal image (under `$SANDCELL_DATA_DIR`, default /var/lib/sandcell).
+pub fn minimal_image() -> Image {
+    let data = std::env::var("SANDCELL_DATA_DIR").unwrap_or_else(|_| "/var/lib/sandcell".into());
+    Image::resolve(&Path::new(&data).join("images"), "minimal").unwrap_or_else(|e| {
+        panic!("the tests need the minimal image (run `make images install`): {e}")
+    })
+}
+
+/// A temp dir in /tmp named `<prefix>…` and the test's own data and run dirs inside it.
+pub fn temp_dirs(prefix: &str) -> (tempfile::TempDir, Dirs) {
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
+    (tmp, dirs)
+}
+
+pub async fn gvisor_runtime(dirs: &Dirs) -> GvisorRuntime {
+    GvisorRuntime::new(dirs.clone())
+        .await
+        .expect("runsc is needed (apt install runsc)")
+}
+
+/// A spec for a new sandbox of `image` with `memory_mib` and a 60 s boot timeout.
+pub fn sandbox_spec(image: &Image, memory_mib: u32) -> SandboxSpec {
+    let mut spec = SandboxSpec::new(new_sandbox_id().unwrap(), image.clone());
+    spec.memory_mib = memory_mib;
+    spec.boot_timeout = Duration::from_secs(60);
+    spec
+}
+
+/// The ids of the containers runsc lists under the runtime's root.
+pub async fn runsc_containers(rt: &GvisorRuntime) -> String {
+    let out = tokio::process::Command::new("runsc")
+        .arg(format!("--root={}", rt.runsc_root().display()))
+        .args(["list", "--quiet"])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Nothing of sandbox `id` is left: run dir, runsc container, cgroup, mount.
+pub async fn assert_gone(dirs: &Dirs, rt: &GvisorRuntime, id: &str) {
+    let run_dir = dirs.sandbox_run_dir(id);
+    assert!(!run_dir.exists(), "{} is left", run_dir.display());
+    let listed = runsc_containers(rt).await;
+    assert!(!listed.contains(id), "runsc still lists {id}: {listed}");
+    let version = cgroup::detect_version().unwrap();
+    assert!(
+        !SandboxCgroup::existing_ids(version).contains(&id.to_string()),
+        "cgroup of {id} is left"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(id), "a mount of {id} is left");
+}
 
 /// Removes what a failed test left of every sandbox under `dirs`: the runsc container, the
 /// network, the cgroup, the root mount.
