@@ -2,8 +2,7 @@
 //! the installed minimal image): malformed requests, a failing RUN step whose status says
 //! why with its output, and that status after a restart; a built template's size in
 //! GET /templates and its DELETE (refused while a sandbox or snapshot needs it). The stock
-//! SDK's round trip is
-//! tests/e2b/test_template.py.
+//! SDK's round trip is tests/e2b/test_template.py.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
