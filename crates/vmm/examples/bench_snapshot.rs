@@ -18,6 +18,8 @@
 //!
 //!   bench_snapshot --vmm PATH --counter ELF --chatter ELF [--runs N] [--clones N] [--dir DIR]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -42,10 +44,8 @@ fn parse_args() -> Result<Args, String> {
         clones: 50,
         dir: PathBuf::from("/dev/shm"),
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
-        match k.as_str() {
+    common::parse_pairs(|k, v| {
+        match k {
             "--vmm" => a.vmm = v,
             "--counter" => a.counter = v,
             "--chatter" => a.chatter = v,
@@ -54,7 +54,8 @@ fn parse_args() -> Result<Args, String> {
             "--dir" => a.dir = PathBuf::from(v),
             _ => return Err(format!("unknown argument {k}")),
         }
-    }
+        Ok(())
+    })?;
     if a.vmm.is_empty() || a.counter.is_empty() || a.chatter.is_empty() || a.runs == 0 {
         return Err(
             "usage: bench_snapshot --vmm PATH --counter ELF --chatter ELF [--runs N] \
@@ -65,20 +66,9 @@ fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn summary(mut samples: Vec<f64>) -> serde_json::Value {
-    samples.sort_by(f64::total_cmp);
-    serde_json::json!({
-        "p50": percentile(&samples, 50.0),
-        "p90": percentile(&samples, 90.0),
-        "p99": percentile(&samples, 99.0),
-        "min": samples[0],
-        "max": samples[samples.len() - 1],
-    })
+/// The percentiles of `samples` (not the samples: there are many series).
+fn summary(samples: Vec<f64>) -> serde_json::Value {
+    common::summary(samples).0
 }
 
 fn p50(v: &serde_json::Value) -> f64 {
@@ -189,20 +179,6 @@ fn restore_cmd(a: &Args, state: &Path, mem: &Path) -> Command {
     c
 }
 
-fn rollup_mib(pid: u32) -> Result<(f64, f64), String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .map_err(|e| format!("smaps_rollup: {e}"))?;
-    let field = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .map(|kib| kib / 1024.0)
-            .ok_or_else(|| format!("{name} missing"))
-    };
-    Ok((field("Rss:")?, field("Pss:")?))
-}
-
 fn run(a: &Args) -> Result<serde_json::Value, String> {
     let work = a.dir.join(format!("sandcell-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
@@ -304,7 +280,7 @@ fn measure(a: &Args, work: &Path) -> Result<serde_json::Value, String> {
         if c.try_wait().map_err(|e| e.to_string())?.is_none() {
             running += 1;
         }
-        let (r, p) = rollup_mib(c.id())?;
+        let (r, p) = common::rollup_mib(c.id())?;
         rss += r;
         pss += p;
     }
@@ -352,18 +328,6 @@ fn measure(a: &Args, work: &Path) -> Result<serde_json::Value, String> {
 }
 
 fn main() {
-    let a = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("bench_snapshot: {e}");
-            std::process::exit(2);
-        }
-    };
-    match run(&a) {
-        Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
-        Err(e) => {
-            eprintln!("bench_snapshot: {e}");
-            std::process::exit(1);
-        }
-    }
+    let a = common::args_or_exit("bench_snapshot", parse_args());
+    common::print_or_exit("bench_snapshot", run(&a));
 }

@@ -6,6 +6,8 @@
 //!
 //!   bench_vmm --vmm PATH --hello ELF --idle ELF [--runs N]
 
+mod common;
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,17 +26,16 @@ fn parse_args() -> Result<Args, String> {
         idle: String::new(),
         runs: 20,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
-        match k.as_str() {
+    common::parse_pairs(|k, v| {
+        match k {
             "--vmm" => a.vmm = v,
             "--hello" => a.hello = v,
             "--idle" => a.idle = v,
             "--runs" => a.runs = v.parse().map_err(|e| format!("--runs: {e}"))?,
             _ => return Err(format!("unknown argument {k}")),
         }
-    }
+        Ok(())
+    })?;
     if a.vmm.is_empty() || a.hello.is_empty() || a.idle.is_empty() || a.runs == 0 {
         return Err("usage: bench_vmm --vmm PATH --hello ELF --idle ELF [--runs N]".into());
     }
@@ -45,22 +46,11 @@ fn config(kernel: &str) -> String {
     format!(r#"{{"vcpus":1,"memory_mib":128,"kernel":"{kernel}"}}"#)
 }
 
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn summary(mut samples: Vec<f64>) -> serde_json::Value {
-    samples.sort_by(f64::total_cmp);
-    serde_json::json!({
-        "p50": percentile(&samples, 50.0),
-        "p90": percentile(&samples, 90.0),
-        "p99": percentile(&samples, 99.0),
-        "min": samples[0],
-        "max": samples[samples.len() - 1],
-        "samples": samples,
-    })
+/// The percentiles of `samples`, with the samples themselves.
+fn summary(samples: Vec<f64>) -> serde_json::Value {
+    let (mut stats, sorted) = common::summary(samples);
+    stats["samples"] = sorted.into();
+    stats
 }
 
 fn first_output_ms(a: &Args) -> Result<f64, String> {
@@ -101,35 +91,15 @@ fn idle_memory_mib(a: &Args) -> Result<(f64, f64), String> {
         .map_err(|e| format!("waiting for the idle marker: {e}"))?;
     // Let the VMM reach its idle state (threads parked in epoll_wait / KVM_RUN).
     std::thread::sleep(Duration::from_millis(200));
-    let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", child.id()))
-        .map_err(|e| format!("reading smaps_rollup: {e}"))?;
-    let field = |name: &str| -> Result<f64, String> {
-        let line = rollup
-            .lines()
-            .find(|l| l.starts_with(name))
-            .ok_or_else(|| format!("{name} missing from smaps_rollup"))?;
-        let kib: f64 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("bad {name} line {line:?}"))?;
-        Ok(kib / 1024.0)
-    };
-    let result = (field("Rss:")?, field("Pss:")?);
+    let result = common::rollup_mib(child.id());
     // SAFETY: signalling our own child by pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
-    Ok(result)
+    result
 }
 
 fn main() {
-    let a = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("bench_vmm: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = common::args_or_exit("bench_vmm", parse_args());
     let run = || -> Result<serde_json::Value, String> {
         let mut first = Vec::new();
         let mut rss = Vec::new();
@@ -153,11 +123,5 @@ fn main() {
             }
         }))
     };
-    match run() {
-        Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
-        Err(e) => {
-            eprintln!("bench_vmm: {e}");
-            std::process::exit(1);
-        }
-    }
+    common::print_or_exit("bench_vmm", run());
 }
