@@ -210,32 +210,6 @@ fn fail(is_init: bool) -> ExitCode {
     ExitCode::FAILURE
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Result<Args, String> {
-        parse_args(args.iter().map(|s| s.to_string()))
-    }
-
-    #[test]
-    fn parses_flags_with_and_without_equals() {
-        let a = parse(&[
-            "--listen",
-            "unix:/a.sock",
-            "--keepalive-secs=5",
-            "--no-init-mounts",
-        ])
-        .unwrap_or_default();
-        assert_eq!(a.listen.as_deref(), Some("unix:/a.sock"));
-        assert_eq!(a.keepalive_secs, Some(5));
-        assert!(a.no_init_mounts);
-        assert!(parse(&["--listen"]).is_err());
-        assert!(parse(&["--bogus"]).is_err());
-        assert!(parse(&["--keepalive-secs", "x"]).is_err());
-    }
-}
-
 /// The signals that ask PID 1 to power off: SIGTERM (`runsc kill`, `kill 1`), SIGUSR2
 /// (busybox `poweroff`) and SIGUSR1 (busybox `halt`; a sandbox has nothing to halt for).
 struct PowerSignals {
@@ -262,5 +236,31 @@ impl PowerSignals {
             _ = self.usr2.recv() => "SIGUSR2 (poweroff)",
             _ = self.usr1.recv() => "SIGUSR1 (halt)",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        parse_args(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_flags_with_and_without_equals() {
+        let a = parse(&[
+            "--listen",
+            "unix:/a.sock",
+            "--keepalive-secs=5",
+            "--no-init-mounts",
+        ])
+        .unwrap_or_default();
+        assert_eq!(a.listen.as_deref(), Some("unix:/a.sock"));
+        assert_eq!(a.keepalive_secs, Some(5));
+        assert!(a.no_init_mounts);
+        assert!(parse(&["--listen"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["--keepalive-secs", "x"]).is_err());
     }
 }

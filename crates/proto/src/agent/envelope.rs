@@ -71,6 +71,9 @@ impl Decoder {
     }
 
     /// The next complete envelope, `Ok(None)` if more bytes are needed.
+    // Not `Iterator::next`: a decode error is not the end of the stream, and "no whole
+    // envelope yet" (Ok(None)) is not either.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Envelope>, DecodeError> {
         if self.buf.len() < HEADER_LEN {
             return Ok(None);
@@ -101,6 +104,7 @@ impl Decoder {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
