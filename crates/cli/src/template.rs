@@ -398,6 +398,8 @@ mod tests {
     #[test]
     fn dates() {
         assert_eq!(super::utc(0), "1970-01-01 00:00:00");
-        assert_eq!(super::utc(1_796_000_000), "2026-11-30 02:53:20");
+        // `date -u -d @1796000000`
+        assert_eq!(super::utc(1_796_000_000), "2026-11-30 00:53:20");
+        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00:00");
     }
 }
