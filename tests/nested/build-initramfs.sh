@@ -70,6 +70,7 @@ install -m 0755 "$here/l1/init" "$stage/init"
 install -m 0755 "$here/l1/tests.sh" "$stage/nested/tests.sh"
 install -m 0644 "$here/l1/snapshot.sh" "$stage/nested/snapshot.sh"
 install -m 0644 "$here/l1/net.sh" "$stage/nested/net.sh"
+install -m 0644 "$here/l1/template.sh" "$stage/nested/template.sh"
 install -m 0755 "$busybox" "$stage/bin/busybox"
 while IFS= read -r applet; do
   [ -e "$stage/$applet" ] || { mkdir -p "$stage/$(dirname "$applet")"; ln -s /bin/busybox "$stage/$applet"; }

@@ -101,6 +101,13 @@ pub struct ServeArgs {
     /// from over plain HTTP
     #[arg(long = "insecure-registry", value_name = "HOST")]
     pub insecure_registries: Vec<String>,
+    /// microvm: boot every sandbox instead of restoring a snapshot of its template into a
+    /// pre-started VMM (sandboxes without a network; the default is to restore)
+    #[arg(long)]
+    pub no_template_snapshots: bool,
+    /// microvm: idle pre-started VMMs kept for template snapshot restores
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub vmm_pool: usize,
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -256,7 +263,8 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-async fn open_runtime(dirs: &Dirs, choice: RuntimeChoice) -> Result<Arc<dyn Runtime>, Error> {
+async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>, Error> {
+    let choice = args.runtime;
     // The self-test boots the image sandboxes use most.
     let image = Image::resolve(&dirs.images(), "base")
         .or_else(|_| Image::resolve(&dirs.images(), "minimal"))
@@ -268,7 +276,10 @@ async fn open_runtime(dirs: &Dirs, choice: RuntimeChoice) -> Result<Arc<dyn Runt
     );
     Ok(match selection.runtime {
         RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone()).await?),
-        RuntimeKind::Microvm => Arc::new(MicrovmRuntime::new(dirs.clone())?),
+        RuntimeKind::Microvm => {
+            let pool = if args.no_template_snapshots { 0 } else { args.vmm_pool };
+            Arc::new(MicrovmRuntime::new(dirs.clone())?.with_template_snapshots(pool))
+        }
     })
 }
 
@@ -291,7 +302,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     if let Some(settings) = net_settings(&dirs, &args)? {
         networks::configure(settings);
     }
-    let runtime = open_runtime(&dirs, args.runtime).await?;
+    let runtime = open_runtime(&dirs, &args).await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let lifecycle = Arc::new(Lifecycle::new(
         db.clone(),
@@ -356,6 +367,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         );
     }
     reaper.abort();
+    // Idle pre-started VMMs are not sandboxes: they go with the daemon.
+    sandcell_runtime::microvm::stop_warm_pools();
     lifecycle.shutdown().await;
     networks::shutdown().await;
     let _ = stop_tx.send(());

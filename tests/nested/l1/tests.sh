@@ -280,17 +280,20 @@ test_daemon_smoke() {
   need sandcell sandcell-vmm nested-probe; need_l2
   d=/tmp/daemon_smoke; mkdir -p $d
   ip link set lo up 2>/dev/null || true
-  sandcell --data-dir $DATA serve --runtime microvm --no-network --listen 127.0.0.1:3000 \
-    > $d/serve.out 2>&1 &
+  # A cold boot on purpose (daemon_template tests the template snapshot path).
+  sandcell --data-dir $DATA serve --runtime microvm --no-network --no-template-snapshots \
+    --listen 127.0.0.1:3000 > $d/serve.out 2>&1 &
   n=0
   until grep -q "listening on" $d/serve.out 2>/dev/null; do
     n=$((n + 1)); [ $n -lt 300 ] || { tail -n 20 $d/serve.out; fail "sandcell serve never listened"; }
     sleep 0.1
   done
   key=$(cat $DATA/admin.key 2>/dev/null) || { tail -n 20 $d/serve.out; fail "no admin key in $DATA/admin.key"; }
+  t0=$(now_cs)
   nested-probe post --tcp 127.0.0.1:3000 --timeout 150 --path /sandboxes --header "X-API-Key: $key" \
     --body '{"templateID":"minimal","timeout":120,"cpuCount":1,"memoryMB":256}' > $d/create.out 2>&1 \
     || { cat $d/create.out; tail -n 20 $d/serve.out; fail "POST /sandboxes: $(head -c 300 $d/create.out)"; }
+  bench daemon_create_cold_ms $(( ($(now_cs) - t0) * 10 )) ms
   id=$(sed -n 's/.*"sandboxID":"\([^"]*\)".*/\1/p' $d/create.out)
   token=$(sed -n 's/.*"envdAccessToken":"\([^"]*\)".*/\1/p' $d/create.out)
   [ -n "$id" ] || fail "no sandboxID in $(head -c 300 $d/create.out)"
@@ -311,6 +314,7 @@ test_daemon_smoke() {
 
 . "$(dirname "$SELF")/snapshot.sh"
 . "$(dirname "$SELF")/net.sh"
+. "$(dirname "$SELF")/template.sh"
 
 # ---- runner ----------------------------------------------------------------------------------
 
@@ -351,7 +355,7 @@ case "$1" in
     mkdir -p /tmp/nested-logs
     only=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^nested\.only=//p' | tr ',' ' ')
     plan=
-    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF" "$(dirname "$SELF")/snapshot.sh" "$(dirname "$SELF")/net.sh"); do
+    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF" "$(dirname "$SELF")/snapshot.sh" "$(dirname "$SELF")/net.sh" "$(dirname "$SELF")/template.sh"); do
       if [ -z "$only" ] || echo " $only " | grep -q " $t "; then plan="$plan $t"; fi
     done
     echo "NESTED-PLAN$plan"

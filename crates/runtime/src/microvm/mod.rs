@@ -11,9 +11,12 @@
 
 mod network;
 mod sandbox;
+mod template_snapshot;
 pub mod vsock;
+mod warm_pool;
 
 pub use sandbox::MicrovmSandbox;
+pub use warm_pool::stop_all as stop_warm_pools;
 
 use crate::owner::Sweep;
 use crate::util::{kill_pid, remove_dir_all_if_exists};
@@ -83,6 +86,14 @@ fn cmdline(spec: &SandboxSpec) -> Result<String> {
 pub struct MicrovmRuntime {
     dirs: Dirs,
     vmm: PathBuf,
+    /// Set by [`MicrovmRuntime::with_template_snapshots`].
+    templates: Option<Templates>,
+}
+
+/// Template snapshots and the warm VMM pool their restores use.
+struct Templates {
+    store: std::sync::Arc<template_snapshot::TemplateSnapshots>,
+    pool: std::sync::Arc<warm_pool::WarmPool>,
 }
 
 impl MicrovmRuntime {
@@ -99,7 +110,26 @@ impl MicrovmRuntime {
                 hint: "enable hardware virtualization (or nested virtualization) or use --runtime gvisor".into(),
             });
         }
-        Ok(MicrovmRuntime { dirs, vmm })
+        Ok(MicrovmRuntime {
+            dirs,
+            vmm,
+            templates: None,
+        })
+    }
+
+    /// Creates of sandboxes without a network restore a template snapshot (made on the
+    /// first create of each image, kernel, memory and vCPUs) into one of `pool_size` idle
+    /// pre-started VMMs instead of booting (template_snapshot.rs, warm_pool.rs). Their
+    /// environment then comes only from the agent's `/init`, which the caller must send
+    /// (the daemon does); `pool_size` 0 turns it off.
+    pub fn with_template_snapshots(mut self, pool_size: usize) -> MicrovmRuntime {
+        self.templates = (pool_size > 0).then(|| Templates {
+            store: std::sync::Arc::new(template_snapshot::TemplateSnapshots::new(
+                &self.dirs, &self.vmm,
+            )),
+            pool: warm_pool::WarmPool::new(&self.dirs, &self.vmm, pool_size),
+        });
+        self
     }
 
     pub fn vmm_path(&self) -> &Path {
@@ -218,8 +248,22 @@ impl Runtime for MicrovmRuntime {
             return Err(e);
         }
         let sandbox = MicrovmSandbox::new(self.dirs.clone(), self.vmm.clone(), &spec, paths);
-        if let Some(net) = net {
-            sandbox.set_network(net);
+        match (net, &self.templates) {
+            (Some(net), _) => sandbox.set_network(net),
+            // Sandboxes with a network cannot be snapshotted yet, so only these restore.
+            (None, Some(t)) => sandbox.set_template_plan(sandbox::TemplatePlan {
+                store: t.store.clone(),
+                pool: t.pool.clone(),
+                key: template_snapshot::TemplateKey {
+                    rootfs: spec.image.rootfs_ext4.clone().unwrap_or_default(),
+                    kernel: config.kernel.clone(),
+                    vmm: self.vmm.clone(),
+                    memory_mib: spec.memory_mib,
+                    vcpus: spec.vcpus,
+                },
+                image: spec.image.clone(),
+            }),
+            (None, None) => {}
         }
         let prepared = (|| {
             std::fs::create_dir_all(&sandbox.paths.state_dir).map_err(|e| {
@@ -324,7 +368,11 @@ impl MicrovmRuntime {
             {
                 let config = dir.join("vm.json");
                 let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                if String::from_utf8_lossy(&cmdline).contains(&*config.to_string_lossy()) {
+                let cmdline = String::from_utf8_lossy(&cmdline);
+                // A VMM from the warm pool names the pool's socket it was started with.
+                let pooled = std::fs::read_to_string(dir.join(sandbox::POOL_MARK))
+                    .is_ok_and(|socket| !socket.is_empty() && cmdline.contains(&socket));
+                if pooled || cmdline.contains(&*config.to_string_lossy()) {
                     kill_pid(pid, libc::SIGKILL);
                 }
             }

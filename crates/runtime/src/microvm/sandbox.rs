@@ -5,6 +5,9 @@ use super::{CONTROL_TIMEOUT, MAX_CONTROL_LINE, Paths, RT, network, remove_files,
 // A child module, so that snapshots can drive this sandbox's VMM and restores start one.
 #[path = "snapshot.rs"]
 mod snapshot;
+// Also a child module: a create from a template snapshot starts this sandbox's VMM.
+#[path = "template_start.rs"]
+mod template_start;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, last_line, log_tail, open_log};
 use crate::{
@@ -19,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+pub(super) use template_start::{POOL_MARK, TemplatePlan};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 pub struct MicrovmSandbox {
@@ -43,6 +47,9 @@ pub struct MicrovmSandbox {
     snap: snapshot::SnapState,
     /// The sandbox's network (network.rs), removed when the sandbox is destroyed.
     net: Mutex<Option<sandcell_net::SandboxNet>>,
+    /// Set when the first start restores a template snapshot into a pooled VMM instead of
+    /// booting (template_start.rs).
+    template: Mutex<Option<TemplatePlan>>,
 }
 
 /// How the VMM ending translates into how the sandbox ended.
@@ -89,6 +96,7 @@ impl MicrovmSandbox {
             handle: Mutex::new(None),
             snap: snapshot::SnapState::new(spec, &paths_overlay),
             net: Mutex::new(None),
+            template: Mutex::new(None),
         }
     }
 
@@ -143,6 +151,11 @@ impl MicrovmSandbox {
     /// with the sandbox.
     pub(super) fn set_network(&self, net: sandcell_net::SandboxNet) {
         *self.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+    }
+
+    /// Makes the first start restore a template snapshot (see template_start.rs).
+    pub(super) fn set_template_plan(&self, plan: TemplatePlan) {
+        *self.template.lock().unwrap_or_else(|p| p.into_inner()) = Some(plan);
     }
 
     /// Snapshots of a sandbox with a network are not supported yet: a restored VMM needs
@@ -261,6 +274,21 @@ impl Sandbox for MicrovmSandbox {
                 op: "start",
             });
         }
+        let plan = self
+            .template
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(plan) = plan {
+            match template_start::start(self, plan).await {
+                template_start::Outcome::Started(result) => return result,
+                template_start::Outcome::ColdBoot(why) => eprintln!(
+                    "sandcell: microvm sandbox {}: booting cold: the template snapshot path \
+                     failed: {why}",
+                    self.id
+                ),
+            }
+        }
         let log = open_log(&self.paths.vmm_log)
             .map_err(|e| Error::io(RT, format!("opening {}", self.paths.vmm_log.display()), e))?;
         let log2 = log
@@ -284,70 +312,14 @@ impl Sandbox for MicrovmSandbox {
         if let Some(file) = &netns {
             network::join_netns(&mut command, file);
         }
-        let mut child = command
+        let child = command
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2)
             .spawn()
             .map_err(|e| Error::io(RT, format!("starting {}", self.vmm.display()), e))?;
         let pid = child.id().unwrap_or(0);
-        *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
-        if self.outlive_owner
-            && let Some(start_time) = crate::owner::process_start_time(pid)
-        {
-            *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(SandboxHandle {
-                runtime: RT,
-                id: self.id.clone(),
-                pid,
-                start_time,
-                vcpus: self.vcpus,
-                memory_mib: self.memory_mib,
-                agent_socket: self.paths.vsock.clone(),
-                control_socket: Some(self.paths.control.clone()),
-            });
-        }
-        let pid_file = self.dirs.sandbox_run_dir(&self.id).join("vmm.pid");
-        std::fs::write(&pid_file, pid.to_string())
-            .map_err(|e| Error::io(RT, format!("writing {}", pid_file.display()), e))?;
-
-        let (stopping, exit, vmm_log) = (
-            self.stopping.clone(),
-            self.exit.clone(),
-            self.paths.vmm_log.clone(),
-        );
-        tokio::spawn(async move {
-            let ended = match child.wait().await {
-                // The VMM's last line is its verdict; the full logs go with start errors.
-                Ok(status) => classify(
-                    status,
-                    stopping.load(Ordering::SeqCst),
-                    last_line(&vmm_log, 2048),
-                ),
-                Err(e) => SandboxExit::Exited {
-                    code: -1,
-                    detail: format!("waiting for sandcell-vmm: {e}"),
-                },
-            };
-            exit.set(ended);
-        });
-
-        let uds = &self.paths.vsock;
-        let probe = || async move { vsock::connect(uds, AGENT_PORT).await.is_ok() };
-        match poll_ready(&self.exit, self.boot_timeout, probe).await {
-            Ok(()) => Ok(()),
-            Err(NotReady::Ended(exit)) => Err(Error::EndedDuringStart {
-                runtime: RT,
-                id: self.id.clone(),
-                exit,
-                console: self.logs_tail(),
-            }),
-            Err(NotReady::Timeout) => Err(Error::BootTimeout {
-                runtime: RT,
-                id: self.id.clone(),
-                timeout: self.boot_timeout,
-                console: self.logs_tail(),
-            }),
-        }
+        self.supervise(child, pid).await
     }
 
     async fn connect(&self, port: u32) -> Result<Box<dyn AsyncStream>> {
@@ -470,5 +442,69 @@ fn vsock_connector(
     move || {
         let uds = uds.clone();
         Box::pin(async move { vsock::connect(&uds, AGENT_PORT).await })
+    }
+}
+
+impl MicrovmSandbox {
+    /// Makes the started VMM `child` (pid `pid`) this sandbox's: its pid and handle, the
+    /// task that learns its end, then waits for the agent to answer.
+    async fn supervise(&self, mut child: tokio::process::Child, pid: u32) -> Result<()> {
+        *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
+        if self.outlive_owner
+            && let Some(start_time) = crate::owner::process_start_time(pid)
+        {
+            *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(SandboxHandle {
+                runtime: RT,
+                id: self.id.clone(),
+                pid,
+                start_time,
+                vcpus: self.vcpus,
+                memory_mib: self.memory_mib,
+                agent_socket: self.paths.vsock.clone(),
+                control_socket: Some(self.paths.control.clone()),
+            });
+        }
+        let pid_file = self.dirs.sandbox_run_dir(&self.id).join("vmm.pid");
+        std::fs::write(&pid_file, pid.to_string())
+            .map_err(|e| Error::io(RT, format!("writing {}", pid_file.display()), e))?;
+
+        let (stopping, exit, vmm_log) = (
+            self.stopping.clone(),
+            self.exit.clone(),
+            self.paths.vmm_log.clone(),
+        );
+        tokio::spawn(async move {
+            let ended = match child.wait().await {
+                // The VMM's last line is its verdict; the full logs go with start errors.
+                Ok(status) => classify(
+                    status,
+                    stopping.load(Ordering::SeqCst),
+                    last_line(&vmm_log, 2048),
+                ),
+                Err(e) => SandboxExit::Exited {
+                    code: -1,
+                    detail: format!("waiting for sandcell-vmm: {e}"),
+                },
+            };
+            exit.set(ended);
+        });
+
+        let uds = &self.paths.vsock;
+        let probe = || async move { vsock::connect(uds, AGENT_PORT).await.is_ok() };
+        match poll_ready(&self.exit, self.boot_timeout, probe).await {
+            Ok(()) => Ok(()),
+            Err(NotReady::Ended(exit)) => Err(Error::EndedDuringStart {
+                runtime: RT,
+                id: self.id.clone(),
+                exit,
+                console: self.logs_tail(),
+            }),
+            Err(NotReady::Timeout) => Err(Error::BootTimeout {
+                runtime: RT,
+                id: self.id.clone(),
+                timeout: self.boot_timeout,
+                console: self.logs_tail(),
+            }),
+        }
     }
 }

@@ -41,7 +41,7 @@ pub(super) struct SnapState {
     image: crate::Image,
     env: std::collections::BTreeMap<String, String>,
     /// Frozen disk layers under the current top, oldest first.
-    layers: Mutex<Vec<PathBuf>>,
+    pub(super) layers: Mutex<Vec<PathBuf>>,
     /// The writable top the VM runs on now.
     top: Mutex<PathBuf>,
     /// Numbers the tops made by snapshots.
@@ -50,7 +50,7 @@ pub(super) struct SnapState {
     restore_args: Mutex<Option<Vec<OsString>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
