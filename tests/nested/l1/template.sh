@@ -84,7 +84,7 @@ test_daemon_template() {
   bench runtime_template_restore_to_agent_ms "${ms_b:-0}" ms
   # Stopping the daemon kills its idle pooled VMMs (the restored ones outlive it by design).
   idle=
-  for f in /run/sandcell/.vmm-pool/*/vmm.pid; do [ -f "$f" ] && idle="$idle $(cat "$f")"; done
+  for f in /run/sandcell/.vmm-pool/*/vmm.pid; do if [ -f "$f" ]; then idle="$idle $(cat "$f")"; fi; done
   [ -n "$idle" ] || fail "no idle VMMs in the warm pool"
   kill -TERM $serve; wait $serve 2>/dev/null || true
   sleep 0.5
