@@ -335,7 +335,7 @@ pub async fn get_sandbox(
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxDetail>> {
     let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
-        Some(row) if !row.state.is_final() && row.state != DbState::Creating => row,
+        Some(row) if row.state.is_addressable() => row,
         _ => return Err(ApiError::sandbox_not_found(&id)),
     };
     let life = app.db.sandbox_lifecycle(&id).await?;
@@ -365,7 +365,7 @@ pub async fn kill_sandbox(
 ) -> ApiResult<StatusCode> {
     // Running or paused (a paused one's snapshot goes with it).
     match app.db.sandbox_of_key(&caller.0.id, &id).await? {
-        Some(row) if !row.state.is_final() && row.state != DbState::Creating => {}
+        Some(row) if row.state.is_addressable() => {}
         _ => return Err(ApiError::sandbox_not_found(&id)),
     }
     // In its own task, so that a client going away cannot stop a kill halfway.
@@ -453,7 +453,7 @@ async fn connect(
         )));
     }
     let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
-        Some(row) if !row.state.is_final() && row.state != DbState::Creating => row,
+        Some(row) if row.state.is_addressable() => row,
         _ => return Err(ApiError::sandbox_not_found(&id)),
     };
     crate::snapshot_api::check_connect_memory(&row, req.memory)?;

@@ -71,6 +71,13 @@ impl State {
         matches!(self, State::Killed | State::Error)
     }
 
+    /// Whether the API shows the sandbox by its id (GET, DELETE, connect): not before its
+    /// create answered, and not once a kill began (the SDK's "killed" is "not found"; a
+    /// sandbox whose agent is already gone must not still answer 200 while it is removed).
+    pub fn is_addressable(self) -> bool {
+        !self.is_final() && !matches!(self, State::Creating | State::Killing)
+    }
+
     /// Whether a sandbox may move from `self` to `to`.
     pub fn can_move_to(self, to: State) -> bool {
         use State::*;
