@@ -355,6 +355,7 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
             d.last_init = None;
             d.internal_env
                 .insert("E2B_SANDBOX_ID".to_owned(), id.to_owned());
+            rename_host(id);
         }
         if let Some(current) = &d.access_token {
             let same = body
@@ -426,5 +427,21 @@ fn sync_clock(host_nanos: i128) {
             "setting the clock from /init: {}",
             io::Error::last_os_error()
         );
+    }
+}
+
+/// A new identity takes the sandbox id as hostname, as a freshly started sandbox has (gVisor
+/// sets it from the bundle, the microVM from the command line): otherwise every sandbox
+/// restored from one template or fork would share the source's hostname. Only as PID 1: an
+/// agent run on a host (tests, tools) must never rename the host.
+fn rename_host(id: &str) {
+    let valid = !id.is_empty()
+        && id.len() <= 63
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if std::process::id() != 1 || !valid {
+        return;
+    }
+    if let Err(e) = crate::init::set_hostname(id) {
+        crate::log!("setting the hostname to {id}: {e}");
     }
 }

@@ -65,6 +65,9 @@ test_daemon_template() {
   [ "$(grep -c 'snapshot built now' $D/serve.out)" = 1 ] || fail "the template snapshot was built more than once"
   grep -q "id=$ida " $D/a/exec.out || { cat $D/a/exec.out; fail "E2B_SANDBOX_ID of $ida is not its own id"; }
   grep -q "id=$idb " $D/b/exec.out || { cat $D/b/exec.out; fail "E2B_SANDBOX_ID of $idb is not its own id"; }
+  # A new identity in the template's memory image takes its id as hostname (the agent, at /init).
+  [ "$(sed -n 5p $D/a/exec.out)" = "$ida" ] || { cat $D/a/exec.out; fail "the hostname of $ida is not its id"; }
+  [ "$(sed -n 5p $D/b/exec.out)" = "$idb" ] || { cat $D/b/exec.out; fail "the hostname of $idb is not its id"; }
   boot_a=$(sed -n 2p $D/a/exec.out); boot_b=$(sed -n 2p $D/b/exec.out)
   rand_a=$(sed -n 3p $D/a/exec.out); rand_b=$(sed -n 3p $D/b/exec.out)
   [ -n "$rand_a" ] && [ "$rand_a" != "$rand_b" ] || fail "the two sandboxes read the same /dev/urandom bytes ($rand_a)"
