@@ -214,6 +214,7 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         ))
         .routes(routes!(template_api::start_build))
         .routes(routes!(template_api::build_status))
+        .routes(routes!(template_api::build_logs))
         .routes(routes!(template_api::alias))
         .routes(routes!(snapshot_api::pause_sandbox))
         .routes(routes!(snapshot_api::resume_sandbox))
@@ -277,7 +278,11 @@ async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>,
     Ok(match selection.runtime {
         RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone()).await?),
         RuntimeKind::Microvm => {
-            let pool = if args.no_template_snapshots { 0 } else { args.vmm_pool };
+            let pool = if args.no_template_snapshots {
+                0
+            } else {
+                args.vmm_pool
+            };
             Arc::new(MicrovmRuntime::new(dirs.clone())?.with_template_snapshots(pool))
         }
     })

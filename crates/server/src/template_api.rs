@@ -524,17 +524,7 @@ pub async fn build_status(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<BuildInfo>> {
     let q = parse_status_query(query.as_deref())?;
-    let snap: Option<Snapshot> = match builds::find(&build_id) {
-        Some(b) => Some(b.snapshot()),
-        None => builds::load(&app.db, &build_id).await?,
-    };
-    let snap = snap
-        .filter(|s| s.template_id == template_id && s.key_id == caller.0.id)
-        .ok_or_else(|| {
-            ApiError::not_found(format!(
-                "build '{build_id}' of template '{template_id}' not found"
-            ))
-        })?;
+    let snap = find_build(&app, &caller, &template_id, &build_id).await?;
     let log_entries = snap
         .logs
         .iter()
@@ -559,6 +549,127 @@ pub async fn build_status(
         logs: Vec::new(),
         reason,
     }))
+}
+
+/// The caller's build `build_id` of `template_id`, live or from the database; 404 otherwise
+/// (another key's build included).
+async fn find_build(
+    app: &App,
+    caller: &Caller,
+    template_id: &str,
+    build_id: &str,
+) -> ApiResult<Snapshot> {
+    let snap: Option<Snapshot> = match builds::find(build_id) {
+        Some(b) => Some(b.snapshot()),
+        None => builds::load(&app.db, build_id).await?,
+    };
+    snap.filter(|s| s.template_id == template_id && s.key_id == caller.0.id)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "build '{build_id}' of template '{template_id}' not found"
+            ))
+        })
+}
+
+/// E2B's `TemplateBuildLogsResponse`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BuildLogs {
+    pub logs: Vec<BuildLogEntry>,
+}
+
+/// The query of the logs route: E2B's `cursor` (a timestamp in ms), `limit`, `direction`
+/// and `level`; `source` (persistent or temporary) is accepted and has no effect (one store
+/// holds a build's whole log).
+#[derive(Debug, PartialEq)]
+struct LogsQuery {
+    cursor_ms: Option<i64>,
+    limit: usize,
+    forward: bool,
+    min_level: u8,
+}
+
+fn parse_logs_query(raw: Option<&str>) -> ApiResult<LogsQuery> {
+    let mut q = LogsQuery {
+        cursor_ms: None,
+        limit: MAX_STATUS_ENTRIES,
+        forward: true,
+        min_level: 0,
+    };
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        let bad = |what: &str| ApiError::bad_request(format!("{k}={v}: {what}"));
+        match k.as_ref() {
+            "cursor" => {
+                q.cursor_ms = Some(v.parse().map_err(|_| bad("a timestamp in ms expected"))?)
+            }
+            "limit" => {
+                let n: usize = v.parse().map_err(|_| bad("a number expected"))?;
+                q.limit = n.min(MAX_STATUS_ENTRIES);
+            }
+            "direction" => match v.as_ref() {
+                "forward" => q.forward = true,
+                "backward" => q.forward = false,
+                _ => return Err(bad("forward or backward")),
+            },
+            "level" => {
+                if !matches!(v.as_ref(), "debug" | "info" | "warn" | "error") {
+                    return Err(bad("debug, info, warn or error"));
+                }
+                q.min_level = builds::level_rank(&v);
+            }
+            "source" => {
+                if !matches!(v.as_ref(), "persistent" | "temporary") {
+                    return Err(bad("persistent or temporary"));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+/// The entries `q` selects: from `cursor` on, oldest first (forward), or up to `cursor`,
+/// newest first (backward); at most `limit`, at least `level`.
+fn select_logs<'a>(logs: &'a [LogEntry], q: &LogsQuery) -> Vec<&'a LogEntry> {
+    let wanted = |e: &&LogEntry| builds::level_rank(e.level) >= q.min_level;
+    if q.forward {
+        logs.iter()
+            .filter(wanted)
+            .filter(|e| q.cursor_ms.is_none_or(|c| e.timestamp_ms >= c))
+            .take(q.limit)
+            .collect()
+    } else {
+        logs.iter()
+            .rev()
+            .filter(wanted)
+            .filter(|e| q.cursor_ms.is_none_or(|c| e.timestamp_ms <= c))
+            .take(q.limit)
+            .collect()
+    }
+}
+
+/// A build's log by time (E2B's logs route, beside the status route's offsets).
+#[utoipa::path(get, path = "/templates/{templateID}/builds/{buildID}/logs", tag = "templates",
+    security(("ApiKeyAuth" = [])),
+    params(("templateID" = String, Path), ("buildID" = String, Path),
+        ("cursor" = Option<i64>, Query), ("limit" = Option<u64>, Query),
+        ("direction" = Option<String>, Query), ("level" = Option<String>, Query),
+        ("source" = Option<String>, Query)),
+    responses((status = 200, body = BuildLogs),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub async fn build_logs(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path((template_id, build_id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<BuildLogs>> {
+    let q = parse_logs_query(query.as_deref())?;
+    let snap = find_build(&app, &caller, &template_id, &build_id).await?;
+    let logs = select_logs(&snap.logs, &q)
+        .into_iter()
+        .map(entry_json)
+        .collect();
+    Ok(Json(BuildLogs { logs }))
 }
 
 /// Whether a template of that name exists (`Template.exists`).
@@ -592,6 +703,49 @@ mod tests {
         assert_eq!((q.offset, q.limit, q.min_level), (5, MAX_STATUS_ENTRIES, 2));
         assert!(parse_status_query(Some("level=loud")).is_err());
         assert!(parse_status_query(Some("logsOffset=-1")).is_err());
+    }
+
+    #[test]
+    fn logs_query_and_selection_follow_e2b() {
+        let q = parse_logs_query(Some(
+            "cursor=20&limit=500&direction=backward&level=warn&source=persistent",
+        ))
+        .unwrap();
+        assert_eq!(
+            q,
+            LogsQuery {
+                cursor_ms: Some(20),
+                limit: MAX_STATUS_ENTRIES,
+                forward: false,
+                min_level: 2
+            }
+        );
+        assert!(parse_logs_query(Some("direction=up")).is_err());
+        assert!(parse_logs_query(Some("source=elsewhere")).is_err());
+        assert!(parse_logs_query(Some("cursor=soon")).is_err());
+        let entry = |ms, level| LogEntry {
+            timestamp_ms: ms,
+            level,
+            message: format!("{ms}"),
+            step: None,
+        };
+        let logs = [
+            entry(10, "info"),
+            entry(20, "warn"),
+            entry(30, "info"),
+            entry(40, "error"),
+        ];
+        let pick = |raw: &str| -> Vec<i64> {
+            let q = parse_logs_query(Some(raw)).unwrap();
+            select_logs(&logs, &q)
+                .iter()
+                .map(|e| e.timestamp_ms)
+                .collect()
+        };
+        assert_eq!(pick(""), vec![10, 20, 30, 40]);
+        assert_eq!(pick("cursor=20&limit=2"), vec![20, 30]);
+        assert_eq!(pick("direction=backward&cursor=30"), vec![30, 20, 10]);
+        assert_eq!(pick("direction=backward&level=warn"), vec![40, 20]);
     }
 
     #[test]

@@ -251,6 +251,43 @@ async fn a_failing_run_step_is_an_error_with_its_output_and_survives_a_restart()
     assert_eq!(again["status"], "error");
     assert_eq!(again["reason"]["step"], "2");
     assert_eq!(messages_again, messages);
+
+    // The logs route gives the same log by time: forward from the start, backward newest
+    // first, a level filter, and 400 for a bad direction.
+    let logs_path = format!("/templates/tpl-fail/builds/{build}/logs");
+    let c = &daemon.client;
+    let (status, body) = call(c, Method::GET, &logs_path, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let forward: Vec<String> = body["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        forward.iter().any(|m| m == "output of the step"),
+        "{forward:?}"
+    );
+    let (_, body) = call(
+        c,
+        Method::GET,
+        &format!("{logs_path}?direction=backward&limit=1"),
+        None,
+    )
+    .await;
+    let newest = body["logs"].as_array().unwrap();
+    assert_eq!(newest.len(), 1, "{body}");
+    assert_eq!(
+        newest[0]["message"].as_str().unwrap(),
+        forward.last().unwrap(),
+        "backward starts at the newest entry"
+    );
+    let (_, body) = call(c, Method::GET, &format!("{logs_path}?level=error"), None).await;
+    let errors = body["logs"].as_array().unwrap();
+    assert!(!errors.is_empty(), "{body}");
+    assert!(errors.iter().all(|e| e["level"] == "error"), "{body}");
+    let (status, _) = call(c, Method::GET, &format!("{logs_path}?direction=up"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     daemon.stop();
 }
 
