@@ -335,24 +335,10 @@ fn ls(dirs: &Dirs, args: LsArgs) -> i32 {
 
 /// Unix seconds as `YYYY-MM-DD HH:MM:SS` (UTC).
 fn utc(secs: u64) -> String {
-    let days = (secs / 86400) as i64;
-    let rem = secs % 86400;
-    // Howard Hinnant's civil-from-days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    // `2006-01-02T15:04:05.000Z` -> `2006-01-02 15:04:05`: the server's calendar arithmetic.
+    let stamp =
+        sandcell_server::util::rfc3339(i64::try_from(secs).unwrap_or(i64::MAX / 1000) * 1000);
+    stamp.get(..19).unwrap_or(&stamp).replacen('T', " ", 1)
 }
 
 fn inspect(dirs: &Dirs, args: InspectArgs) -> i32 {
