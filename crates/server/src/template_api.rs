@@ -616,10 +616,8 @@ fn parse_logs_query(raw: Option<&str>) -> ApiResult<LogsQuery> {
                 }
                 q.min_level = builds::level_rank(&v);
             }
-            "source" => {
-                if !matches!(v.as_ref(), "persistent" | "temporary") {
-                    return Err(bad("persistent or temporary"));
-                }
+            "source" if !matches!(v.as_ref(), "persistent" | "temporary") => {
+                return Err(bad("persistent or temporary"));
             }
             _ => {}
         }
