@@ -40,6 +40,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "template builds",
         include_str!("../migrations/0006_template_builds.sql"),
     ),
+    (
+        8,
+        "template tags",
+        include_str!("../migrations/0008_template_tags.sql"),
+    ),
 ];
 
 pub use crate::state::State;

@@ -34,6 +34,7 @@ pub mod template_defaults;
 pub mod template_plan;
 pub mod template_runner;
 pub mod template_start;
+pub mod template_tags;
 pub mod util;
 
 pub use keys_cli::{KeysCommand, keys};
@@ -216,6 +217,11 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(template_api::build_status))
         .routes(routes!(template_api::build_logs))
         .routes(routes!(template_api::alias))
+        .routes(routes!(
+            template_tags::assign_tags,
+            template_tags::remove_tags
+        ))
+        .routes(routes!(template_tags::list_tags))
         .routes(routes!(snapshot_api::pause_sandbox))
         .routes(routes!(snapshot_api::resume_sandbox))
         .routes(routes!(snapshot_api::fork_sandbox))

@@ -188,6 +188,8 @@ impl Lifecycle {
             self.metrics.observe_create(begun.elapsed());
             return Ok(row);
         }
+        // `name:tag` is `name` when the tag names its current build (template_tags.rs).
+        let req = crate::template_tags::untag_request(self, req).await?;
         // An API-built template's size when the request names none (template_start.rs).
         let (cpu_count, memory_mb) = crate::template_start::default_size(
             self,

@@ -404,7 +404,11 @@ pub async fn delete_template(
         .await
         .map_err(|e| ApiError::internal(format!("removing template '{id}': {e}")))?;
     match removed {
-        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Ok(()) => {
+            let name = id.strip_suffix(":default").unwrap_or(&id);
+            crate::template_tags::forget(&app.db, name).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
         Err(sandcell_image::Error::NotFound(_)) => {
             Err(ApiError::not_found(format!("template '{id}' not found")))
         }

@@ -22,6 +22,7 @@ use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{ApiJson, Caller};
 use crate::template_builds::{self as builds, LogEntry, Snapshot, Status};
 use crate::template_plan::{self as plan, BuildStart};
+use crate::template_tags;
 use crate::util::{random_hex, rfc3339};
 use axum::Json;
 use axum::body::Body;
@@ -45,7 +46,7 @@ const MAX_STATUS_ENTRIES: usize = 100;
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BuildRequestV3 {
-    /// `name` or `name:tag` (the tag is accepted and not kept).
+    /// `name` or `name:tag` (the build's tag, with `tags` and `default`: template_tags.rs).
     #[serde(default)]
     pub name: Option<String>,
     #[serde(default)]
@@ -198,6 +199,13 @@ pub async fn request_build(
             "template '{name}' is being built: wait for that build to end"
         )));
     }
+    // The tags the build takes when it succeeds (template_tags.rs): the name's, `tags` and
+    // `default`.
+    let (_, name_tag) = template_tags::split_target(full)?;
+    let mut tags = vec![name_tag.to_string()];
+    tags.extend(req.tags.iter().flatten().cloned());
+    tags.push(template_tags::DEFAULT_TAG.into());
+    let tags = template_tags::check_tags(&tags)?;
     let build_id = random_hex(16).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
     builds::create(
         &app.db,
@@ -208,13 +216,7 @@ pub async fn request_build(
         req.memory_mb,
     )
     .await?;
-    let mut tags = req.tags.clone().unwrap_or_default();
-    if let Some((_, tag)) = full.split_once(':') {
-        tags.insert(0, tag.to_string());
-    }
-    if tags.is_empty() {
-        tags.push("default".into());
-    }
+    template_tags::request(&app.db, &build_id, &tags).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(BuildRequested {
