@@ -148,6 +148,8 @@ retry_once test_snapshots.py "$CACHE/venv/bin/python" -m pytest -q -p no:cachepr
     "$HERE/test_snapshots.py" ${PYTEST_ARGS:-} || status=1
 say "node: tests/e2b/sdk.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/sdk.cjs" || status=1
+say "node: tests/e2b/template.cjs (e2b $NPM_SDK)"
+NODE_PATH="$CACHE/node/node_modules" node "$HERE/template.cjs" || status=1
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 
