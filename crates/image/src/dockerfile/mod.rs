@@ -2,9 +2,10 @@
 //! numbers), [`words`] substitutes variables the way Docker does while the build runs
 //! (`crate::template` executes the steps).
 //!
-//! Supported: FROM (`AS name`, `--platform=linux/amd64`), RUN (shell and exec form), COPY
-//! and ADD (local sources; `--from=stage` for COPY, `--chown`, `--chmod`; ADD also unpacks
-//! local tar archives), ENV, ARG (global before the first FROM, per stage after it),
+//! Supported: FROM (`AS name`, `--platform=linux/amd64`, `scratch`), RUN (shell and exec
+//! form), COPY and ADD (local sources, `--chown`, `--chmod`; COPY `--from=` an earlier stage
+//! or an image; ADD also unpacks local tar archives and downloads `http(s)://` URLs, with
+//! `--checksum=sha256:...`), ENV, ARG (global before the first FROM, per stage after it),
 //! WORKDIR, USER, EXPOSE, ENTRYPOINT, CMD, LABEL. Continuation lines, comments and the
 //! `# escape=` directive (`# syntax=` is ignored). Everything else is refused with its line.
 
@@ -95,8 +96,11 @@ pub struct ArgDecl {
 pub struct CopySpec {
     /// ADD (which also unpacks local tar archives into the destination).
     pub add: bool,
-    /// `--from=`: an earlier stage's name or index.
+    /// `--from=`: an earlier stage's name or index, or else an image (a Sandcell image or
+    /// template, or a registry reference); global ARGs are expanded in it while building.
     pub from: Option<String>,
+    /// ADD `--checksum=sha256:<hex>`: the digest its one URL source must have.
+    pub checksum: Option<String>,
     /// `--chown=USER[:GROUP]` (names looked up in the image's /etc/passwd and /etc/group).
     pub chown: Option<String>,
     /// `--chmod=` octal.
@@ -105,6 +109,25 @@ pub struct CopySpec {
     pub args: Vec<String>,
     /// Written in the JSON array form (no expansion of quotes needed).
     pub json: bool,
+}
+
+impl Dockerfile {
+    /// The stage that `reference` (a FROM image or a `COPY --from`, variables expanded)
+    /// names among those before stage `before`: by name (case-insensitively) or by index.
+    pub fn earlier_stage(&self, before: usize, reference: &str) -> Option<usize> {
+        let lower = reference.to_ascii_lowercase();
+        let earlier = self.stages.get(..before)?;
+        earlier
+            .iter()
+            .position(|s| s.name.as_deref() == Some(lower.as_str()))
+            .or_else(|| reference.parse::<usize>().ok().filter(|n| *n < before))
+    }
+}
+
+/// An ADD source that is downloaded rather than read from the context.
+pub fn is_url(source: &str) -> bool {
+    let lower = source.get(..8).unwrap_or(source).to_ascii_lowercase();
+    lower.starts_with("http://") || lower.starts_with("https://")
 }
 
 /// Stage names: what `AS` accepts (Docker's rule, lowercased).
@@ -258,7 +281,6 @@ mod tests {
         assert_eq!(parse("RUN x\nFROM y").unwrap_err().line, 1);
         assert_eq!(parse("# only\n").unwrap_err().line, 0);
         assert_eq!(parse("FROM x\nCOPY onlyone").unwrap_err().line, 2);
-        assert_eq!(parse("FROM x\nCOPY --from=nope a b").unwrap_err().line, 2);
         assert_eq!(parse("FROM x AS a\nFROM y AS a").unwrap_err().line, 2);
         assert_eq!(parse("FROM x AS 1bad").unwrap_err().line, 1);
         assert_eq!(parse("FROM x y").unwrap_err().line, 1);
@@ -268,7 +290,6 @@ mod tests {
             2
         );
         assert_eq!(parse("FROM x\nRUN <<EOF\nx\nEOF").unwrap_err().line, 2);
-        assert_eq!(parse("FROM x\nADD http://e/x /x").unwrap_err().line, 2);
         assert_eq!(parse("FROM x\nCOPY --chmod=9 a b").unwrap_err().line, 2);
         assert_eq!(parse("FROM x\nADD --from=x a b").unwrap_err().line, 2);
         assert_eq!(parse("FROM x\nENV JUSTKEY").unwrap_err().line, 2);
@@ -279,6 +300,81 @@ mod tests {
         // COPY --from by index, of an earlier stage only.
         assert!(parse("FROM x\nFROM y\nCOPY --from=0 a b").is_ok());
         assert_eq!(parse("FROM x\nCOPY --from=0 a b").unwrap_err().line, 2);
+    }
+
+    fn copy_of(text: &str) -> CopySpec {
+        match parse(text)
+            .unwrap()
+            .stages
+            .pop()
+            .unwrap()
+            .steps
+            .remove(0)
+            .instruction
+        {
+            Instruction::Copy(c) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn scratch_and_copy_from_images() {
+        let file = parse("FROM scratch AS files\nCOPY a /a\n").unwrap();
+        assert_eq!(file.stages[0].base, "scratch");
+        // Not a stage: an image, as written (a tag may have capitals).
+        let c = copy_of("FROM x\nCOPY --from=registry.local:5000/app:V1 /bin/app /app\n");
+        assert_eq!(c.from.as_deref(), Some("registry.local:5000/app:V1"));
+        let c = copy_of("FROM x\nCOPY --from=minimal /etc/os-release /x\n");
+        assert_eq!(c.from.as_deref(), Some("minimal"));
+        // Decided while building (global ARGs).
+        assert!(parse("ARG IMG=x\nFROM x\nCOPY --from=$IMG a b").is_ok());
+        // Stages: by name (any case) or number, earlier ones only.
+        let file = parse("FROM x AS Build\nFROM y\nCOPY --from=BUILD a b\n").unwrap();
+        assert_eq!(file.earlier_stage(1, "BUILD"), Some(0));
+        assert_eq!(file.earlier_stage(1, "0"), Some(0));
+        assert_eq!(file.earlier_stage(0, "build"), None);
+        assert_eq!(file.earlier_stage(1, "minimal"), None);
+        let e = parse("FROM x\nCOPY --from=later a b\nFROM y AS later\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.problem.contains("later stage"), "{e}");
+        assert_eq!(
+            parse("FROM x AS self\nCOPY --from=self a b")
+                .unwrap_err()
+                .line,
+            2
+        );
+        assert_eq!(parse("FROM x\nCOPY --from=1 a b").unwrap_err().line, 2);
+    }
+
+    #[test]
+    fn add_urls_and_checksums() {
+        let sum = format!("sha256:{}", "ab".repeat(32));
+        let c = copy_of(&format!(
+            "FROM x\nADD --checksum={sum} --chmod=644 https://example.test/f.tgz /opt/\n"
+        ));
+        assert!(c.add);
+        assert_eq!(c.checksum.as_deref(), Some(sum.as_str()));
+        assert_eq!(c.chmod.as_deref(), Some("644"));
+        assert_eq!(c.args, ["https://example.test/f.tgz", "/opt/"]);
+        let c = copy_of("FROM x\nADD HTTP://e.test/a local.txt /d/\n");
+        assert_eq!(c.checksum, None);
+        assert!(is_url("HTTP://e.test/a") && !is_url("local.txt") && !is_url("ftp://e/x"));
+        let line2 = |t: &str| {
+            let e = parse(t).unwrap_err();
+            assert_eq!(e.line, 2, "{e}");
+            e.problem
+        };
+        assert!(line2("FROM x\nCOPY http://e/x /x").contains("for ADD"));
+        assert!(line2("FROM x\nADD ftp://e/x /x").contains("http://"));
+        assert!(line2("FROM x\nADD --checksum=md5:00 http://e/x /x").contains("sha256"));
+        assert!(line2(&format!("FROM x\nADD --checksum={sum} a /x")).contains("URL"));
+        assert!(
+            line2(&format!(
+                "FROM x\nADD --checksum={sum} http://e/a http://e/b /x/"
+            ))
+            .contains("exactly one")
+        );
+        assert!(line2(&format!("FROM x\nCOPY --checksum={sum} a /x")).contains("--from"));
     }
 
     #[test]

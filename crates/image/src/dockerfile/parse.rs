@@ -5,7 +5,8 @@
 
 use super::words;
 use super::{
-    ArgDecl, Command, CopySpec, Dockerfile, Instruction, ParseError, Stage, Step, valid_stage_name,
+    ArgDecl, Command, CopySpec, Dockerfile, Instruction, ParseError, Stage, Step, is_url,
+    valid_stage_name,
 };
 
 /// Parses a whole Dockerfile.
@@ -60,22 +61,26 @@ pub fn parse(text: &str) -> Result<Dockerfile, ParseError> {
             problem: "no FROM instruction: a Dockerfile needs at least one stage".into(),
         });
     }
-    // `COPY --from=NAME` must name an earlier stage (or be an image, which we do not
-    // support for --from: say so).
+    // `COPY --from=NAME`: an earlier stage, or else an image. A number or the name of this
+    // or a later stage is a mistake (Docker refuses them too); one with a variable is
+    // resolved while building.
     for (index, stage) in file.stages.iter().enumerate() {
         for step in &stage.steps {
             if let Instruction::Copy(copy) = &step.instruction
                 && let Some(from) = &copy.from
+                && !from.contains('$')
+                && file.earlier_stage(index, from).is_none()
             {
-                let earlier = &file.stages[..index];
-                let known = earlier.iter().any(|s| s.name.as_deref() == Some(from))
-                    || from.parse::<usize>().is_ok_and(|n| n < index);
-                if !known {
+                let lower = from.to_ascii_lowercase();
+                let later = file.stages[index..]
+                    .iter()
+                    .any(|s| s.name.as_deref() == Some(lower.as_str()));
+                if later || from.parse::<usize>().is_ok() {
                     return Err(ParseError {
                         line: step.line,
                         problem: format!(
-                            "--from={from}: no earlier stage of that name or number (images as \
-                             --from sources are not supported)"
+                            "--from={from}: names this or a later stage (only earlier ones \
+                             can be copied from)"
                         ),
                     });
                 }
@@ -309,6 +314,7 @@ fn parse_copy(
     let mut spec = CopySpec {
         add: keyword == "ADD",
         from: None,
+        checksum: None,
         chown: None,
         chmod: None,
         args: Vec::new(),
@@ -318,7 +324,16 @@ fn parse_copy(
         words.remove(0);
         let (name, value) = flag.split_once('=').unwrap_or((&flag, ""));
         match (name, value.is_empty()) {
-            ("--from", false) if !spec.add => spec.from = Some(value.to_ascii_lowercase()),
+            // Kept as written: an image reference's tag may have capitals.
+            ("--from", false) if !spec.add => spec.from = Some(value.to_string()),
+            ("--checksum", false) if spec.add => {
+                crate::digest::Digest::parse(value).map_err(|_| {
+                    err(format!(
+                        "--checksum={value}: expected sha256:<64 hex digits>"
+                    ))
+                })?;
+                spec.checksum = Some(value.to_string());
+            }
             ("--chown", false) => spec.chown = Some(value.to_string()),
             ("--chmod", false) => {
                 u32::from_str_radix(value, 8)
@@ -330,7 +345,7 @@ fn parse_copy(
             _ => {
                 return Err(err(format!(
                     "{keyword} {flag}: unsupported flag (supported: --chown, --chmod{})",
-                    if spec.add { "" } else { ", --from" }
+                    if spec.add { ", --checksum" } else { ", --from" }
                 )));
             }
         }
@@ -353,14 +368,22 @@ fn parse_copy(
     if spec.args.len() < 2 {
         return Err(err(format!("{keyword} takes SOURCE... DEST")));
     }
-    if spec.add
-        && spec.args[..spec.args.len() - 1]
-            .iter()
-            .any(|s| s.contains("://"))
-    {
+    let sources = &spec.args[..spec.args.len() - 1];
+    if let Some(url) = sources.iter().find(|s| s.contains("://")) {
+        if !spec.add {
+            return Err(err(format!(
+                "COPY {url}: a URL source is for ADD (COPY reads the context)"
+            )));
+        }
+        if !is_url(url) {
+            return Err(err(format!(
+                "ADD {url}: only http:// and https:// URLs are supported"
+            )));
+        }
+    }
+    if spec.checksum.is_some() && !(sources.len() == 1 && is_url(&sources[0])) {
         return Err(err(
-            "ADD from a URL is not supported (fetch it in a RUN step, or COPY it from the context)"
-                .into(),
+            "ADD --checksum needs exactly one source, an http(s) URL".into(),
         ));
     }
     Ok(spec)

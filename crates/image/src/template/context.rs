@@ -3,7 +3,7 @@
 //! key (paths, modes, owners and content hashes) and the layer tar that puts them in place.
 
 use super::fsops::RootDir;
-use crate::digest::Hasher;
+use crate::digest::{Digest, Hasher};
 use crate::{Error, Result};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -140,6 +140,12 @@ enum Kind {
     /// ADD of a local tar archive: its entries go under `dest`.
     Archive {
         src: PathBuf,
+    },
+    /// ADD of a URL: the downloaded file (the build's own, on the host; it may arrive only
+    /// when the layer is made, see [`CopyPlan::add_download`]) and the digest it has.
+    Download {
+        file: PathBuf,
+        digest: Digest,
     },
 }
 
@@ -304,6 +310,9 @@ impl<'a> CopyPlan<'a> {
             match &e.kind {
                 Kind::Dir => h.update(b"dir\n"),
                 Kind::Symlink(t) => h.update(format!("link {}\n", t.display()).as_bytes()),
+                Kind::Download { digest, .. } => {
+                    h.update(format!("download {digest}\n").as_bytes())
+                }
                 Kind::File { src, .. } | Kind::Archive { src } => {
                     h.update(b"file ");
                     let mut f = self
@@ -325,6 +334,19 @@ impl<'a> CopyPlan<'a> {
             }
         }
         Ok(())
+    }
+
+    /// An ADD URL source: `file` (which must exist by [`CopyPlan::write_tar`]) with the
+    /// content `digest`, at `dest` (absolute in the image), mode 0600 unless `--chmod`, its
+    /// mtime the file's. The key has the digest, not the bytes: a checksum-pinned download
+    /// is keyed before it is fetched.
+    pub(crate) fn add_download(&mut self, dest: &str, file: PathBuf, digest: Digest) {
+        self.entries.push(Entry {
+            dest: normalize(dest),
+            kind: Kind::Download { file, digest },
+            mode: 0o600,
+            mtime: 0,
+        });
     }
 
     pub(crate) fn set_owner(&mut self, owner: (u32, u32)) {
@@ -372,6 +394,15 @@ impl<'a> CopyPlan<'a> {
                         .map_err(io_err)?;
                 }
                 Kind::Archive { src } => self.unpack_archive(&mut tar, src, &e.dest)?,
+                Kind::Download { file, .. } => {
+                    let f = std::fs::File::open(file).map_err(Error::io("reading", file))?;
+                    let meta = f.metadata().map_err(Error::io("looking at", file))?;
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_size(meta.len());
+                    h.set_mtime(meta.mtime().max(0) as u64);
+                    tar.append_data(&mut h, &e.dest, f.take(meta.len()))
+                        .map_err(io_err)?;
+                }
             }
         }
         tar.finish()

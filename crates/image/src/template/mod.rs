@@ -21,11 +21,17 @@
 //! applied in order by the [`Unpacker`], then the agent, mount points, `config.json` and
 //! the ext4 image are added as for a pulled image ([`crate::build`]), and the whole renamed
 //! into `<data-dir>/images/<name>/` with a [`TEMPLATE_FILE`] describing the build. Stages
-//! are all built, in order; `COPY --from` reads an earlier stage through a read-only
-//! overlay of its layers.
+//! are built in order, those the last stage does not need skipped ([`needed`]); `COPY
+//! --from` reads an earlier stage through a read-only overlay of its layers, or an image's
+//! tree (an installed one, or a registry image unpacked: [`trees`]). `FROM scratch` starts
+//! from an empty tree. `ADD <URL>` downloads ([`fetch`]) on every build unless
+//! `--checksum` pins the content (then a cached layer is used without downloading).
 
 pub mod context;
+mod fetch;
 mod fsops;
+mod needed;
+mod trees;
 
 use crate::build as image_build;
 use crate::cache::unique;
@@ -171,6 +177,10 @@ struct StageState {
     base_tree: PathBuf,
     /// Bottom first.
     layers: Vec<PathBuf>,
+    /// A tree that holds the base and the first `n` layers, mounted in their place.
+    flat: Option<(PathBuf, usize)>,
+    /// The stage starts FROM scratch: its RUN steps boot on the agent's own tree.
+    scratch: bool,
     key: String,
     env: Vec<(String, String)>,
     workdir: Option<String>,
@@ -200,10 +210,22 @@ impl StageState {
         }
     }
 
-    /// Lowers for a mount: layers top first, then the base.
+    /// The trees that make the stage, bottom first: the base (or the flattened tree that
+    /// holds it and the layers below) and the layers above.
+    fn stack(&self) -> Vec<PathBuf> {
+        let (bottom, from) = match &self.flat {
+            Some((tree, n)) => (tree, *n),
+            None => (&self.base_tree, 0),
+        };
+        let mut s = vec![bottom.clone()];
+        s.extend(self.layers.iter().skip(from).cloned());
+        s
+    }
+
+    /// Lowers for a mount: the stack top first.
     fn lowers(&self) -> Vec<PathBuf> {
-        let mut l: Vec<PathBuf> = self.layers.iter().rev().cloned().collect();
-        l.push(self.base_tree.clone());
+        let mut l = self.stack();
+        l.reverse();
         l
     }
 }
@@ -216,7 +238,10 @@ struct Builder<'a> {
     layers_dir: PathBuf,
     ignore: Ignore,
     agent: PathBuf,
-    stages: Vec<StageState>,
+    /// In file order; `None`: skipped (the last stage does not need it).
+    stages: Vec<Option<StageState>>,
+    /// The index of the stage being built.
+    current: usize,
     records: Vec<StepRecord>,
     /// Global ARG values (defaults, then --build-arg).
     global: BTreeMap<String, String>,
@@ -253,7 +278,6 @@ pub fn build(
     let layers_dir = req.data_dir.join("cache/layers");
     std::fs::create_dir_all(&layers_dir).map_err(Error::io("creating", &layers_dir))?;
     sweep_abandoned(&layers_dir);
-    let total = file.stages.iter().map(|s| 1 + s.steps.len()).sum();
     let mut b = Builder {
         req,
         runner,
@@ -263,20 +287,40 @@ pub fn build(
         ignore,
         agent,
         stages: Vec::new(),
+        current: 0,
         records: Vec::new(),
         global: BTreeMap::new(),
         number: 0,
-        total,
+        total: 0,
     };
     b.global_args()?;
-    for stage in &file.stages {
+    let needed = needed::needed_stages(&file, &b.global)?;
+    b.total = file
+        .stages
+        .iter()
+        .zip(&needed)
+        .filter(|(_, n)| **n)
+        .map(|(s, _)| 1 + s.steps.len())
+        .sum();
+    for (stage, needed) in file.stages.iter().zip(needed) {
+        if !needed {
+            b.log.event(BuildEvent::Note(format!(
+                "skipping stage {} ({}, {} steps): the final stage does not need it",
+                stage.index,
+                stage.name.as_deref().unwrap_or("unnamed"),
+                1 + stage.steps.len()
+            )));
+            b.stages.push(None);
+            continue;
+        }
         let state = b.stage(stage)?;
-        b.stages.push(state);
+        b.stages.push(Some(state));
     }
     let last = b
         .stages
         .last()
         .cloned()
+        .flatten()
         .ok_or_else(|| dockerfile::ParseError {
             line: 0,
             problem: "no stage".into(),
@@ -409,11 +453,10 @@ impl Builder<'_> {
                 .map_or(String::new(), |n| format!(" AS {n}"))
         );
         self.announce(&from_text);
+        self.current = stage.index;
         let started = Instant::now();
-        let global = self.global.clone();
-        let lookup = move |n: &str| global.get(n).cloned();
-        let base = words::expand_one(&stage.base, self.file.escape, &lookup, stage.line)?;
-        let mut state = self.base_of(&base, stage.line)?;
+        let base = needed::expand_global(self.file, &self.global, &stage.base, stage.line)?;
+        let mut state = self.base_of(&base)?;
         state.name = stage.name.clone();
         self.records.push(StepRecord {
             number: self.number,
@@ -435,6 +478,9 @@ impl Builder<'_> {
             if cached {
                 self.log.event(BuildEvent::Cached);
             }
+            if layer.is_some() {
+                self.flatten_if_deep(&mut state)?;
+            }
             self.records.push(StepRecord {
                 number: self.number,
                 stage: stage.index,
@@ -447,14 +493,14 @@ impl Builder<'_> {
         Ok(state)
     }
 
-    /// A FROM's base: an earlier stage, an installed image, or a registry image.
-    fn base_of(&mut self, base: &str, line: usize) -> Result<StageState> {
-        let lower = base.to_ascii_lowercase();
-        let earlier = self.stages.iter().enumerate().find(|(i, s)| {
-            s.name.as_deref() == Some(lower.as_str()) || base.parse::<usize>() == Ok(*i)
-        });
-        if let Some((_, s)) = earlier {
-            let mut s = s.clone();
+    /// A FROM's base: an earlier stage, scratch, an installed image, or a registry image.
+    fn base_of(&mut self, base: &str) -> Result<StageState> {
+        if let Some(s) = self
+            .file
+            .earlier_stage(self.current, base)
+            .and_then(|i| self.stages.get(i).cloned().flatten())
+        {
+            let mut s = s;
             s.args.clear();
             return Ok(s);
         }
@@ -478,6 +524,8 @@ impl Builder<'_> {
                 base_source: base.to_string(),
                 base_tree: tree,
                 layers: Vec::new(),
+                flat: None,
+                scratch: false,
                 key,
                 env,
                 workdir: defaults.working_dir.clone(),
@@ -489,6 +537,13 @@ impl Builder<'_> {
                 args: BTreeMap::new(),
             }
         };
+        // Docker's reserved name: no image is called so.
+        if base.eq_ignore_ascii_case("scratch") {
+            let (tree, key) = self.scratch_tree()?;
+            let mut state = fresh(tree, key, ImageDefaults::default());
+            state.scratch = true;
+            return Ok(state);
+        }
         let local = self.req.data_dir.join("images").join(base);
         if valid_name(base) && local.join("rootfs").is_dir() {
             let tree = std::fs::canonicalize(local.join("rootfs"))
@@ -506,36 +561,7 @@ impl Builder<'_> {
             let defaults = store::read_config(&local).unwrap_or_default();
             return Ok(fresh(tree, key, defaults));
         }
-        if base.eq_ignore_ascii_case("scratch") {
-            return Err(step_err(
-                line,
-                "FROM scratch is not supported (a sandbox needs a shell for RUN); start from an image",
-            ));
-        }
-        let image = self.runner.pull(base)?;
-        let agent_digest = Digest::of(
-            &std::fs::read(&self.agent).map_err(Error::io("reading the agent", &self.agent))?,
-        );
-        let key = key_of(&["oci", image.manifest_digest.as_str(), agent_digest.as_str()]);
-        let tree = self.layers_dir.join(&key).join("tree");
-        if !tree.is_dir() {
-            self.log.event(BuildEvent::Note(format!(
-                "unpacking {base} ({} layers)",
-                image.layers.len()
-            )));
-            let pending = self.pending()?;
-            let result = (|| {
-                let cache = crate::cache::BlobCache::in_data_dir(&self.req.data_dir);
-                let mut unpacker = Unpacker::new(&pending.join("tree"), self.req.limits)?;
-                for layer in &image.layers {
-                    let blob = cache.open(&layer.digest)?;
-                    unpacker.apply_layer(blob, layer.digest.short(), layer.diff_id.as_ref())?;
-                }
-                image_build::add_sandcell_files(&mut unpacker, &self.agent)?;
-                unpacker.finish()
-            })();
-            self.commit(&pending, &key, result, base)?;
-        }
+        let (tree, key, image) = self.pulled_tree(base, true)?;
         let mut defaults = image.config.defaults();
         defaults.source = Some(image.source.clone());
         Ok(fresh(tree, key, defaults))
@@ -733,7 +759,9 @@ impl Builder<'_> {
             || Path::new(dest)
                 .file_name()
                 .is_none_or(|n| n == "." || n == "..");
-        if (named_dir || self.is_dir_in(state, &dest_abs)?) && !dest_abs.ends_with('/') {
+        if (named_dir || sources.len() > 1 || self.is_dir_in(state, &dest_abs)?)
+            && !dest_abs.ends_with('/')
+        {
             dest_abs.push('/');
         }
         let chmod = match &spec.chmod {
@@ -742,39 +770,75 @@ impl Builder<'_> {
             ),
             None => None,
         };
-        // The source tree: the context, or an earlier stage seen through a read-only mount.
+        let (urls, locals): (Vec<String>, Vec<String>) =
+            sources.iter().cloned().partition(|s| dockerfile::is_url(s));
+        // The source tree: the context, an earlier stage seen through a read-only mount, or
+        // an image's tree.
         let context_ignore = self.ignore.clone();
         let _from_mount;
         let (root, ignore) = match &spec.from {
             None => (RootDir::open(&self.req.context)?, Some(&context_ignore)),
             Some(from) => {
-                let stage = self
-                    .stages
-                    .iter()
-                    .enumerate()
-                    .find(|(i, s)| {
-                        s.name.as_deref() == Some(from.as_str()) || from.parse::<usize>() == Ok(*i)
-                    })
-                    .map(|(_, s)| s.clone())
-                    .ok_or_else(|| step_err(line, format!("--from={from}: no such stage")))?;
-                let target =
-                    self.layers_dir
-                        .join(format!(".from-{}-{}", std::process::id(), unique()));
-                let mount = Mount::overlay(&stage.lowers(), None, &target)?;
-                let root = RootDir::open(mount.path())?;
-                _from_mount = MountDir(Some(mount), target);
-                (root, None)
+                let from = needed::expand_global(self.file, &self.global, from, line)?;
+                let stage = self.file.earlier_stage(self.current, &from);
+                match stage.and_then(|i| self.stages.get(i).cloned().flatten()) {
+                    Some(stage) => {
+                        let target = self.layers_dir.join(format!(
+                            ".from-{}-{}",
+                            std::process::id(),
+                            unique()
+                        ));
+                        let mount = Mount::overlay(&stage.lowers(), None, &target)?;
+                        let root = RootDir::open(mount.path())?;
+                        _from_mount = MountDir(Some(mount), target);
+                        (root, None)
+                    }
+                    None if stage.is_some() => {
+                        return Err(step_err(line, format!("--from={from}: stage not built")));
+                    }
+                    None => (RootDir::open(&self.image_tree(&from)?)?, None),
+                }
             }
         };
         let mut plan = CopyPlan::new(CopyRequest {
             root: &root,
             ignore,
-            sources,
+            sources: &locals,
             dest: &dest_abs,
             add: spec.add,
             owner: (0, 0),
             chmod,
         })?;
+        // URLs: downloaded now (the key needs their digest), unless --checksum gives it; then
+        // only when the layer is made.
+        let downloads = TempDir::new(&self.layers_dir)?;
+        let mut pinned = Vec::new();
+        for (n, url) in urls.iter().enumerate() {
+            let target = if dest_abs.ends_with('/') {
+                let name = fetch::file_name(url).ok_or_else(|| {
+                    step_err(
+                        line,
+                        format!("{text}: {url} names no file; give the destination a file name"),
+                    )
+                })?;
+                format!("{dest_abs}{name}")
+            } else {
+                dest_abs.clone()
+            };
+            let file = downloads.0.join(n.to_string());
+            match &spec.checksum {
+                Some(sum) => {
+                    let want = Digest::parse(sum)?;
+                    plan.add_download(&target, file.clone(), want.clone());
+                    pinned.push((url.clone(), file, want));
+                }
+                None => {
+                    let got = fetch::download(url, &file, &self.req.limits)?;
+                    self.log.event(BuildEvent::Note(got.describe(url)));
+                    plan.add_download(&target, file, got.digest);
+                }
+            }
+        }
         let mut h = Hasher::default();
         h.update(format!("{}\0{}\0{:?}\0", state.key, text, spec.chown).as_bytes());
         h.update(dest_abs.as_bytes());
@@ -782,7 +846,13 @@ impl Builder<'_> {
         let key = h.finish().hex().to_string();
         let chown = spec.chown.clone();
         let limits = self.req.limits;
+        let log = self.log;
         self.layer(state, key, text, |pending, merged| {
+            for (url, file, want) in &pinned {
+                let got = fetch::download(url, file, &limits)?;
+                log.event(BuildEvent::Note(got.describe(url)));
+                want.verify(&got.digest, format!("ADD {url} (--checksum)"))?;
+            }
             if let Some(c) = &chown {
                 let image = RootDir::open(merged)?;
                 plan.set_owner(context::resolve_owner(&image, c).map_err(|p| step_err(line, p))?);
@@ -802,11 +872,7 @@ impl Builder<'_> {
     /// Whether `path` (absolute) is a directory (symlinks followed inside the image) in the
     /// stage as built so far.
     fn is_dir_in(&self, state: &StageState, path: &str) -> Result<bool> {
-        let target = self
-            .layers_dir
-            .join(format!(".view-{}-{}", std::process::id(), unique()));
-        let mount = Mount::overlay(&state.lowers(), None, &target)?;
-        let view = MountDir(Some(mount), target);
+        let view = self.view(state)?;
         let root = RootDir::open(&view.1)?;
         let rel = context::normalize(path);
         Ok(root.stat(&rel).is_ok_and(|m| m.is_dir()))
@@ -824,11 +890,7 @@ impl Builder<'_> {
         if name.is_empty() || name == "root" || name == "0" {
             return Ok(None);
         }
-        let target = self
-            .layers_dir
-            .join(format!(".view-{}-{}", std::process::id(), unique()));
-        let mount = Mount::overlay(&state.lowers(), None, &target).map_err(|e| e.to_string())?;
-        let view = MountDir(Some(mount), target);
+        let view = self.view(state).map_err(|e| e.to_string())?;
         let root = RootDir::open(&view.1).map_err(|e| e.to_string())?;
         let (uid, _) = context::resolve_owner(&root, name)
             .map_err(|_| format!("USER {user}: no such user in the image's /etc/passwd"))?;
@@ -873,16 +935,29 @@ impl Builder<'_> {
             state.key = key.clone();
             return Ok((Some(key), true));
         }
+        if state.scratch {
+            self.check_scratch_program(state, &argv, text, line)?;
+        }
         let user = match state.user.as_deref() {
             Some(u) => self
                 .run_user(state, u)
                 .map_err(|problem| step_err(line, format!("{text}: {problem}")))?,
             None => None,
         };
+        // The root boots on the bottom tree (it has the agent), or on the agent's own tree
+        // under a scratch stage's.
+        let mut lowers = state.lowers();
+        let base = match lowers.pop() {
+            Some(bottom) if !state.scratch => bottom,
+            bottom => {
+                lowers.extend(bottom);
+                self.agent_tree()?
+            }
+        };
         let pending = self.pending()?;
         let request = RunRequest {
-            base: state.base_tree.clone(),
-            lowers: state.layers.iter().rev().cloned().collect(),
+            base,
+            lowers,
             upper: pending.join("tree"),
             work: pending.join("work"),
             argv,
@@ -944,26 +1019,11 @@ impl Builder<'_> {
     }
 
     fn export_into(&self, last: &StageState, record: &TemplateRecord, work: &Path) -> Result<u64> {
-        let mut all = vec![last.base_tree.clone()];
-        all.extend(last.layers.iter().cloned());
+        let all = last.stack();
         self.log.event(BuildEvent::Exporting { layers: all.len() });
         let tree = work.join("rootfs");
         let mut unpacker = Unpacker::new(&tree, self.req.limits)?;
-        for (index, layer) in all.iter().enumerate() {
-            let (reader, writer) =
-                std::io::pipe().map_err(Error::io("making a pipe for", layer))?;
-            let source = layer.clone();
-            let exporter = std::thread::spawn(move || {
-                crate::diff::layer_from_overlay_upper(&source, std::io::BufWriter::new(writer))
-            });
-            let applied = unpacker.apply_layer(reader, &format!("layer {index}"), None);
-            let exported = exporter.join().map_err(|_| Error::Tool {
-                tool: "export",
-                problem: format!("the exporter of {} panicked", layer.display()),
-            })?;
-            exported?;
-            applied?;
-        }
+        apply_trees(&mut unpacker, &all)?;
         image_build::add_sandcell_files(&mut unpacker, &self.agent)?;
         unpacker.finish()?;
         let defaults = defaults_of(last, self.req);
@@ -985,6 +1045,26 @@ impl Builder<'_> {
     }
 }
 
+/// Trees in overlayfs's upper format (bottom first), applied in order: each exported as a
+/// layer by [`crate::diff`] and unpacked.
+fn apply_trees(unpacker: &mut Unpacker, trees: &[PathBuf]) -> Result<()> {
+    for (index, layer) in trees.iter().enumerate() {
+        let (reader, writer) = std::io::pipe().map_err(Error::io("making a pipe for", layer))?;
+        let source = layer.clone();
+        let exporter = std::thread::spawn(move || {
+            crate::diff::layer_from_overlay_upper(&source, std::io::BufWriter::new(writer))
+        });
+        let applied = unpacker.apply_layer(reader, &format!("layer {index}"), None);
+        let exported = exporter.join().map_err(|_| Error::Tool {
+            tool: "export",
+            problem: format!("the exporter of {} panicked", layer.display()),
+        })?;
+        exported?;
+        applied?;
+    }
+    Ok(())
+}
+
 /// A read-only mount of an earlier stage and its mount point, both gone when dropped.
 struct MountDir(Option<Mount>, PathBuf);
 
@@ -993,6 +1073,24 @@ impl Drop for MountDir {
         // Unmounted before the mount point is removed.
         drop(self.0.take());
         let _ = std::fs::remove_dir(&self.1);
+    }
+}
+
+/// A scratch directory under the layer cache (`.tmp-PID-N`: a dead build's is swept),
+/// removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(layers_dir: &Path) -> Result<TempDir> {
+        let dir = layers_dir.join(format!(".tmp-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir(&dir).map_err(Error::io("creating", &dir))?;
+        Ok(TempDir(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
