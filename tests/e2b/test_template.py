@@ -10,7 +10,9 @@ start command wrote.
 
 import os
 
+import pytest
 from e2b import Sandbox, Template
+from e2b.exceptions import TemplateException
 
 TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
 
@@ -46,3 +48,40 @@ def test_template_build_round_trip(tmp_path):
         assert (info.cpu_count, info.memory_mb) == (1, 512)
     finally:
         sandbox.kill()
+
+
+def test_template_tags_with_the_sdk_functions():
+    """`Template.build(tags=...)`, `assign_tags`, `get_tags`, `remove_tags` and creates from
+    `name:tag` (crates/server/src/template_tags.rs)."""
+    name = f"e2b-tags-{os.getpid()}"
+    template = Template().from_template(TEMPLATE).run_cmd("echo tagged > /tagged")
+    info = Template.build(template, f"{name}:v1", tags=["stable"], cpu_count=1, memory_mb=512)
+    build = info.build_id.replace("-", "")
+
+    def tags():
+        return {t.tag: t.build_id.replace("-", "") for t in Template.get_tags(name)}
+
+    assert tags() == {"v1": build, "stable": build, "default": build}
+
+    assigned = Template.assign_tags(f"{name}:v1", ["prod", "canary"])
+    assert assigned.build_id.replace("-", "") == build
+    assert assigned.tags == ["prod", "canary"]
+    assert tags()["prod"] == build
+
+    sandbox = Sandbox.create(template=f"{name}:prod", timeout=60)
+    try:
+        assert sandbox.commands.run("cat /tagged").stdout == "tagged\n"
+    finally:
+        sandbox.kill()
+
+    Template.remove_tags(name, "prod")
+    assert "prod" not in tags()
+    with pytest.raises(Exception, match="404"):
+        Sandbox.create(template=f"{name}:prod", timeout=60)
+    with pytest.raises(TemplateException, match="404"):
+        Template.remove_tags(name, "prod")
+    with pytest.raises(TemplateException, match="400"):
+        Template.assign_tags(f"{name}:v1", "Not A Tag")
+    # Another key's template: not found.
+    with pytest.raises(TemplateException, match="404"):
+        Template.get_tags(name, api_key=os.environ["SANDCELL_OTHER_KEY"])
