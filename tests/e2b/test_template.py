@@ -2,10 +2,11 @@
 `sandcell serve` (run through tests/e2b/run.sh, which sets E2B_API_URL, E2B_SANDBOX_URL,
 E2B_API_KEY and SANDCELL_TEMPLATE, a template with /bin/bash).
 
-One build (they take a while): from the test template, a RUN step, a COPY of a local file
+Two builds (they take a while). The first, from the test template, a RUN step, a COPY of a local file
 (uploaded through the daemon's files URL), ENV, WORKDIR and a start + ready command; then a
 sandbox from the result sees the file, the variables, the working directory and what the
-start command wrote.
+start command wrote. The second is tagged (the SDK's tag functions; needs
+SANDCELL_OTHER_KEY, which run.sh sets).
 """
 
 import os
