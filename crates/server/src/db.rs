@@ -234,6 +234,20 @@ impl Db {
             .map_err(Error::db("reading an API key"))
     }
 
+    /// API key `id`, revoked or not.
+    pub async fn key_by_id(&self, id: &str) -> Result<Option<KeyRow>> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(Error::db(format!("looking up API key {id}")))?;
+        row.as_ref()
+            .map(key_from_row)
+            .transpose()
+            .map_err(Error::db(format!("reading API key {id}")))
+    }
+
     pub async fn list_keys(&self) -> Result<Vec<KeyRow>> {
         let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))

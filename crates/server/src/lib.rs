@@ -33,6 +33,7 @@ pub mod template_builds;
 pub mod template_defaults;
 pub mod template_plan;
 pub mod template_runner;
+pub mod template_snapshot;
 pub mod template_start;
 pub mod template_tags;
 pub mod util;

@@ -183,13 +183,30 @@ impl Lifecycle {
         // A named snapshot of the key is a template too (snapshots.rs).
         if let Some(snap) = self.snapshot_template(&key.id, &req.template_id).await? {
             let row = self
-                .create_from_snapshot(key, req, &snap, secure_by_default)
+                .create_from_snapshot(key, req, &snap, secure_by_default, None)
                 .await?;
             self.metrics.observe_create(begun.elapsed());
             return Ok(row);
         }
         // `name:tag` is `name` when the tag names its current build (template_tags.rs).
         let req = crate::template_tags::untag_request(self, req).await?;
+        // An API-built template restores the state its build snapshotted (template_snapshot.rs).
+        if let Some(snap) = crate::template_snapshot::usable(self, &req).await? {
+            let net = crate::networks::check_request(
+                &self.db,
+                &key.id,
+                req.allow_internet_access,
+                req.network.as_ref(),
+                req.networks.as_deref(),
+            )
+            .await?;
+            let network = Some(crate::snapshots::RestoredNetwork::Request(net));
+            let row = self
+                .create_from_snapshot(key, req, &snap, secure_by_default, network)
+                .await?;
+            self.metrics.observe_create(begun.elapsed());
+            return Ok(row);
+        }
         // An API-built template's size when the request names none (template_start.rs).
         let (cpu_count, memory_mb) = crate::template_start::default_size(
             self,

@@ -399,12 +399,16 @@ pub async fn delete_template(
             users.join(", ")
         )));
     }
+    let snapshot = crate::template_start::record(&app.lifecycle, &name).and_then(|r| r.snapshot_id);
     let data = app.lifecycle.dirs().data.clone();
     let removed = tokio::task::spawn_blocking(move || sandcell_image::store::remove(&data, &name))
         .await
         .map_err(|e| ApiError::internal(format!("removing template '{id}': {e}")))?;
     match removed {
         Ok(()) => {
+            if let Some(snapshot) = snapshot {
+                crate::template_snapshot::retire(&app.lifecycle, &snapshot).await;
+            }
             let name = id.strip_suffix(":default").unwrap_or(&id);
             crate::template_tags::forget(&app.db, name).await?;
             Ok(StatusCode::NO_CONTENT)
@@ -422,7 +426,8 @@ pub async fn delete_template(
 /// snapshots (a restore needs the image its snapshot was taken over).
 async fn template_users(app: &App, name: &str) -> ApiResult<Vec<String>> {
     let snapshots: Vec<(String, Option<String>, String)> =
-        sqlx::query_as("SELECT id, name, template_id FROM snapshots")
+        // A template's own snapshot is part of it, not a user (template_snapshot.rs).
+        sqlx::query_as("SELECT id, name, template_id FROM snapshots WHERE kind != 'template'")
             .fetch_all(app.db.pool())
             .await
             .map_err(|e| ApiError::internal(format!("listing snapshots: {e}")))?;

@@ -22,6 +22,9 @@ pub enum SnapshotKind {
     Named,
     /// What the children of one fork were restored from.
     Fork,
+    /// An API-built template's state once its start command runs and its ready command
+    /// succeeded (template_snapshot.rs): kept until the template is rebuilt or deleted.
+    Template,
 }
 
 impl SnapshotKind {
@@ -30,13 +33,19 @@ impl SnapshotKind {
             SnapshotKind::Pause => "pause",
             SnapshotKind::Named => "named",
             SnapshotKind::Fork => "fork",
+            SnapshotKind::Template => "template",
         }
     }
 
     fn parse(s: &str) -> Option<SnapshotKind> {
-        [SnapshotKind::Pause, SnapshotKind::Named, SnapshotKind::Fork]
-            .into_iter()
-            .find(|k| k.as_str() == s)
+        [
+            SnapshotKind::Pause,
+            SnapshotKind::Named,
+            SnapshotKind::Fork,
+            SnapshotKind::Template,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
     }
 }
 
@@ -204,7 +213,7 @@ impl Db {
         let mut tx = self.pool().begin().await.map_err(Error::db(what))?;
         let sql = format!(
             "SELECT {COLUMNS} FROM snapshots s \
-             WHERE (s.kind != 'named' OR s.deleted_at IS NOT NULL) \
+             WHERE (s.kind NOT IN ('named', 'template') OR s.deleted_at IS NOT NULL) \
              AND NOT EXISTS (SELECT 1 FROM snapshot_users u JOIN sandboxes b ON b.id = u.sandbox_id \
                  WHERE u.snapshot_id = s.id AND b.state IN ({}))",
             live_states_sql()
@@ -315,6 +324,21 @@ impl Db {
             .await
             .map_err(Error::db(what.clone()))?;
         tx.commit().await.map_err(Error::db(what))?;
+        Ok(())
+    }
+
+    /// Template snapshot `id` is no longer the template's: its files go once no sandbox
+    /// restored from it needs them (unlike [`Db::discard_snapshot`], its users stay).
+    pub async fn retire_template_snapshot(&self, id: &str, now: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE snapshots SET deleted_at = $2 WHERE id = $1 AND kind = 'template' \
+             AND deleted_at IS NULL",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(self.pool())
+        .await
+        .map_err(Error::db(format!("retiring template snapshot {id}")))?;
         Ok(())
     }
 

@@ -38,9 +38,17 @@ struct RestoredSpec {
     timeout: u64,
     auto_pause: bool,
     parent_id: Option<String>,
-    /// The sandbox whose network rules the new one gets (the parent, or the snapshot's
-    /// source): restored processes expect the network they had.
-    network_of: String,
+    network: RestoredNetwork,
+}
+
+/// The network rules a restored sandbox gets.
+pub(crate) enum RestoredNetwork {
+    /// Those of this sandbox (a fork's parent, a named snapshot's source): restored
+    /// processes expect the network they had, private networks included.
+    Of(String),
+    /// The create request's own (a template's snapshot: the build sandbox's rules were
+    /// the build's, not the user's); `None` on a daemon without networks.
+    Request(Option<crate::networks::NetRequest>),
 }
 
 /// Snapshot names: plain names, not ids (`snap-...`), at most 128 characters.
@@ -71,7 +79,7 @@ impl Lifecycle {
 
     /// Checkpoints running sandbox `row` into a new snapshot of `kind`; the sandbox keeps
     /// running (gvisor: restored in place). 404 when it is not running.
-    async fn checkpoint(
+    pub(crate) async fn checkpoint(
         &self,
         row: &SandboxRow,
         kind: SnapshotKind,
@@ -110,7 +118,9 @@ impl Lifecycle {
         self.db.insert_snapshot(&snap, &[id]).await?;
         let runtime_kind = match kind {
             SnapshotKind::Fork => sandcell_runtime::SnapshotKind::Fork,
-            SnapshotKind::Named | SnapshotKind::Pause => sandcell_runtime::SnapshotKind::Full,
+            SnapshotKind::Named | SnapshotKind::Pause | SnapshotKind::Template => {
+                sandcell_runtime::SnapshotKind::Full
+            }
         };
         let taken = live.sandbox.snapshot(&dir, runtime_kind).await;
         // Restored in place: a new host process, a new handle for a restarted daemon.
@@ -187,20 +197,22 @@ impl Lifecycle {
                 timeout,
                 auto_pause,
                 parent_id: Some(parent.id.clone()),
-                network_of: parent.id.clone(),
+                network: RestoredNetwork::Of(parent.id.clone()),
             };
             results.push(self.create_restored(key, spec, &snap, &handle).await);
         }
         Ok(results)
     }
 
-    /// Create with a snapshot as `templateID`.
+    /// Create with a snapshot as `templateID` (a named snapshot: its source's network), or
+    /// from a template's snapshot (`network` from the request).
     pub(crate) async fn create_from_snapshot(
         self: &Arc<Self>,
         key: &KeyRow,
         req: NewSandbox,
         snap: &SnapshotRow,
         secure_by_default: bool,
+        network: Option<RestoredNetwork>,
     ) -> ApiResult<SandboxRow> {
         let handle = parse_handle(snap)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
@@ -220,7 +232,7 @@ impl Lifecycle {
             timeout,
             auto_pause: req.auto_pause.unwrap_or(false),
             parent_id: None,
-            network_of: snap.source_id.clone(),
+            network: network.unwrap_or_else(|| RestoredNetwork::Of(snap.source_id.clone())),
         };
         self.create_restored(key, spec, snap, &handle).await
     }
@@ -282,9 +294,17 @@ impl Lifecycle {
             .await?;
         // Before the restore: its root layer lies on the snapshot's files.
         self.db.add_snapshot_user(&snap.id, &id).await?;
-        if let Some(egress) = crate::networks::egress_of(&self.db, &spec.network_of).await? {
-            crate::networks::store_egress(&self.db, &id, &egress).await?;
-            crate::networks::inherit(&self.db, &key.id, &spec.network_of, &id).await?;
+        match &spec.network {
+            RestoredNetwork::Of(source) => {
+                if let Some(egress) = crate::networks::egress_of(&self.db, source).await? {
+                    crate::networks::store_egress(&self.db, &id, &egress).await?;
+                    crate::networks::inherit(&self.db, &key.id, source, &id).await?;
+                }
+            }
+            RestoredNetwork::Request(Some(net)) => {
+                crate::networks::record(&self.db, &id, &key.id, net).await?;
+            }
+            RestoredNetwork::Request(None) => {}
         }
         // Restored (and retried) until its agent answers /init; finish_create then sends it
         // again with the same identity, a no-op for the agent.

@@ -12,6 +12,7 @@ use crate::db::Db;
 use crate::error::Error;
 use crate::template_plan::{BuildStart, Plan, registry_auth};
 use crate::template_runner::GvisorRunner;
+use crate::template_snapshot::{self, TakeError};
 use crate::util::now_ms;
 use sandcell_image::Limits;
 use sandcell_image::registry::PullOptions;
@@ -447,6 +448,13 @@ pub struct E2bRecord {
     pub cpu_count: Option<u32>,
     #[serde(default, rename = "memoryMB", skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u32>,
+    /// The template's memory snapshot, once taken (template_snapshot.rs).
+    #[serde(
+        default,
+        rename = "snapshotID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub snapshot_id: Option<String>,
 }
 
 /// Runs the build in the background; its status and logs tell how it went. `false`: it
@@ -528,6 +536,8 @@ async fn run(
     std::fs::create_dir_all(&context)
         .map_err(|e| (format!("creating {}: {e}", context.display()), None))?;
     let existing = dirs.images().join(&build.template_id);
+    let previous_snapshot = crate::template_start::record(&app.lifecycle, &build.template_id)
+        .and_then(|r| r.snapshot_id);
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),
         name: build.template_id.clone(),
@@ -557,17 +567,56 @@ async fn run(
         } => (format!("{text}: exit status {code}"), step()),
         other => (other.to_string(), step()),
     })?;
-    let record = E2bRecord {
+    let mut record = E2bRecord {
         build_id: build.build_id.clone(),
         start_cmd: req.start_cmd.clone(),
         ready_cmd: req.ready_cmd.clone(),
         cpu_count: build.cpu_count,
         memory_mb: build.memory_mb,
+        snapshot_id: None,
     };
-    let path = existing.join(E2B_FILE);
-    let bytes = serde_json::to_vec_pretty(&record).map_err(|e| (e.to_string(), step()))?;
-    std::fs::write(&path, bytes)
-        .map_err(|e| (format!("writing {}: {e}", path.display()), step()))?;
+    let lifecycle = &app.lifecycle;
+    template_snapshot::record_in(lifecycle, &build.template_id, &record)
+        .map_err(|e| (e.to_string(), step()))?;
+    // The previous build's snapshot restores the previous image: retired either way.
+    if let Some(old) = previous_snapshot {
+        template_snapshot::retire(lifecycle, &old).await;
+    }
+    // E2B semantics: the template is its state once the start command runs and the ready
+    // command succeeded, so creates restore it (template_snapshot.rs).
+    build.set_step(Some("snapshot".into()));
+    build.log(
+        "info",
+        match (&req.start_cmd, &req.ready_cmd) {
+            (None, None) => "taking the template's memory snapshot".to_string(),
+            (start, ready) => format!(
+                "taking the template's memory snapshot (start command {start:?}, ready command \
+                 {ready:?})"
+            ),
+        },
+    );
+    let key = app
+        .db
+        .key_by_id(&build.key_id)
+        .await
+        .map_err(|e| (e.to_string(), step()))?
+        .ok_or_else(|| (format!("API key {} is gone", build.key_id), step()))?;
+    match template_snapshot::take(lifecycle, &key, &build.template_id, &build.build_id).await {
+        Ok(snapshot_id) => {
+            build.log("info", format!("memory snapshot {snapshot_id} taken"));
+            record.snapshot_id = Some(snapshot_id);
+            template_snapshot::record_in(lifecycle, &build.template_id, &record)
+                .map_err(|e| (e.to_string(), step()))?;
+        }
+        Err(TakeError::Template(message)) => return Err((message, step())),
+        Err(TakeError::NoSnapshot(message)) => build.log(
+            "warn",
+            format!(
+                "no memory snapshot ({message}): sandboxes from this template boot and run \
+                 its start command"
+            ),
+        ),
+    }
     Ok(())
 }
 
