@@ -41,9 +41,9 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/0006_template_builds.sql"),
     ),
     (
-        8,
+        7,
         "template tags",
-        include_str!("../migrations/0008_template_tags.sql"),
+        include_str!("../migrations/0007_template_tags.sql"),
     ),
 ];
 

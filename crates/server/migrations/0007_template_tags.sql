@@ -1,4 +1,4 @@
--- Version 8: E2B template tags (template_tags.rs). A tag names one build of a template;
+-- Version 7: E2B template tags (template_tags.rs). A tag names one build of a template;
 -- creates from `name:tag` work while that build is the template's current one (only the
 -- latest build's image is kept on disk).
 CREATE TABLE template_tags (
