@@ -633,6 +633,8 @@ impl Lifecycle {
         if let Err(e) = crate::networks::refresh_peers(&self.db).await {
             eprintln!("sandcell serve: restoring private-network peers: {e}");
         }
+        // Template snapshots of templates rebuilt or removed without the daemon.
+        crate::template_snapshot::retire_orphans(self).await;
         self.collect_snapshots().await;
         self.remove_orphan_snapshot_dirs().await;
         self.db.flush_usage(now_ms()).await?;

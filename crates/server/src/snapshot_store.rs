@@ -327,6 +327,16 @@ impl Db {
         Ok(())
     }
 
+    /// The template snapshots not retired: (snapshot id, template name).
+    pub async fn template_snapshots(&self) -> Result<Vec<(String, String)>> {
+        sqlx::query_as(
+            "SELECT id, template_id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(Error::db("listing template snapshots"))
+    }
+
     /// Template snapshot `id` is no longer the template's: its files go once no sandbox
     /// restored from it needs them (unlike [`Db::discard_snapshot`], its users stay).
     pub async fn retire_template_snapshot(&self, id: &str, now: i64) -> Result<()> {

@@ -140,3 +140,27 @@ pub async fn retire(lifecycle: &Lifecycle, snapshot_id: &str) {
     }
     lifecycle.collect_snapshots().await;
 }
+
+/// Retires the template snapshots whose template no longer names them: rebuilt or removed
+/// with `sandcell template build|rm` while the daemon was down, or a build cut off between
+/// its snapshot and its `e2b.json`. Collected by the caller.
+pub async fn retire_orphans(lifecycle: &Lifecycle) {
+    let snapshots = match lifecycle.db.template_snapshots().await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sandcell serve: {e}");
+            return;
+        }
+    };
+    for (id, template) in snapshots {
+        let current =
+            crate::template_start::record(lifecycle, &template).and_then(|r| r.snapshot_id);
+        if current.as_deref() == Some(id.as_str()) {
+            continue;
+        }
+        eprintln!("sandcell serve: template {template} no longer uses snapshot {id}: retired");
+        if let Err(e) = lifecycle.db.retire_template_snapshot(&id, now_ms()).await {
+            eprintln!("sandcell serve: {e}");
+        }
+    }
+}

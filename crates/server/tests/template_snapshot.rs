@@ -179,3 +179,35 @@ async fn creates_restore_the_state_the_build_snapshotted() {
     );
     daemon.stop();
 }
+
+/// A template rebuilt without the daemon (its `e2b.json` no longer names the snapshot): the
+/// next daemon start retires the snapshot, and creates boot and run the start command.
+#[tokio::test]
+async fn a_snapshot_its_template_no_longer_names_is_retired_at_start() {
+    let env = common::Env::new();
+    let daemon = env.start(&[]);
+    let data = env.data();
+    let (_, snap) = build(&daemon.client, &data, "tpl-orphan", "one").await;
+    daemon.stop();
+    let path = data.join("images/tpl-orphan/e2b.json");
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record.as_object_mut().unwrap().remove("snapshotID");
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+
+    let daemon = env.start(&[]);
+    let c = &daemon.client;
+    assert!(
+        !data.join("snapshots").join(&snap).exists(),
+        "the orphan snapshot stayed"
+    );
+    let a = create(c, json!({"templateID": "tpl-orphan", "timeout": 120})).await;
+    let b = create(c, json!({"templateID": "tpl-orphan", "timeout": 120})).await;
+    let (started_a, running_a) = start_state(c, &a).await;
+    let (started_b, running_b) = start_state(c, &b).await;
+    assert_ne!(
+        started_a, started_b,
+        "without a snapshot each create runs the start command"
+    );
+    assert!(running_a && running_b);
+    daemon.stop();
+}
