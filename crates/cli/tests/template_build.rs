@@ -8,12 +8,15 @@
 //! tests' layered image on a local docker-registry). RUN steps reach the network (sandcell-net's
 //! fake internet) unless `--network none`. Needs root, runsc, the installed images
 //! (`make install`), docker-registry, skopeo, busybox-static, ip, nft, dnsmasq and python3;
-//! fails loudly without them.
+//! fails loudly without them. FROM scratch, COPY --from images, ADD from a URL, skipped
+//! stages and flattened deep stages: template_build/sources.rs.
 
 #![allow(clippy::unwrap_used)]
 
 #[path = "../../image/tests/common/mod.rs"]
 mod common;
+#[path = "template_build/sources.rs"]
+mod sources;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

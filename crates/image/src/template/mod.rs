@@ -1026,6 +1026,9 @@ impl Builder<'_> {
         apply_trees(&mut unpacker, &all)?;
         image_build::add_sandcell_files(&mut unpacker, &self.agent)?;
         unpacker.finish()?;
+        if last.scratch {
+            trees::add_root_user(&tree)?;
+        }
         let defaults = defaults_of(last, self.req);
         let write_json = |name: &str, value: serde_json::Result<Vec<u8>>| -> Result<()> {
             let path = work.join(name);

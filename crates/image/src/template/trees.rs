@@ -3,8 +3,8 @@
 //! nothing references them):
 //!
 //! - `scratch`: an empty tree, the base of `FROM scratch`;
-//! - the agent alone (with the mount points it needs): the root RUN steps of a scratch stage
-//!   boot on, under the stage's layers, so it is no part of the stage itself;
+//! - the agent alone (with the mount points and the root user it needs): the root RUN steps
+//!   of a scratch stage boot on, under the stage's layers, so it is no part of the stage;
 //! - registry images unpacked: with the agent for FROM (keyed by manifest and agent), without
 //!   it for `COPY --from` (keyed by manifest);
 //! - **flattened stacks**: overlayfs takes its layers as one mount option string, at most a
@@ -56,13 +56,16 @@ impl Builder<'_> {
         Ok((tree, key))
     }
 
-    /// The agent and its mount points alone: the bottom of a scratch stage's RUN root.
+    /// The agent, its mount points and a root-only `/etc/passwd` and `/etc/group` (the
+    /// agent looks up the user it runs a command as; a stage's own files hide these): the
+    /// bottom of a scratch stage's RUN root.
     pub(super) fn agent_tree(&self) -> Result<PathBuf> {
-        let key = key_of(&["agent", self.agent_digest()?.as_str()]);
+        let key = key_of(&["scratch-run-root", self.agent_digest()?.as_str()]);
         self.cached_tree(&key, "the agent", |tree| {
             let mut unpacker = Unpacker::new(tree, self.req.limits)?;
             image_build::add_sandcell_files(&mut unpacker, &self.agent)?;
-            unpacker.finish()
+            unpacker.finish()?;
+            add_root_user(tree)
         })
     }
 
@@ -185,4 +188,20 @@ impl Builder<'_> {
         state.flat = Some((tree, state.layers.len()));
         Ok(())
     }
+}
+
+/// `/etc/passwd` and `/etc/group` with root alone, where `tree` has none: the agent looks up
+/// the user of every command it starts, so a tree without them (a scratch one) could run
+/// nothing.
+pub(super) fn add_root_user(tree: &Path) -> Result<()> {
+    for (name, content) in [
+        ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
+        ("etc/group", "root:x:0:\n"),
+    ] {
+        let path = tree.join(name);
+        if std::fs::symlink_metadata(&path).is_err() {
+            std::fs::write(&path, content).map_err(Error::io("writing", &path))?;
+        }
+    }
+    Ok(())
 }
