@@ -91,6 +91,38 @@ impl Setup {
         (text(&out.stdout), text(&out.stderr))
     }
 
+    /// `sandcell run` of `/bin/sh -c SCRIPT` in a gVisor sandbox from `image`: its stdout.
+    fn run_sh(&self, image: &str, script: &str) -> String {
+        self.ok(&[
+            "run",
+            "--runtime",
+            "gvisor",
+            "--image",
+            image,
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ])
+        .0
+    }
+
+    /// A fresh local registry holding the image tests' layered image as `test/layers:v1`,
+    /// and that reference.
+    fn registry_with_layered_image(&self) -> (common::Registry, String) {
+        let registry = common::Registry::start(None);
+        let mut layout = common::Layout::new(&self.path("layout"));
+        let desc = layout.image(
+            &common::layered_image_layers(),
+            "amd64",
+            common::layered_image_config(),
+        );
+        layout.tag(desc, "v1");
+        let reference = format!("{}/test/layers:v1", registry.host());
+        common::push(&layout.dir, "v1", &reference, None);
+        (registry, reference)
+    }
+
     fn write(&self, rel: &str, content: &str) {
         let p = self.path(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -169,17 +201,7 @@ fn multi_stage_build_runs_and_rebuilds_from_cache() {
                   ls /app/src /app/src/sub /app/src/gone; stat -c '%U:%G' /app/owned.txt; \
                   tail -n 1 /etc/profile; test -e /etc/hostname && echo hostname-present; \
                   echo end";
-    let (out, _) = s.ok(&[
-        "run",
-        "--runtime",
-        "gvisor",
-        "--image",
-        "tpl",
-        "--",
-        "/bin/sh",
-        "-c",
-        script,
-    ]);
+    let out = s.run_sh("tpl", script);
     let expected = "alpha\nbeta\nhi from the builder\ncreated\n\
                     /app/src:\na.txt\ngone\nsub\n\n/app/src/gone:\nonly\n\n\
                     /app/src/sub:\nb.txt\nnobody:nogroup\nchanged\nend\n";
@@ -239,16 +261,7 @@ fn multi_stage_build_runs_and_rebuilds_from_cache() {
     // COPY src/, then the later COPYs and RUNs (their parent changed): 5 steps.
     assert_eq!(fourth["builtSteps"], 5, "{fourth:#}");
     assert_eq!(fourth["exportSkipped"], false);
-    let (out, _) = s.ok(&[
-        "run",
-        "--runtime",
-        "gvisor",
-        "--image",
-        "tpl",
-        "--",
-        "/bin/cat",
-        "/app/src/a.txt",
-    ]);
+    let out = s.run_sh("tpl", "cat /app/src/a.txt");
     assert_eq!(out, "alpha 2\n");
 
     let (ls, _) = s.ok(&["template", "ls", "--json"]);
@@ -335,16 +348,7 @@ fn failing_run_shows_output_and_exit_status() {
 #[test]
 fn from_a_registry_image() {
     let s = Setup::new();
-    let registry = common::Registry::start(None);
-    let mut layout = common::Layout::new(&s.path("layout"));
-    let desc = layout.image(
-        &common::layered_image_layers(),
-        "amd64",
-        common::layered_image_config(),
-    );
-    layout.tag(desc, "v1");
-    let reference = format!("{}/test/layers:v1", registry.host());
-    common::push(&layout.dir, "v1", &reference, None);
+    let (registry, reference) = s.registry_with_layered_image();
     // The base runs as `user`, in /data, with GREETING in its Env.
     s.write(
         "ctx/Dockerfile",
@@ -363,17 +367,10 @@ fn from_a_registry_image() {
         &host,
         ctx.to_str().unwrap(),
     ]);
-    let (out, _) = s.ok(&[
-        "run",
-        "--runtime",
-        "gvisor",
-        "--image",
+    let out = s.run_sh(
         "fromreg",
-        "--",
-        "/bin/sh",
-        "-c",
         "cat /data/from-run; test -e /data/keep || echo keep-gone; cat /opq/new",
-    ]);
+    );
     assert_eq!(out, "hello from the image, root\nkeep-gone\nnew");
     let (inspect, _) = s.ok(&["template", "inspect", "fromreg"]);
     let config = serde_json::from_str::<serde_json::Value>(&inspect).unwrap()["config"].clone();

@@ -27,21 +27,6 @@ fn build_ok(s: &Setup, name: &str, extra: &[&str]) -> (serde_json::Value, String
     (serde_json::from_str(&stdout).unwrap(), stderr)
 }
 
-fn run_in(s: &Setup, image: &str, script: &str) -> String {
-    s.ok(&[
-        "run",
-        "--runtime",
-        "gvisor",
-        "--image",
-        image,
-        "--",
-        "/bin/sh",
-        "-c",
-        script,
-    ])
-    .0
-}
-
 fn failed(out: &std::process::Output) -> String {
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -82,8 +67,7 @@ fn from_scratch() {
          COPY --from=files / /whole/\n",
     );
     build_ok(&s, "fromscratch", &[]);
-    let out = run_in(
-        &s,
+    let out = s.run_sh(
         "fromscratch",
         "cat /from-scratch/hello.txt /from-scratch/made; ls /whole /whole/data",
     );
@@ -100,7 +84,7 @@ fn from_scratch() {
     build_ok(&s, "bare", &[]);
     // Shell builtins only: the image has nothing but busybox as /bin/sh.
     assert_eq!(
-        run_in(&s, "bare", "read line < /hello.txt; echo \"$line\""),
+        s.run_sh("bare", "read line < /hello.txt; echo \"$line\""),
         "hello\n"
     );
 }
@@ -108,16 +92,7 @@ fn from_scratch() {
 #[test]
 fn copy_from_registry_and_installed_images() {
     let s = Setup::new();
-    let registry = common::Registry::start(None);
-    let mut layout = common::Layout::new(&s.path("layout"));
-    let desc = layout.image(
-        &common::layered_image_layers(),
-        "amd64",
-        common::layered_image_config(),
-    );
-    layout.tag(desc, "v1");
-    let reference = format!("{}/test/layers:v1", registry.host());
-    common::push(&layout.dir, "v1", &reference, None);
+    let (registry, reference) = s.registry_with_layered_image();
     let host = registry.host();
     let insecure = ["--insecure-registry", host.as_str()];
 
@@ -134,8 +109,7 @@ fn copy_from_registry_and_installed_images() {
     );
     let (first, _) = build_ok(&s, "copyimg", &insecure);
     assert_eq!(first["builtSteps"], 4, "{first:#}");
-    let out = run_in(
-        &s,
+    let out = s.run_sh(
         "copyimg",
         "ls /img/data /img/opq; cat /img/opq/new /img/via-link; echo; \
          cmp /img/agent-copy /sbin/sandcell-agent && echo same-agent",
@@ -245,8 +219,7 @@ fn add_from_a_url() {
         stderr.contains(&format!("downloaded {url}: 3 bytes, {}", sha256(b"v1\n"))),
         "{stderr}"
     );
-    let out = run_in(
-        &s,
+    let out = s.run_sh(
         "addurl",
         "stat -c '%n %a %s %Y' /opt/tool.txt /opt/renamed; cat /opt/renamed",
     );
