@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// microvm: idle pre-started VMMs kept for template snapshot restores
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub vmm_pool: usize,
+    /// Template build caches (layers no template uses, uploaded COPY archives) older than
+    /// DAYS are pruned daily, as `sandcell template prune --older-than DAYS`; 0: never
+    #[arg(long, default_value_t = 7, value_name = "DAYS")]
+    pub template_cache_days: u32,
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -345,6 +349,12 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     // After reconcile, which removes this daemon's unused networks, prepared ones too.
     networks::start_pool()?;
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
+    if args.template_cache_days > 0 {
+        tokio::spawn(template_builds::prune_caches_daily(
+            dirs.data.clone(),
+            args.template_cache_days,
+        ));
+    }
     let app = Arc::new(App {
         db: db.clone(),
         lifecycle: lifecycle.clone(),

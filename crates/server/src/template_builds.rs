@@ -620,6 +620,39 @@ async fn run(
     Ok(())
 }
 
+/// Prunes the template build caches of `data` (layers no template uses, uploaded COPY
+/// archives) older than `days`, an hour after the start and then daily. A prune never runs
+/// during a build (the cache lock: sandcell_image::template::prune); it is tried again an
+/// hour later then.
+pub async fn prune_caches_daily(data: PathBuf, days: u32) {
+    use sandcell_image::template::prune::{PruneError, PruneOptions, prune};
+    const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+    let mut wait = HOUR;
+    loop {
+        tokio::time::sleep(wait).await;
+        let dir = data.clone();
+        let options = PruneOptions {
+            older_than_days: days,
+            dry_run: false,
+        };
+        let result = tokio::task::spawn_blocking(move || prune(&dir, &options)).await;
+        wait = HOUR * 24;
+        match result {
+            Ok(Ok(p)) if p.layers.is_empty() && p.uploads.is_empty() => {}
+            Ok(Ok(p)) => eprintln!(
+                "sandcell serve: pruned {} template layer(s) and {} upload(s) older than {days} \
+                 days ({} bytes)",
+                p.layers.len(),
+                p.uploads.len(),
+                p.bytes
+            ),
+            Ok(Err(PruneError::Busy { .. })) => wait = HOUR,
+            Ok(Err(e)) => eprintln!("sandcell serve: pruning the template caches: {e}"),
+            Err(e) => eprintln!("sandcell serve: pruning the template caches: {e}"),
+        }
+    }
+}
+
 /// The last entries of a log, for an error's `reason`.
 pub fn reason_entries(logs: &[LogEntry]) -> &[LogEntry] {
     &logs[logs.len().saturating_sub(REASON_LOG_ENTRIES)..]

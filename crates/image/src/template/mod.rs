@@ -31,6 +31,7 @@ pub mod context;
 mod fetch;
 mod fsops;
 mod needed;
+pub mod prune;
 mod trees;
 
 use crate::build as image_build;
@@ -264,6 +265,12 @@ pub fn build(
     if images.join(&req.name).exists() && !req.force {
         return Err(Error::Exists(req.name.clone()));
     }
+    // Held for the whole build: a prune (any process) waits for it (prune.rs).
+    let _cache_lock = prune::CacheLock::shared(&req.data_dir).map_err(|e| Error::Io {
+        what: "locking the build cache",
+        path: req.data_dir.join("cache"),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     let file = dockerfile::parse(&req.dockerfile)?;
     let agent = match &req.agent {
         Some(p) => p.clone(),
