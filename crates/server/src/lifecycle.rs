@@ -190,17 +190,17 @@ impl Lifecycle {
         }
         // `name:tag` is `name` when the tag names its current build (template_tags.rs).
         let req = crate::template_tags::untag_request(self, req).await?;
+        let net_req = crate::networks::check_request(
+            &self.db,
+            &key.id,
+            req.allow_internet_access,
+            req.network.as_ref(),
+            req.networks.as_deref(),
+        )
+        .await?;
         // An API-built template restores the state its build snapshotted (template_snapshot.rs).
         if let Some(snap) = crate::template_snapshot::usable(self, &req).await? {
-            let net = crate::networks::check_request(
-                &self.db,
-                &key.id,
-                req.allow_internet_access,
-                req.network.as_ref(),
-                req.networks.as_deref(),
-            )
-            .await?;
-            let network = Some(crate::snapshots::RestoredNetwork::Request(net));
+            let network = Some(crate::snapshots::RestoredNetwork::Request(net_req));
             let row = self
                 .create_from_snapshot(key, req, &snap, secure_by_default, network)
                 .await?;
@@ -216,14 +216,6 @@ impl Lifecycle {
         );
         let (vcpus, memory_mib) = self.size(cpu_count, memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
-        let net_req = crate::networks::check_request(
-            &self.db,
-            &key.id,
-            req.allow_internet_access,
-            req.network.as_ref(),
-            req.networks.as_deref(),
-        )
-        .await?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         if timeout > MAX_TIMEOUT_SECS {
             return Err(ApiError::bad_request(format!(

@@ -8,17 +8,10 @@
 
 mod common;
 
-use common::GUARD;
+use common::{call, wait_build as wait};
 use hyper::{Method, StatusCode};
 use sandcell_client::Client;
 use serde_json::{Value, json};
-use std::time::Instant;
-
-async fn call(c: &Client, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let resp = c.api(method, path, body.as_ref()).await.unwrap();
-    let json = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-    (resp.status, json)
-}
 
 /// `POST /v3/templates` for `name`: the build id.
 async fn request(c: &Client, name: &str) -> String {
@@ -32,32 +25,6 @@ async fn request(c: &Client, name: &str) -> String {
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["templateID"], name);
     body["buildID"].as_str().unwrap().to_string()
-}
-
-/// Polls the status until the build ends; returns the last answer and all log messages.
-async fn wait(c: &Client, name: &str, build: &str) -> (Value, Vec<String>) {
-    let started = Instant::now();
-    let mut messages = Vec::new();
-    loop {
-        let path = format!(
-            "/templates/{name}/builds/{build}/status?logsOffset={}",
-            messages.len()
-        );
-        let (status, body) = call(c, Method::GET, &path, None).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let entries = body["logEntries"].as_array().unwrap();
-        messages.extend(
-            entries
-                .iter()
-                .map(|e| e["message"].as_str().unwrap().to_string()),
-        );
-        let state = body["status"].as_str().unwrap();
-        if (state == "ready" || state == "error") && entries.is_empty() {
-            return (body, messages);
-        }
-        assert!(started.elapsed() < GUARD * 5, "build {build} still {state}");
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
 }
 
 /// A one-file ustar archive (the test crates have no tar writer).

@@ -8,18 +8,11 @@
 
 mod common;
 
-use common::GUARD;
+use common::call;
 use hyper::{Method, StatusCode};
 use sandcell_client::{Client, Sandbox};
 use serde_json::{Value, json};
 use std::path::Path;
-use std::time::Instant;
-
-async fn call(c: &Client, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let resp = c.api(method, path, body.as_ref()).await.unwrap();
-    let json = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-    (resp.status, json)
-}
 
 /// The start command writes random bytes once, then stays running.
 const START_CMD: &str =
@@ -47,31 +40,8 @@ async fn build(c: &Client, data: &Path, name: &str, marker: &str) -> (Vec<String
     let path = format!("/v2/templates/{name}/builds/{build}");
     let (status, body) = call(c, Method::POST, &path, Some(steps)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let started = Instant::now();
-    let mut messages = Vec::new();
-    loop {
-        let path = format!(
-            "/templates/{name}/builds/{build}/status?logsOffset={}",
-            messages.len()
-        );
-        let (status, body) = call(c, Method::GET, &path, None).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let entries = body["logEntries"].as_array().unwrap();
-        messages.extend(
-            entries
-                .iter()
-                .map(|e| e["message"].as_str().unwrap().to_string()),
-        );
-        let state = body["status"].as_str().unwrap();
-        if state == "error" {
-            panic!("build {build} failed: {body} {messages:#?}");
-        }
-        if state == "ready" && entries.is_empty() {
-            break;
-        }
-        assert!(started.elapsed() < GUARD * 5, "build {build} still {state}");
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    let (last, messages) = common::wait_build(c, name, &build).await;
+    assert_eq!(last["status"], "ready", "{last} {messages:#?}");
     let record: Value = serde_json::from_slice(
         &std::fs::read(data.join("images").join(name).join("e2b.json")).unwrap(),
     )

@@ -8,20 +8,13 @@
 
 mod common;
 
-use common::GUARD;
+use common::call;
 use hyper::{Method, StatusCode};
 use sandcell_client::Client;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 const NAME: &str = "tpl-tags";
-
-async fn call(c: &Client, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let resp = c.api(method, path, body.as_ref()).await.unwrap();
-    let json = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-    (resp.status, json)
-}
 
 /// Requests and runs a build of `NAME` (`name` may carry a tag) with `steps`; waits for it
 /// to end. Returns the build id, the tags the request answered and the final status.
@@ -39,18 +32,9 @@ async fn build(c: &Client, name: &str, tags: &[&str], run: &str) -> (String, Val
     let path = format!("/v2/templates/{NAME}/builds/{id}");
     let (status, answer) = call(c, Method::POST, &path, Some(steps)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
-    let started = Instant::now();
-    loop {
-        let path = format!("/templates/{NAME}/builds/{id}/status");
-        let (status, state) = call(c, Method::GET, &path, None).await;
-        assert_eq!(status, StatusCode::OK, "{state}");
-        let s = state["status"].as_str().unwrap().to_string();
-        if s == "ready" || s == "error" {
-            return (id, body["tags"].clone(), s);
-        }
-        assert!(started.elapsed() < GUARD * 5, "build {id} still {s}");
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    let (last, _) = common::wait_build(c, NAME, &id).await;
+    let s = last["status"].as_str().unwrap().to_string();
+    (id, body["tags"].clone(), s)
 }
 
 /// `GET /templates/NAME/tags` as tag → build id.

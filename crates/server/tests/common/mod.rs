@@ -331,3 +331,42 @@ pub async fn run(client: &Client, sandbox: &Sandbox, script: &str) -> (String, i
     }
     panic!("the stream ended without an end event")
 }
+
+/// An API call with a JSON body; the status and the JSON answer (`Null` if none).
+pub async fn call(
+    c: &Client,
+    method: hyper::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (hyper::StatusCode, serde_json::Value) {
+    let resp = c.api(method, path, body.as_ref()).await.unwrap();
+    let json = serde_json::from_slice(&resp.body).unwrap_or(serde_json::Value::Null);
+    (resp.status, json)
+}
+
+/// Polls template build `build`'s status until it ends; the last answer and every log
+/// message.
+pub async fn wait_build(c: &Client, name: &str, build: &str) -> (serde_json::Value, Vec<String>) {
+    let started = std::time::Instant::now();
+    let mut messages = Vec::new();
+    loop {
+        let path = format!(
+            "/templates/{name}/builds/{build}/status?logsOffset={}",
+            messages.len()
+        );
+        let (status, body) = call(c, hyper::Method::GET, &path, None).await;
+        assert_eq!(status, hyper::StatusCode::OK, "{body}");
+        let entries = body["logEntries"].as_array().unwrap();
+        messages.extend(
+            entries
+                .iter()
+                .map(|e| e["message"].as_str().unwrap().to_string()),
+        );
+        let state = body["status"].as_str().unwrap();
+        if (state == "ready" || state == "error") && entries.is_empty() {
+            return (body, messages);
+        }
+        assert!(started.elapsed() < GUARD * 5, "build {build} still {state}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
