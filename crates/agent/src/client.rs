@@ -20,8 +20,8 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use sandcell_proto::agent::{
     self as wire, CloseStdinRequest, ConnectError, DataEvent, EndEvent, EndOfStream, EntryInfo,
-    Event, ProcessEvent, ProcessInput, ProcessSelector, SendInputRequest, SendSignalRequest,
-    StartRequest, envelope,
+    Event, InitRequest, ProcessEvent, ProcessInput, ProcessSelector, SendInputRequest,
+    SendSignalRequest, StartRequest, envelope,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
@@ -325,6 +325,21 @@ impl<C: Connector> AgentClient<C> {
         let resp = Self::check("POST /files", self.send("POST /files", req).await?).await?;
         let reply = read_capped("POST /files", resp.into_body(), MAX_SMALL_REPLY).await?;
         serde_json::from_slice(&reply).map_err(|e| ClientError::protocol("POST /files", e))
+    }
+
+    /// `POST /init` with `init` (the runtime's own fields: a restored microVM's
+    /// `sandcellNet`; the daemon sends the rest itself).
+    pub async fn init(&self, init: &InitRequest) -> Result<(), ClientError> {
+        let body = serde_json::to_vec(init).map_err(|e| ClientError::protocol("init", e))?;
+        let req = request(
+            Method::POST,
+            wire::INIT_PATH,
+            Some("application/json"),
+            http_body_util::Full::new(Bytes::from(body)),
+        )?;
+        Self::check("init", self.send("init", req).await?)
+            .await
+            .map(drop)
     }
 
     /// Asks the agent to power the sandbox off (or, not being PID 1, to exit).

@@ -219,6 +219,12 @@ pub struct InitRequest {
     /// restored from one snapshot never share RNG state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandcell_entropy: Option<String>,
+    /// Our extension, microVMs only: the guest's new addressing, in the format of the
+    /// `sandcell.net=` kernel parameter (`ip=A/P,gw=G[,mtu=N][,dns=D][,if=NAME]`). A VM
+    /// restored as another sandbox lands in that sandbox's network: the agent readdresses
+    /// its interface (the old address and default route go) and rewrites its resolver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandcell_net: Option<String>,
 }
 
 /// Largest `sandcellEntropy` accepted, in bytes.

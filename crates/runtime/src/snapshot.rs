@@ -91,6 +91,10 @@ pub enum SnapshotFiles {
         disk_top: Option<PathBuf>,
         /// Fork: the parent VMM's pid; the memory is gone when it is.
         memory_owner_pid: Option<u32>,
+        /// The VM has a virtio-net device (its TAP is opened by name when restored): a
+        /// restore needs a network to put it in (microvm/network.rs).
+        #[serde(default)]
+        network: bool,
     },
 }
 

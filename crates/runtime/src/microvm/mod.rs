@@ -250,7 +250,8 @@ impl Runtime for MicrovmRuntime {
         let sandbox = MicrovmSandbox::new(self.dirs.clone(), self.vmm.clone(), &spec, paths);
         match (net, &self.templates) {
             (Some(net), _) => sandbox.set_network(net),
-            // Sandboxes with a network cannot be snapshotted yet, so only these restore.
+            // Template snapshots are of VMs without a net device: only these restore one
+            // (a networked create boots; its own snapshots restore into new networks).
             (None, Some(t)) => sandbox.set_template_plan(sandbox::TemplatePlan {
                 store: t.store.clone(),
                 pool: t.pool.clone(),
@@ -342,15 +343,7 @@ impl Runtime for MicrovmRuntime {
         snapshot: &crate::SnapshotHandle,
         spec: crate::RestoreSpec,
     ) -> Result<Box<dyn Sandbox>> {
-        if spec.network.is_some() {
-            // Snapshots of sandboxes with a network are refused (sandbox.rs), so this
-            // snapshot has no net device; the restored sandbox has no network either.
-            eprintln!(
-                "sandcell: microvm sandbox {}: restored without a network (restoring into \
-                 a network is not supported by the microvm runtime yet)",
-                spec.id
-            );
-        }
+        // A snapshot with a net device is restored into a new network (snapshot.rs).
         let sandbox = sandbox::restore_new(&self.dirs, &self.vmm, snapshot, spec).await?;
         Ok(Box::new(sandbox))
     }

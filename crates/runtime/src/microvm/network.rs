@@ -113,8 +113,13 @@ async fn add_tap(net: &Network) -> Result<()> {
 
 /// The kernel parameter the agent configures `eth0` from (crates/agent netconfig.rs).
 pub(super) fn kernel_param(net: &Network) -> String {
+    format!("sandcell.net={}", init_value(net))
+}
+
+/// The same as the agent's `/init` `sandcellNet`: how a restored guest is readdressed.
+pub(super) fn init_value(net: &Network) -> String {
     format!(
-        "sandcell.net=ip={}/{},gw={},mtu={MTU},dns={}",
+        "ip={}/{},gw={},mtu={MTU},dns={}",
         net.guest, net.prefix, net.gateway, net.gateway
     )
 }
@@ -179,6 +184,13 @@ mod tests {
             "sandcell.net=ip=10.200.0.30/30,gw=10.200.0.29,mtu=1500,dns=10.200.0.29"
         );
         assert_eq!(guest_mac(n.guest), "02:5c:0a:c8:00:1e");
+        // A restored guest is readdressed with the same value through /init, which the
+        // agent parses as it parses the kernel parameter.
+        let parsed = sandcell_agent::netconfig::NetParams::parse(&init_value(&n)).unwrap();
+        assert_eq!(parsed.addr, n.guest);
+        assert_eq!(parsed.prefix, 30);
+        assert_eq!(parsed.gateway, n.gateway);
+        assert_eq!(parsed.dns, Some(n.gateway));
     }
 
     #[test]

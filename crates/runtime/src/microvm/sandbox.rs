@@ -47,6 +47,11 @@ pub struct MicrovmSandbox {
     snap: snapshot::SnapState,
     /// The sandbox's network (network.rs), removed when the sandbox is destroyed.
     net: Mutex<Option<sandcell_net::SandboxNet>>,
+    /// What the network was made from: a fork's children get the same.
+    net_spec: Option<crate::NetworkSpec>,
+    /// Adopted after a daemon restart with a network namespace: its network is not
+    /// re-adopted, so whether its VM has a net device is unknown to snapshots.
+    adopted_net: bool,
     /// Set when the first start restores a template snapshot into a pooled VMM instead of
     /// booting (template_start.rs).
     template: Mutex<Option<TemplatePlan>>,
@@ -96,6 +101,8 @@ impl MicrovmSandbox {
             handle: Mutex::new(None),
             snap: snapshot::SnapState::new(spec, &paths_overlay),
             net: Mutex::new(None),
+            net_spec: spec.network.clone(),
+            adopted_net: false,
             template: Mutex::new(None),
         }
     }
@@ -121,7 +128,14 @@ impl MicrovmSandbox {
         spec.memory_mib = handle.memory_mib;
         spec.vcpus = handle.vcpus;
         spec.outlive_owner = true;
-        let sandbox = MicrovmSandbox::new(dirs, vmm, &spec, paths);
+        let mut sandbox = MicrovmSandbox::new(dirs, vmm, &spec, paths);
+        sandbox.adopted_net = std::path::Path::new("/run/netns")
+            .join(format!(
+                "{}{}",
+                sandcell_net::network::NETNS_PREFIX,
+                handle.id
+            ))
+            .exists();
         *sandbox.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.pid);
         *sandbox.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.clone());
         let (stopping, exit, vmm_log) = (
@@ -158,19 +172,24 @@ impl MicrovmSandbox {
         *self.template.lock().unwrap_or_else(|p| p.into_inner()) = Some(plan);
     }
 
-    /// Snapshots of a sandbox with a network are not supported yet: a restored VMM needs
-    /// its own namespace with the TAP before it starts (see network.rs).
-    fn refuse_with_network(&self, op: &'static str) -> Result<()> {
-        if self.net.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+    /// Whether the VM has a virtio-net device (its snapshots need a network to restore
+    /// into). Refused for an adopted sandbox that had a network (not re-adopted yet).
+    pub(super) fn has_network(&self, op: &'static str) -> Result<bool> {
+        if self.adopted_net {
             return Err(Error::Unsupported {
                 runtime: RT,
                 op,
-                why: "the microvm runtime cannot snapshot a sandbox with a network yet; \
-                      create it without a network, or use the gvisor runtime"
+                why: "this sandbox was adopted after a daemon restart and its network is not \
+                      re-adopted yet"
                     .into(),
             });
         }
-        Ok(())
+        Ok(self.net_spec.is_some())
+    }
+
+    /// The network a fork's children get: the parent's rules, new addresses.
+    pub(super) fn network_spec(&self) -> Option<crate::NetworkSpec> {
+        self.net_spec.clone()
     }
 
     fn pid(&self) -> Option<u32> {
@@ -385,17 +404,14 @@ impl Sandbox for MicrovmSandbox {
         dest: &std::path::Path,
         kind: crate::SnapshotKind,
     ) -> Result<crate::SnapshotHandle> {
-        self.refuse_with_network("snapshot")?;
         snapshot::snapshot(self, dest, kind).await
     }
 
     async fn pause_to_disk(&self, dest: &std::path::Path) -> Result<crate::SnapshotHandle> {
-        self.refuse_with_network("pause to disk")?;
         snapshot::pause_to_disk(self, dest).await
     }
 
     async fn fork(&self, count: usize, dest: &std::path::Path) -> Result<Vec<Box<dyn Sandbox>>> {
-        self.refuse_with_network("fork")?;
         snapshot::fork(self, count, dest).await
     }
 

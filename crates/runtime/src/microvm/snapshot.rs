@@ -21,6 +21,14 @@
 //!   now), console log and control socket. (A warm pool of `--wait-restore` VMMs is the
 //!   daemon's next step; the control request is the same.)
 //!
+//! - networks: a VM with a virtio-net device records it (`network` in the manifest). Its
+//!   restore makes the new sandbox's network first (namespace, veth, TAP `sctap0`: the name
+//!   the VM state opens), starts the VMM in it, and once the agent answers sends it `/init`
+//!   with `sandcellNet`, the new address, gateway and resolver (the guest still has its
+//!   source's). Connections open at the snapshot are gone, as on gVisor. Such a snapshot is
+//!   never restored without a network (its VMM would open the TAP in the host's namespace),
+//!   and a fork's children get their parent's rules.
+//!
 //! The guest's clock, RNG and identity are the caller's to refresh through the agent's
 //! `/init` after a restore.
 
@@ -100,6 +108,7 @@ async fn take(
     freeze_disk: bool,
 ) -> Result<SnapshotHandle> {
     sb.require_running("snapshot")?;
+    let network = sb.has_network("snapshot")?;
     let io = |what: String| move |e| Error::io(RT, what, e);
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
@@ -149,6 +158,7 @@ async fn take(
             disk_layers: layers,
             disk_top: None,
             memory_owner_pid: (kind == SnapshotKind::Fork).then(|| sb.pid()).flatten(),
+            network,
         },
     };
     handle.save()?;
@@ -226,6 +236,7 @@ pub(super) async fn fork(
         let mut spec = RestoreSpec::new(crate::new_sandbox_id()?);
         spec.boot_timeout = sb.boot_timeout;
         spec.outlive_owner = sb.outlive_owner;
+        spec.network = sb.network_spec();
         let (dirs, vmm, handle) = (sb.dirs.clone(), sb.vmm.clone(), handle.clone());
         restores.spawn(async move { restore_new(&dirs, &vmm, &handle, spec).await });
     }
@@ -263,6 +274,7 @@ pub(in crate::microvm) async fn restore_new(
         memory,
         disk_layers,
         disk_top,
+        network: has_net_device,
         ..
     } = &snapshot.files
     else {
@@ -282,15 +294,53 @@ pub(in crate::microvm) async fn restore_new(
         });
     }
     snapshot.check_files()?;
+    // The VM's devices are fixed by its state: a net device needs its TAP (opened by name,
+    // in the VMM's namespace), and a VM without one cannot be given a network.
+    match (has_net_device, restore.network.is_some()) {
+        (true, false) => {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: format!(
+                    "snapshot {} is of a sandbox with a network: restore it with one",
+                    snapshot.dir.display()
+                ),
+            });
+        }
+        (false, true) => eprintln!(
+            "sandcell: microvm sandbox {}: restored without a network (snapshot {} was \
+             taken of a sandbox without one)",
+            restore.id,
+            snapshot.dir.display()
+        ),
+        _ => {}
+    }
     let mut spec = SandboxSpec::new(restore.id.clone(), (&snapshot.image).into());
+    if *has_net_device {
+        spec.network = restore.network.clone();
+    }
     spec.vcpus = snapshot.vcpus;
     spec.memory_mib = snapshot.memory_mib;
     spec.env = snapshot.env.clone();
     spec.boot_timeout = restore.boot_timeout;
     spec.outlive_owner = restore.outlive_owner;
     let paths = Paths::new(dirs, &spec.id);
-    crate::owner::create_run_dir(dirs, &spec.id, RT, spec.outlive_owner)?;
+    // Made first, as for a create: on failure nothing else exists yet.
+    let net = match &spec.network {
+        Some(n) => Some(network::create(&spec.id, n).await?),
+        None => None,
+    };
+    let readdress = net.as_ref().map(|n| network::init_value(n.network()));
+    if let Err(e) = crate::owner::create_run_dir(dirs, &spec.id, RT, spec.outlive_owner) {
+        if let Some(net) = net {
+            let _ = network::teardown(&spec.id, net).await;
+        }
+        return Err(e);
+    }
     let sandbox = MicrovmSandbox::new(dirs.clone(), vmm.to_path_buf(), &spec, paths);
+    if let Some(net) = net {
+        // The VMM starts in its namespace, where the TAP has the name the VM state names.
+        sandbox.set_network(net);
+    }
     *lock(&sandbox.snap.layers) = disk_layers.clone();
     let started = async {
         let state_dir = &sandbox.paths.state_dir;
@@ -306,7 +356,13 @@ pub(in crate::microvm) async fn restore_new(
         }
         *lock(&sandbox.snap.restore_args) =
             Some(restore_args(state, memory, disk_layers, &sandbox.paths));
-        sandbox.start().await
+        sandbox.start().await?;
+        // The guest still has its source's address, gateway and resolver: the agent
+        // readdresses eth0 before anyone else talks to it.
+        if let Some(value) = readdress {
+            readdress_guest(&sandbox, value).await?;
+        }
+        Ok(())
     };
     if let Err(e) = started.await {
         let _ = sandbox.destroy().await;
@@ -316,6 +372,31 @@ pub(in crate::microvm) async fn restore_new(
         });
     }
     Ok(sandbox)
+}
+
+/// Sends the agent `/init` with only `sandcellNet` (its other fields are the caller's).
+async fn readdress_guest(sb: &MicrovmSandbox, value: String) -> Result<()> {
+    let client = sandcell_agent::client::AgentClient::new(vsock_connector(sb.paths.vsock.clone()));
+    let request = sandcell_proto::agent::InitRequest {
+        sandcell_net: Some(value.clone()),
+        ..Default::default()
+    };
+    tokio::time::timeout(CONTROL_TIMEOUT, client.init(&request))
+        .await
+        .map_err(|_| {
+            Error::io(
+                RT,
+                format!("readdressing the guest ({value})"),
+                std::io::ErrorKind::TimedOut.into(),
+            )
+        })?
+        .map_err(|e| {
+            Error::io(
+                RT,
+                format!("readdressing the guest ({value})"),
+                std::io::Error::other(e.to_string()),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -356,6 +437,68 @@ mod tests {
                 "/r/sc-2/control.sock",
             ]
         );
+    }
+
+    /// A handle of a snapshot whose files exist under `dir`, with or without a net device.
+    fn handle_in(dir: &Path, network: bool) -> SnapshotHandle {
+        for f in [STATE_FILE, MEM_FILE, "disk.layer.0"] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+        }
+        SnapshotHandle {
+            format: crate::snapshot::SNAPSHOT_FORMAT,
+            runtime: RT,
+            kind: SnapshotKind::Full,
+            dir: dir.to_path_buf(),
+            source_id: "sc-1".into(),
+            image: crate::snapshot::SnapshotImage {
+                name: "t".into(),
+                rootfs_dir: None,
+                rootfs_ext4: None,
+            },
+            vcpus: 1,
+            memory_mib: 128,
+            env: Default::default(),
+            files: SnapshotFiles::Microvm {
+                state: dir.join(STATE_FILE),
+                memory: dir.join(MEM_FILE),
+                disk_base: None,
+                disk_layers: vec![dir.join("disk.layer.0")],
+                disk_top: None,
+                memory_owner_pid: None,
+                network,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_with_a_net_device_is_not_restored_without_a_network() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = Dirs::new(tmp.path().join("d"), tmp.path().join("r"));
+        let snap = tmp.path().join("snap");
+        std::fs::create_dir_all(&snap).unwrap();
+        let handle = handle_in(&snap, true);
+        let spec = RestoreSpec::new("sc-restored".into());
+        let err = match restore_new(&dirs, Path::new("/nonexistent/vmm"), &handle, spec).await {
+            Ok(_) => panic!("restored a networked VM without a network"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("with a network: restore it with one"), "{err}");
+        // Refused before anything was made for it.
+        assert!(!dirs.sandbox_run_dir("sc-restored").exists());
+    }
+
+    #[test]
+    fn handles_from_before_the_network_flag_read_as_without_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut json = serde_json::to_value(handle_in(tmp.path(), true)).unwrap();
+        // Internally tagged: `{"runtime": "microvm", "state": ..., "network": true}`.
+        let files = json["files"].as_object_mut().unwrap();
+        assert_eq!(files.remove("network"), Some(serde_json::Value::Bool(true)));
+        let handle: SnapshotHandle = serde_json::from_value(json).unwrap();
+        assert!(matches!(
+            handle.files,
+            SnapshotFiles::Microvm { network: false, .. }
+        ));
     }
 
     #[test]
