@@ -24,7 +24,9 @@ def test_template_build_round_trip(tmp_path):
     template = (
         Template(file_context_path=str(tmp_path))
         .from_template(TEMPLATE)
-        .run_cmd("mkdir -p /srv/app && echo built-by-run > /srv/app/run.txt")
+        # E2B's steps run as `user` in /home/user unless told otherwise.
+        .run_cmd("whoami > who.txt; pwd >> who.txt")
+        .run_cmd("mkdir -p /srv/app && echo built-by-run > /srv/app/run.txt", user="root")
         .copy("hello.txt", "/srv/app/")
         .set_envs({"GREETING": "hi there", "ORIGIN": "e2b"})
         .set_workdir("/srv/app")
@@ -40,9 +42,10 @@ def test_template_build_round_trip(tmp_path):
 
     sandbox = Sandbox.create(template=name, timeout=120)
     try:
-        r = sandbox.commands.run("cat hello.txt run.txt; echo $GREETING/$ORIGIN; pwd")
-        assert r.stdout == "hello from the build context\nbuilt-by-run\nhi there/e2b\n/srv/app\n"
-        # The start command runs in each new sandbox, and the create waited for readyCmd.
+        r = sandbox.commands.run("cat hello.txt run.txt; echo $GREETING/$ORIGIN; pwd; whoami")
+        assert r.stdout == "hello from the build context\nbuilt-by-run\nhi there/e2b\n/srv/app\nuser\n"
+        assert sandbox.commands.run("cat /home/user/who.txt").stdout == "user\n/home/user\n"
+        # The start command ran (once, at build time: the template is its memory snapshot).
         assert sandbox.commands.run("cat /tmp/started").stdout == "started-by-start-cmd\n"
         # The build's cpuCount/memoryMB are the template's default size.
         info = sandbox.get_info()
@@ -55,7 +58,7 @@ def test_template_tags_with_the_sdk_functions():
     """`Template.build(tags=...)`, `assign_tags`, `get_tags`, `remove_tags` and creates from
     `name:tag` (crates/server/src/template_tags.rs)."""
     name = f"e2b-tags-{os.getpid()}"
-    template = Template().from_template(TEMPLATE).run_cmd("echo tagged > /tagged")
+    template = Template().from_template(TEMPLATE).run_cmd("echo tagged > /tagged", user="root")
     info = Template.build(template, f"{name}:v1", tags=["stable"], cpu_count=1, memory_mb=512)
     build = info.build_id.replace("-", "")
 

@@ -11,11 +11,17 @@
 //! - `ENV [k1, v1, k2, v2, ...]`: `ENV k1="v1" k2="v2"` (`$VAR` in values expands as in a
 //!   Dockerfile), `WORKDIR [dir]`, `USER [user]`: as written.
 //!
+//! Steps run as E2B's default user, `user`, in /home/user (E2B: "unlike Docker's root and
+//! /"), and the template's sandboxes default to the last USER and WORKDIR: after FROM come
+//! `USER user` and `WORKDIR /home/user`, preceded by a RUN as root that makes the account
+//! when the base is not known to have it (registry images). A base template with a user of
+//! its own keeps it. `RUN [cmd, "root"]` and `.set_user("root")` run as root.
+//!
 //! E2B's default image (`e2bdev/base`) is the installed `base` template when there is one;
 //! any other `fromImage` is pulled by the daemon (`fromImageRegistry` `registry` credentials as basic
 //! auth; `sandcell serve --insecure-registry HOST` for plain HTTP).
-//! `startCmd`/`readyCmd` are kept in `images/<name>/e2b.json`; sandboxes created from the
-//! template run them (template_start.rs).
+//! `startCmd`/`readyCmd` are kept in `images/<name>/e2b.json`; the build runs them once and
+//! snapshots the result (template_snapshot.rs).
 
 use sandcell_image::registry::Auth;
 use sandcell_image::valid_name;
@@ -87,7 +93,26 @@ pub struct Plan {
 pub struct BaseInfo {
     pub user: Option<String>,
     pub have_base: bool,
+    /// The base template's `/etc/passwd` has E2B's `user` (unknown for registry images).
+    pub has_user_account: bool,
 }
+
+/// E2B's default user and working directory for build steps and for the template's
+/// sandboxes (E2B's docs: "`user` with /home/user", unlike Docker's root and /).
+pub const E2B_USER: &str = "user";
+pub const E2B_HOME: &str = "/home/user";
+/// Makes E2B's `user` (uid 1000, home /home/user, passwordless sudo where sudo is
+/// installed) in a base that lacks it, as E2B does for any image: `useradd` (Debian, Fedora,
+/// ...), busybox's `adduser`, or, with neither, entries written into /etc/passwd and
+/// /etc/group.
+const ENSURE_E2B_USER: &str = "if ! grep -q '^user:' /etc/passwd 2>/dev/null && \
+     ! id -u user >/dev/null 2>&1; then \
+     useradd -m -s /bin/bash user 2>/dev/null || useradd -m user 2>/dev/null || \
+     adduser -D user 2>/dev/null || { echo 'user:x:1000:1000:user:/home/user:/bin/sh' \
+     >> /etc/passwd && echo 'user:x:1000:' >> /etc/group && mkdir -p /home/user && \
+     chown 1000:1000 /home/user; }; fi; \
+     if [ -d /etc/sudoers.d ]; then echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > \
+     /etc/sudoers.d/user && chmod 0440 /etc/sudoers.d/user; fi";
 
 /// The SDKs' default image (`Template()` without a `from_*`, `from_base_image()`): E2B's
 /// own base, which the installed `base` template stands for (it has the same user,
@@ -194,10 +219,30 @@ pub fn base_info(images: &Path, req: &BuildStart) -> BaseInfo {
         .filter(|t| valid_name(t))
         .and_then(|t| sandcell_image::store::read_config(&images.join(t)))
         .and_then(|c| c.user);
+    let has_user_account = req
+        .from_template
+        .as_deref()
+        .or_else(|| {
+            req.from_image
+                .as_deref()
+                .filter(|i| E2B_BASE_IMAGES.contains(i))
+                .map(|_| LOCAL_BASE)
+        })
+        .filter(|t| valid_name(t))
+        .is_some_and(|t| passwd_has_user(&images.join(t).join("rootfs/etc/passwd")));
     BaseInfo {
         user,
         have_base: images.join(LOCAL_BASE).join("rootfs").is_dir(),
+        has_user_account,
     }
+}
+
+/// Whether the passwd file at `path` (at most 1 MiB read) has an entry for [`E2B_USER`].
+fn passwd_has_user(path: &Path) -> bool {
+    use std::io::Read;
+    let mut text = String::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(1 << 20).read_to_string(&mut text));
+    read.is_ok() && text.lines().any(|l| l.split(':').next() == Some(E2B_USER))
 }
 
 /// The Dockerfile of an E2B build request. `base_info` gives what is known about the base
@@ -226,6 +271,21 @@ pub fn plan(req: &BuildStart, base_info: &BaseInfo) -> Result<Plan, String> {
     let mut steps = vec![BASE_STEP.to_string()];
     let mut no_cache = req.force == Some(true);
     let mut user = base_info.user.clone();
+    // E2B's defaults, unless the base template has a user of its own (then it is kept, as
+    // E2B keeps a base template's last user and workdir).
+    if user.is_none() {
+        if !base_info.has_user_account {
+            let argv = serde_json::to_string(&["/bin/sh", "-c", ENSURE_E2B_USER])
+                .map_err(|e| bad(e.to_string()))?;
+            lines.push("USER root".into());
+            lines.push(format!("RUN {argv}"));
+            steps.extend([BASE_STEP.to_string(), BASE_STEP.to_string()]);
+        }
+        lines.push(format!("USER {E2B_USER}"));
+        lines.push(format!("WORKDIR {E2B_HOME}"));
+        steps.extend([BASE_STEP.to_string(), BASE_STEP.to_string()]);
+        user = Some(E2B_USER.to_string());
+    }
     for (index, step) in req.steps.iter().enumerate() {
         // E2B numbers the steps from 1 (the base is step 0).
         let name = (index + 1).to_string();
@@ -377,20 +437,31 @@ mod tests {
             ],
             ..BuildStart::default()
         };
-        let plan = plan(&req, &BaseInfo::default()).unwrap();
+        let info = BaseInfo {
+            has_user_account: true,
+            ..BaseInfo::default()
+        };
+        let plan = plan(&req, &info).unwrap();
         let expected = [
             "FROM base",
+            "USER user",
+            "WORKDIR /home/user",
             r#"RUN ["/bin/sh","-c","echo \"$HOME\"\nls"]"#,
             "USER nobody",
             r#"RUN ["/bin/sh","-c","id"]"#,
-            "USER root",
+            "USER user",
             r#"COPY --chown=user --chmod=0755 ["0123456789abcdef0123/dir/a.txt","/app/"]"#,
             r#"ENV A="x y" B="a\"b\\c$A""#,
             "WORKDIR /app dir",
             "USER user",
         ];
         assert_eq!(plan.dockerfile, format!("{}\n", expected.join("\n")));
-        assert_eq!(plan.steps, ["base", "1", "2", "2", "2", "3", "4", "5", "6"]);
+        assert_eq!(
+            plan.steps,
+            [
+                "base", "base", "base", "1", "2", "2", "2", "3", "4", "5", "6"
+            ]
+        );
         assert!(!plan.no_cache);
         // And the image crate's parser takes it.
         sandcell_image::dockerfile::parse(&plan.dockerfile).unwrap();
@@ -440,15 +511,82 @@ mod tests {
             have_base: true,
             ..BaseInfo::default()
         };
-        assert_eq!(
-            plan(&default_image, &have_base).unwrap().dockerfile,
-            "FROM base\n"
+        assert!(
+            plan(&default_image, &have_base)
+                .unwrap()
+                .dockerfile
+                .starts_with("FROM base\n")
         );
-        assert_eq!(
-            plan(&default_image, &info).unwrap().dockerfile,
-            "FROM e2bdev/base\n"
+        assert!(
+            plan(&default_image, &info)
+                .unwrap()
+                .dockerfile
+                .starts_with("FROM e2bdev/base\n")
         );
         assert!(!valid_files_hash("../x"));
         assert!(valid_files_hash(&"a".repeat(64)));
+    }
+
+    /// E2B's defaults (`user`, /home/user) for steps and sandboxes: made when the base
+    /// lacks the account, not when it has it, and not over a base template's own user.
+    #[test]
+    fn steps_run_as_e2b_user_unless_the_base_has_a_user() {
+        let req = |from_template: Option<&str>, from_image: Option<&str>| BuildStart {
+            from_template: from_template.map(Into::into),
+            from_image: from_image.map(Into::into),
+            steps: vec![step("RUN", &["whoami"]), step("RUN", &["id", "root"])],
+            ..BuildStart::default()
+        };
+        let lines = |p: Plan| p.dockerfile.lines().map(String::from).collect::<Vec<_>>();
+        // A registry image: the account is made as root first.
+        let image = lines(plan(&req(None, Some("python:3")), &BaseInfo::default()).unwrap());
+        assert_eq!(image[0], "FROM python:3");
+        assert_eq!(image[1], "USER root");
+        assert!(
+            image[2].starts_with("RUN [") && image[2].contains("useradd -m"),
+            "{image:?}"
+        );
+        assert_eq!(&image[3..5], ["USER user", "WORKDIR /home/user"]);
+        assert_eq!(image[6], "USER root");
+        assert_eq!(image[8], "USER user", "a RUN as root goes back to user");
+        // A base with the account: no RUN to make it.
+        let with_account = BaseInfo {
+            has_user_account: true,
+            ..BaseInfo::default()
+        };
+        let base = lines(plan(&req(Some("base"), None), &with_account).unwrap());
+        assert_eq!(&base[..3], ["FROM base", "USER user", "WORKDIR /home/user"]);
+        // A base template with its own user keeps it.
+        let own = BaseInfo {
+            user: Some("app".into()),
+            has_user_account: true,
+            ..BaseInfo::default()
+        };
+        let kept = lines(plan(&req(Some("mine"), None), &own).unwrap());
+        assert_eq!(kept[0], "FROM mine");
+        assert!(kept[1].starts_with("RUN "), "{kept:?}");
+        assert_eq!(kept[2], "USER root");
+        assert_eq!(
+            kept[4], "USER app",
+            "a RUN as root goes back to the base's user"
+        );
+        for text in [&image, &base, &kept] {
+            sandcell_image::dockerfile::parse(&(text.join("\n") + "\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_passwd_check_reads_account_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("passwd");
+        std::fs::write(&path, "root:x:0:0::/root:/bin/sh\nuserx:x:1:1::/:/bin/sh\n").unwrap();
+        assert!(!passwd_has_user(&path));
+        std::fs::write(
+            &path,
+            "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n",
+        )
+        .unwrap();
+        assert!(passwd_has_user(&path));
+        assert!(!passwd_has_user(&tmp.path().join("none")));
     }
 }

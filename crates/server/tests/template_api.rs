@@ -288,7 +288,7 @@ async fn built_templates_are_listed_with_their_size_and_deleted_when_unused() {
     let build = body["buildID"].as_str().unwrap().to_string();
     let steps = json!({
         "fromTemplate": "minimal",
-        "steps": [{"type": "RUN", "args": ["echo built > /built.txt"]}],
+        "steps": [{"type": "RUN", "args": ["echo built > /built.txt", "root"]}],
     });
     let path = format!("/v2/templates/tpl-del/builds/{build}");
     let (status, body) = call(c, Method::POST, &path, Some(steps)).await;

@@ -33,7 +33,11 @@ async fn build(c: &Client, data: &Path, name: &str, marker: &str) -> (Vec<String
     let build = body["buildID"].as_str().unwrap().to_string();
     let steps = json!({
         "fromTemplate": "minimal",
-        "steps": [{"type": "RUN", "args": [format!("echo {marker} > /built.txt")]}],
+        "steps": [
+            {"type": "RUN", "args": [format!("echo {marker} > /built.txt"), "root"]},
+            // E2B's default user and workdir for steps.
+            {"type": "RUN", "args": ["whoami > who.txt; pwd >> who.txt"]},
+        ],
         "startCmd": START_CMD,
         "readyCmd": READY_CMD,
     });
@@ -102,6 +106,9 @@ async fn creates_restore_the_state_the_build_snapshotted() {
     assert_eq!(out, format!("a {}\none\n", a.sandbox_id));
     let (out, _) = common::run(c, &b, "echo $E2B_SANDBOX_ID").await;
     assert_eq!(out.trim(), b.sandbox_id);
+    // Steps ran as E2B's `user` in /home/user, and the sandboxes default to the same.
+    let (out, _) = common::run(c, &b, "cat /home/user/who.txt; whoami; pwd").await;
+    assert_eq!(out, "user\n/home/user\nuser\n/home/user\n");
     // The build's sandbox is gone.
     let list = c.list_sandboxes().await.unwrap();
     assert_eq!(list.len(), 2, "{list:?}");

@@ -245,7 +245,7 @@ async fn tags_name_builds_and_creates_follow_them() {
 
     // A rebuild replaces the image: `default` follows it, the tags left on the first build
     // stay listed but creates from them say the build was replaced.
-    let (b2, _, state) = build(c, NAME, &[], "echo again > /again").await;
+    let (b2, _, state) = build(c, NAME, &[], "echo again > /tmp/again").await;
     assert_eq!(state, "ready");
     let now = tags(c).await;
     assert_eq!(now.get("default"), Some(&b2));
