@@ -23,7 +23,9 @@ async function main() {
     fs.writeFileSync(path.join(context, 'hello.txt'), 'hello from the node build context\n')
     const template = Template({ fileContextPath: context })
       .fromTemplate(base)
-      .runCmd('mkdir -p /srv/app && echo built-by-node-run > /srv/app/run.txt')
+      // E2B's steps run as `user` in /home/user unless told otherwise.
+      .runCmd('whoami > who.txt; pwd >> who.txt')
+      .runCmd('mkdir -p /srv/app && echo built-by-node-run > /srv/app/run.txt', { user: 'root' })
       .copy('hello.txt', '/srv/app/')
       .setEnvs({ GREETING: 'hi there', ORIGIN: 'e2b' })
       .setWorkdir('/srv/app')
@@ -45,10 +47,11 @@ async function main() {
     console.log(`ok   Template.build ${name} (${logs.length} log entries)`)
 
     sbx = await Sandbox.create(name, { timeoutMs: 120_000 })
-    const r = await sbx.commands.run('cat hello.txt run.txt; echo $GREETING/$ORIGIN; pwd')
-    assert.equal(r.stdout, 'hello from the node build context\nbuilt-by-node-run\nhi there/e2b\n/srv/app\n')
+    const r = await sbx.commands.run('cat hello.txt run.txt; echo $GREETING/$ORIGIN; pwd; whoami')
+    assert.equal(r.stdout, 'hello from the node build context\nbuilt-by-node-run\nhi there/e2b\n/srv/app\nuser\n')
+    assert.equal((await sbx.commands.run('cat /home/user/who.txt')).stdout, 'user\n/home/user\n')
     console.log('ok   the COPY, RUN, ENV and WORKDIR steps are in the sandbox')
-    // The start command runs in each new sandbox, and the create waited for readyCmd.
+    // The start command ran (once, at build time: the template is its memory snapshot).
     assert.equal((await sbx.commands.run('cat /tmp/started')).stdout, 'started-by-start-cmd\n')
     console.log('ok   the start command ran before the create answered')
     // The build's cpuCount/memoryMB are the template's default size.
