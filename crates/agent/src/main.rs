@@ -125,6 +125,8 @@ fn main() -> ExitCode {
     if let Some(dir) = args.etc_dir {
         config.etc_dir = dir;
     }
+    // Only the agent that configured the interface at boot may readdress it from /init.
+    config.owns_network = is_init && kernel.net.is_some();
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

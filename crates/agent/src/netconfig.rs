@@ -5,12 +5,20 @@
 //! no such parameter). Done with the classic SIOCSIF* / SIOCADDRT ioctls: the agent is a
 //! static binary in images that may have no `ip`.
 //!
+//! The same parameters come again in `/init`'s `sandcellNet` when a snapshot is restored as
+//! another sandbox (whose network has other addresses): [`configure`] then readdresses the
+//! interface. It is written for both: it first removes whatever default route exists.
+//!
 //! IPv4 only. The interface defaults to the first one in /sys/class/net that is not `lo`
 //! (the virtio-net device is the only other one a Sandcell guest has).
 
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+/// Where the resolver goes when `dns=` is given.
+pub const RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// What `sandcell.net=` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,14 +106,31 @@ fn pick_interface(asked: Option<&str>) -> io::Result<String> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no network interface but lo"))
 }
 
-/// Applies `p`: address, netmask, MTU, up, default route, then /etc/resolv.conf.
-/// Returns the interface configured.
+/// Applies `p` (see [`configure_with`]), the resolver in /etc/resolv.conf.
 pub fn configure(p: &NetParams) -> io::Result<String> {
+    configure_with(p, Path::new(RESOLV_CONF))
+}
+
+/// Applies `p`: every default route removed, address, netmask, MTU, up, the default route
+/// via `p.gateway`, then `resolv_conf` when `p.dns` is set. Returns the interface
+/// configured.
+///
+/// At boot there is no default route yet. On a readdressed interface SIOCSIFADDR replaces
+/// the old address (the kernel deletes it, and with it the routes through the interface,
+/// then adds the new one); but an unchanged address with another gateway flushes nothing,
+/// hence the explicit removal first. Applying the same `p` again ends in the same state: an
+/// unchanged address or netmask is a no-op for the kernel, and the default route is removed
+/// and added back (no default route for the microseconds between).
+pub fn configure_with(p: &NetParams, resolv_conf: &Path) -> io::Result<String> {
     let name = pick_interface(p.interface.as_deref())?;
     let sock = inet_socket()?;
     let step = |what: &str, r: io::Result<()>| {
         r.map_err(|e| io::Error::new(e.kind(), format!("{what} on {name}: {e}")))
     };
+    step(
+        "SIOCDELRT of the old default routes",
+        remove_default_routes(&sock),
+    )?;
     step(
         "SIOCSIFADDR",
         set_addr(&sock, &name, libc::SIOCSIFADDR, p.addr),
@@ -121,8 +146,9 @@ pub fn configure(p: &NetParams) -> io::Result<String> {
     // Last: the gateway is reachable only once the address and link are in place.
     step("SIOCADDRT default route", default_route(&sock, p.gateway))?;
     if let Some(dns) = p.dns {
-        std::fs::write("/etc/resolv.conf", format!("nameserver {dns}\n"))
-            .map_err(|e| io::Error::new(e.kind(), format!("writing /etc/resolv.conf: {e}")))?;
+        std::fs::write(resolv_conf, format!("nameserver {dns}\n")).map_err(|e| {
+            io::Error::new(e.kind(), format!("writing {}: {e}", resolv_conf.display()))
+        })?;
     }
     Ok(name)
 }
@@ -227,13 +253,14 @@ struct RtEntry {
 const RTF_UP: libc::c_ushort = 0x0001;
 const RTF_GATEWAY: libc::c_ushort = 0x0002;
 
-fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> io::Result<()> {
-    let mut rt = RtEntry {
+/// A route to 0.0.0.0/0 (main table, no device named: the kernel picks it from the gateway).
+fn default_rtentry(gateway: Ipv4Addr, flags: libc::c_ushort) -> RtEntry {
+    RtEntry {
         rt_pad1: 0,
         rt_dst: sockaddr_in(Ipv4Addr::UNSPECIFIED),
         rt_gateway: sockaddr_in(gateway),
         rt_genmask: sockaddr_in(Ipv4Addr::UNSPECIFIED),
-        rt_flags: RTF_UP | RTF_GATEWAY,
+        rt_flags: flags,
         rt_pad2: 0,
         rt_pad3: 0,
         rt_pad4: std::ptr::null_mut(),
@@ -242,7 +269,30 @@ fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> io::Result<()> {
         rt_mtu: 0,
         rt_window: 0,
         rt_irtt: 0,
-    };
+    }
+}
+
+/// More default routes than a guest could have: the bound on [`remove_default_routes`].
+const MAX_DEFAULT_ROUTES: usize = 16;
+
+/// Removes every default route, whatever its gateway. SIOCDELRT of 0.0.0.0/0 without a
+/// gateway matches any gateway and deletes one route a call; ESRCH says none is left.
+fn remove_default_routes(sock: &OwnedFd) -> io::Result<()> {
+    for _ in 0..MAX_DEFAULT_ROUTES {
+        let mut rt = default_rtentry(Ipv4Addr::UNSPECIFIED, RTF_UP);
+        match ioctl(sock, libc::SIOCDELRT, (&mut rt as *mut RtEntry).cast()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(format!(
+        "still a default route after removing {MAX_DEFAULT_ROUTES}"
+    )))
+}
+
+fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> io::Result<()> {
+    let mut rt = default_rtentry(gateway, RTF_UP | RTF_GATEWAY);
     match ioctl(sock, libc::SIOCADDRT, (&mut rt as *mut RtEntry).cast()) {
         // Already there (an init that ran before, or a restored guest): fine.
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use crate::body::BoxBody;
 use crate::connect::{self, ApiError, Reply, json_reply, status_only};
 use crate::listen::{Listener, Stream};
+use crate::netconfig::NetParams;
 use crate::process::Processes;
 use crate::reaper::{ReapMode, Reaper};
 use crate::state::{Defaults, ENVD_DEFAULT_USER, Shared, token_matches};
@@ -58,6 +59,11 @@ pub struct ServerConfig {
     pub default_user: String,
     /// The default working directory (for empty paths and cwds) until `/init` sets one.
     pub default_workdir: Option<String>,
+    /// The agent configured the guest's network at boot (a microVM's PID 1 given
+    /// `sandcell.net=`), so `/init`'s `sandcellNet` may readdress it. Otherwise (gVisor
+    /// configures its own interface; an agent on a host must never touch the host's)
+    /// `/init` refuses `sandcellNet`.
+    pub owns_network: bool,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +76,7 @@ impl Default for ServerConfig {
             etc_dir: PathBuf::from("/etc"),
             default_user: ENVD_DEFAULT_USER.to_owned(),
             default_workdir: None,
+            owns_network: false,
         }
     }
 }
@@ -312,8 +319,9 @@ fn envs(state: &State) -> Reply {
 const CLOCK_MAX_BEHIND: Duration = Duration::from_millis(50);
 const CLOCK_MAX_AHEAD: Duration = Duration::from_secs(5);
 
-/// `POST /init`: env vars, access token, default user and workdir, clock. Without envd's
-/// metadata service the token rule is: the first `/init` sets it; later ones must repeat it.
+/// `POST /init`: env vars, access token, default user and workdir, clock; our extensions
+/// (see [`InitRequest`]). Without envd's metadata service the token rule is: the first
+/// `/init` sets it; later ones must repeat it.
 async fn init(state: &State, req: Request<Incoming>) -> Reply {
     let bytes = connect::bounded_body(req, state.config.max_json_body).await?;
     let body: InitRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -338,8 +346,22 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
         })?),
         None => None,
     };
+    let net = match body.sandcell_net.as_deref() {
+        Some(value) => Some(readdress_params(state, value)?),
+        None => None,
+    };
     if let Some(bytes) = &entropy {
         crate::entropy::reseed(bytes);
+    }
+    // Host-only, like the sandbox id: applied before the token rule and whatever the
+    // timestamp (there is one right network, the one the VMM now runs in).
+    if let Some(p) = &net {
+        readdress(p)?;
+    }
+    // The runtime's own /init after a restore (it cannot know the access token): it
+    // readdresses and leaves envd's state, token rule included, to the daemon's /init.
+    if net.is_some() && carries_no_envd_field(&body) {
+        return Ok(init_answer());
     }
     {
         let mut d = state.shared.defaults_mut();
@@ -398,12 +420,64 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
             }
         }
     }
+    Ok(init_answer())
+}
+
+fn init_answer() -> Response<BoxBody> {
     let mut resp = no_store(status_only(StatusCode::NO_CONTENT));
     resp.headers_mut().insert(
         wire::ENVD_VERSION_HEADER,
         HeaderValue::from_static(ENVD_VERSION),
     );
-    Ok(resp)
+    resp
+}
+
+/// `sandcellNet`, parsed (400 when malformed) and allowed here (409 when this agent does
+/// not own the guest's network).
+fn readdress_params(state: &State, value: &str) -> Result<NetParams, ApiError> {
+    let p = NetParams::parse(value).map_err(|e| {
+        ApiError::rest(
+            StatusCode::BAD_REQUEST,
+            format!("sandcellNet {value:?}: {e}"),
+        )
+    })?;
+    if !state.config.owns_network {
+        return Err(ApiError::rest(
+            StatusCode::CONFLICT,
+            "sandcellNet: this agent does not configure the network (it was not started as \
+             a microVM's init with sandcell.net=)",
+        ));
+    }
+    Ok(p)
+}
+
+/// Readdresses the guest's interface; 500 naming the failed step.
+fn readdress(p: &NetParams) -> Result<(), ApiError> {
+    match crate::netconfig::configure(p) {
+        Ok(name) => {
+            crate::log!(
+                "/init: network {name} {}/{} via {}",
+                p.addr,
+                p.prefix,
+                p.gateway
+            );
+            Ok(())
+        }
+        Err(e) => Err(ApiError::rest(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("sandcellNet: {e}"),
+        )),
+    }
+}
+
+/// None of envd's own fields nor a new identity: nothing for the token rule to guard.
+fn carries_no_envd_field(body: &InitRequest) -> bool {
+    body.env_vars.is_none()
+        && body.access_token.is_none()
+        && body.timestamp.is_none()
+        && body.default_user.is_none()
+        && body.default_workdir.is_none()
+        && body.sandcell_sandbox_id.is_none()
 }
 
 /// Sets CLOCK_REALTIME to `host_nanos` when the guest is off by more than envd's margins.

@@ -464,3 +464,55 @@ async fn a_new_sandbox_id_starts_a_new_identity() {
         json!({"sandcellSandboxId": "sc-child", "accessToken": "tok-c", "sandcellEntropy": "xyz"});
     assert_eq!(init(bad, Some("tok-c")).await, 400);
 }
+
+/// `sandcellNet` readdresses a microVM's interface (tests/nested `net_readdress`); an agent
+/// that did not configure the network at boot (this one: not PID 1, no `sandcell.net=`)
+/// refuses it (409) rather than ignoring it, whatever the token, and a malformed value is a
+/// 400 naming the field. Neither changes anything: the token set before still rules.
+#[tokio::test]
+async fn sandcell_net_is_refused_where_the_agent_does_not_own_the_network() {
+    let envd = Envd::spawn(&[]).await;
+    let init = |body: Value, token: Option<&str>| {
+        let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+        if let Some(t) = token {
+            headers.push(("x-access-token".to_string(), t.to_string()));
+        }
+        let sock = envd.sock().to_owned();
+        async move {
+            let resp = common::envd::send(
+                &sock,
+                "POST",
+                "/init",
+                &headers,
+                body.to_string().into_bytes(),
+            )
+            .await;
+            let status = resp.status().as_u16();
+            let body = common::envd::read_all(resp).await;
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let (status, _) = init(json!({"accessToken": "tok-a"}), None).await;
+    assert_eq!(status, 204);
+    for (value, token) in [
+        ("ip=10.1.0.2/24", Some("tok-a")),
+        ("ip=10.1.0.2/24,gw=10.1.0.1,colour=blue", None),
+        ("", None),
+    ] {
+        let (status, message) = init(json!({"sandcellNet": value}), token).await;
+        assert_eq!(status, 400, "{value:?}: {message}");
+        assert!(message.contains("sandcellNet"), "{value:?}: {message}");
+    }
+    let good = "ip=10.1.0.2/24,gw=10.1.0.1,dns=10.1.0.1";
+    for token in [None, Some("tok-a")] {
+        let (status, message) = init(json!({"sandcellNet": good}), token).await;
+        assert_eq!(status, 409, "{message}");
+        assert!(message.contains("sandcellNet"), "{message}");
+    }
+    // Still the first token's agent: a bare /init is refused, the token's is accepted.
+    assert_eq!(init(json!({}), None).await.0, 401);
+    assert_eq!(
+        init(json!({"accessToken": "tok-a"}), Some("tok-a")).await.0,
+        204
+    );
+}

@@ -219,10 +219,18 @@ pub struct InitRequest {
     /// restored from one snapshot never share RNG state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandcell_entropy: Option<String>,
-    /// Our extension, microVMs only: the guest's new addressing, in the format of the
-    /// `sandcell.net=` kernel parameter (`ip=A/P,gw=G[,mtu=N][,dns=D][,if=NAME]`). A VM
+    /// Our extension, microVMs only: the guest's new addressing, exactly in the format of the
+    /// `sandcell.net=` kernel parameter (`ip=A/P,gw=G[,mtu=N][,dns=D][,if=NAME]`, IPv4). A VM
     /// restored as another sandbox lands in that sandbox's network: the agent readdresses
-    /// its interface (the old address and default route go) and rewrites its resolver.
+    /// its interface (`if=`, else the first that is not `lo`): every default route goes, the
+    /// new address and netmask replace the old, MTU set when given, link up, `gw` becomes
+    /// the default route, `/etc/resolv.conf` rewritten when `dns` is given. Host-only like
+    /// `sandcellSandboxId`: applied before the token rule and whatever the timestamp, and an
+    /// `/init` carrying none of envd's fields (nor a sandbox id) changes nothing else (the
+    /// runtime's own, which cannot know the token). Idempotent. Answers 400 when malformed
+    /// (the message names `sandcellNet`), 409 when the agent did not configure the network
+    /// at boot (not a microVM's init with `sandcell.net=`: gVisor, a host process), 500 when
+    /// an ioctl failed (named, with the interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandcell_net: Option<String>,
 }

@@ -100,27 +100,93 @@ test_net_tcp() {
   pass "eth0 $NET_GUEST/24 mtu 1500 by the agent; pings at full MTU both ways; 4 MiB down (HTTP) $(kibps "$down") KiB/s, 4 MiB up (TCP) $(kibps "$up") KiB/s, checksums equal (nested TCG: not a speed)"
 }
 
+NET_SNAP=/tmp/net_snap
+
+# net_make_snapshot: a net guest that has used the network (the blob downloaded), fully
+# snapshotted into $NET_SNAP/vm.{state,mem} with its disk top frozen (the parent went on,
+# on top.1, and was stopped): every restore takes a top of its own over the frozen layer,
+# so net_snapshot and net_readdress restore the same snapshot. Sets NET_SNAP_MS.
+net_make_snapshot() {
+  rm -rf $NET_SNAP; d=$NET_SNAP/parent; mkdir -p $d
+  net_vm $d
+  gx $d "wget -q -O /tmp/blob http://$NET_HOST:8080/blob" || fail "the parent's download failed"
+  NET_SNAP_MS=$(ctl $d "{\"op\":\"snapshot\",\"state_path\":\"$NET_SNAP/vm.state\",\"mem_path\":\"$NET_SNAP/vm.mem\",\"mode\":\"full\",\"disk_new_top\":\"$d/top.1\"}")
+  stop_vm $d
+}
+
+# net_restore DIR: `sandcell-vmm --restore` of $NET_SNAP (the runtime's way) into DIR, on
+# its own disk top; the VMM reattaches $NET_TAP by the name in the state. Waits for the agent.
+net_restore() {
+  sandcell-vmm --restore $NET_SNAP/vm.state --mem $NET_SNAP/vm.mem --vsock-uds $1/vsock \
+    --disk-overlay $1/overlay --serial-log $1/serial.log --control-socket $1/control \
+    > $1/vmm.out 2>&1 &
+  echo $! > $1/pid
+  $P wait-agent --uds $1/vsock --timeout 120 > $1/ready \
+    || { cat $1/vmm.out; show_serial $1; fail "the restored agent of $1 never answered"; }
+}
+
 # A guest with a network, snapshotted and restored by `sandcell-vmm --restore` (the
 # runtime's way) after the parent exited: the restored VMM reattaches the TAP by name and
 # the guest's network works as before, without reconfiguration.
 test_net_snapshot() {
   need sandcell-vmm nested-probe; need_l2
   net_setup
-  d=/tmp/net_snap/parent; r=/tmp/net_snap/restored; mkdir -p $d $r
-  net_vm $d
-  gx $d "wget -q -O /tmp/blob http://$NET_HOST:8080/blob" || fail "the parent's download failed"
-  ms=$(ctl $d "{\"op\":\"snapshot\",\"state_path\":\"$d/vm.state\",\"mem_path\":\"$d/vm.mem\",\"mode\":\"full\"}")
-  stop_vm $d
-  # The disk continues on the parent's writable top (the parent is gone): the guest's page
-  # cache matches it.
-  sandcell-vmm --restore $d/vm.state --mem $d/vm.mem --vsock-uds $r/vsock \
-    --serial-log $r/serial.log --control-socket $r/control > $r/vmm.out 2>&1 &
-  echo $! > $r/pid
-  $P wait-agent --uds $r/vsock --timeout 120 > $r/ready \
-    || { cat $r/vmm.out; show_serial $r; fail "the restored agent never answered"; }
+  net_make_snapshot
+  r=$NET_SNAP/restored; mkdir -p $r
+  net_restore $r
   out=$(gx $r "ping -c 1 -W 20 $NET_HOST") || { echo "$out"; cat $r/vmm.out; fail "restored guest -> L1 ping failed"; }
   up=$(net_upload $r 5002)
   down=$(net_download $r)
   stop_vm $r
-  pass "snapshot ${ms} ms with a net device; restored VMM reattached $NET_TAP: ping, 4 MiB up and down, checksums equal"
+  pass "snapshot ${NET_SNAP_MS} ms with a net device; restored VMM reattached $NET_TAP: ping, 4 MiB up and down, checksums equal"
+}
+
+# net_init DIR JSON: POST /init to DIR's agent; fails the test unless it answers 2xx.
+net_init() {
+  $P post --uds "$1/vsock" --path /init --body "$2" > "$1/init.out" 2>&1 \
+    || fail "/init $2 on $1: $(cat "$1/init.out")"
+}
+
+# The same snapshot restored as another sandbox, whose network has other addresses: the
+# TAP's address moves from 10.0.2.1/24 to 10.1.0.1/24, /init's sandcellNet readdresses the
+# guest (as the microvm runtime does after a restore), and the network works at the new
+# addresses only. The runtime's /init carries sandcellNet alone and cannot know the access
+# token: it must succeed on an agent that holds one. The daemon's /init, with the same
+# sandcellNet (a new identity, the host's time, entropy), succeeds twice.
+test_net_readdress() {
+  need sandcell-vmm nested-probe; need_l2
+  if [ ! -f $NET_SNAP/vm.state ] || [ ! -f $NET_SNAP/vm.mem ]; then
+    echo "no snapshot from net_snapshot: making one"
+    net_setup
+    net_make_snapshot
+  fi
+  old=$NET_GUEST
+  NET_HOST=10.1.0.1; NET_GUEST=10.1.0.2
+  net_setup
+  d=$NET_SNAP/readdressed; rm -rf $d; mkdir -p $d
+  net_restore $d
+  before=$(gx $d "ip -4 addr show dev eth0; ip route") || fail "reading the restored guest's network: $before"
+  echo "$before" | grep -q "inet $old/24" || fail "the restored guest does not have its old address $old: $before"
+  # An access token, as a sandbox has (the snapshot's agent had none yet).
+  net_init $d '{"accessToken":"tok-source"}'
+  net="ip=$NET_GUEST/24,gw=$NET_HOST,dns=$NET_HOST"
+  net_init $d "{\"sandcellNet\":\"$net\"}"
+  hex=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  init="{\"sandcellSandboxId\":\"sc-readdressed\",\"timestamp\":\"@NOW@\",\"sandcellEntropy\":\"$hex\",\"sandcellNet\":\"$net\"}"
+  net_init $d "$init"
+  net_init $d "$init"
+  info=$(gx $d "ip -4 addr show dev eth0; ip route; cat /etc/resolv.conf") \
+    || fail "reading the readdressed guest's network: $info"
+  echo "$info"
+  echo "$info" | grep -q "inet $NET_GUEST/24 " || fail "eth0 does not have $NET_GUEST/24: $info"
+  echo "$info" | grep -q "inet $old/" && fail "eth0 still has the old address $old: $info"
+  [ "$(echo "$info" | grep -c '^default ')" = 1 ] || fail "not exactly one default route: $info"
+  echo "$info" | grep -q "^default via $NET_HOST dev eth0" || fail "the default route is not via $NET_HOST: $info"
+  [ "$(echo "$info" | grep '^nameserver')" = "nameserver $NET_HOST" ] || fail "/etc/resolv.conf does not name $NET_HOST: $info"
+  out=$(gx $d "ping -c 2 -W 20 $NET_HOST") || { echo "$out"; show_serial $d; fail "guest -> $NET_HOST ping failed"; }
+  ping -c 2 -W 20 $NET_GUEST > $d/ping.out || { cat $d/ping.out; fail "L1 -> $NET_GUEST ping failed"; }
+  up=$(net_upload $d 5003)
+  down=$(net_download $d)
+  stop_vm $d
+  pass "restored at new addresses: /init sandcellNet (alone, on a token-holding agent; then twice with the daemon's fields) -> eth0 $NET_GUEST/24 only, default via $NET_HOST, resolv.conf; pings both ways, 4 MiB up and down, checksums equal"
 }
