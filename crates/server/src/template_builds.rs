@@ -590,8 +590,10 @@ async fn run(
         match (&req.start_cmd, &req.ready_cmd) {
             (None, None) => "taking the template's memory snapshot".to_string(),
             (start, ready) => format!(
-                "taking the template's memory snapshot (start command {start:?}, ready command \
-                 {ready:?})"
+                "taking the template's memory snapshot once the start command ({}) runs and \
+                 the ready command ({}) succeeds",
+                start.as_deref().unwrap_or("none"),
+                ready.as_deref().unwrap_or("none")
             ),
         },
     );
