@@ -200,12 +200,23 @@ impl Lifecycle {
         .await?;
         // An API-built template restores the state its build snapshotted (template_snapshot.rs).
         if let Some(snap) = crate::template_snapshot::usable(self, &req).await? {
-            let network = Some(crate::snapshots::RestoredNetwork::Request(net_req));
-            let row = self
-                .create_from_snapshot(key, req, &snap, secure_by_default, network)
-                .await?;
-            self.metrics.observe_create(begun.elapsed());
-            return Ok(row);
+            let network = Some(crate::snapshots::RestoredNetwork::Request(net_req.clone()));
+            match self
+                .create_from_snapshot(key, req.clone(), &snap, secure_by_default, network)
+                .await
+            {
+                Ok(row) => {
+                    self.metrics.observe_create(begun.elapsed());
+                    return Ok(row);
+                }
+                // The template works without its snapshot: a boot runs the start command.
+                Err(e) if e.status.is_server_error() => eprintln!(
+                    "sandcell serve: template {}: restoring snapshot {} failed ({}); booting \
+                     instead",
+                    req.template_id, snap.id, e.message
+                ),
+                Err(e) => return Err(e),
+            }
         }
         // An API-built template's size when the request names none (template_start.rs).
         let (cpu_count, memory_mb) = crate::template_start::default_size(

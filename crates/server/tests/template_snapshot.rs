@@ -188,3 +188,36 @@ async fn a_snapshot_its_template_no_longer_names_is_retired_at_start() {
     assert!(running_a && running_b);
     daemon.stop();
 }
+
+/// A template snapshot that cannot be restored (its files damaged): creates still work, by
+/// booting and running the start command.
+#[tokio::test]
+async fn a_broken_template_snapshot_falls_back_to_a_boot() {
+    let env = common::Env::new();
+    let daemon = env.start(&[]);
+    let c = &daemon.client;
+    let data = env.data();
+    let (_, snap) = build(c, &data, "tpl-broken", "one").await;
+    // Every file of the snapshot emptied (the manifest stays readable in the database).
+    let mut emptied = 0;
+    let mut dirs = vec![data.join("snapshots").join(&snap)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.is_file() {
+                std::fs::write(&path, b"").unwrap();
+                emptied += 1;
+            }
+        }
+    }
+    assert!(emptied > 0);
+    let a = create(c, json!({"templateID": "tpl-broken", "timeout": 120})).await;
+    let (started, running) = start_state(c, &a).await;
+    assert_eq!(started.len(), 16, "{started:?}");
+    assert!(running, "the boot did not run the start command");
+    let (out, _) = common::run(c, &a, "cat /built.txt").await;
+    assert_eq!(out, "one\n");
+    daemon.stop();
+}
