@@ -16,8 +16,8 @@
 //! rebuild or `DELETE /templates/{id}` retires the old snapshot; its files go once the
 //! sandboxes restored from it are gone (snapshot_store.rs).
 //!
-//! On a runtime that cannot snapshot the sandbox (microvm sandboxes with a network), the
-//! template stays without one and creates boot and run the start command, as before.
+//! When the runtime cannot snapshot the sandbox, the template stays without one and creates
+//! boot and run the start command; so does a create whose restore fails (lifecycle.rs).
 
 use crate::db::KeyRow;
 use crate::error::{ApiResult, Error};
