@@ -11,7 +11,7 @@ runs=20
 mkdir -p bench/results
 status=0
 suites=()
-for suite in vmm gvisor api snapshot image; do
+for suite in vmm gvisor api snapshot image template; do
   echo "==> bench/$suite" >&2
   if bench/$suite/run.sh --runs "$runs" >/dev/null; then
     suites+=("$suite")
