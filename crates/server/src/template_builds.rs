@@ -536,13 +536,14 @@ async fn run(
     std::fs::create_dir_all(&context)
         .map_err(|e| (format!("creating {}: {e}", context.display()), None))?;
     let existing = dirs.images().join(&build.template_id);
-    let previous_snapshot = crate::template_start::record(&app.lifecycle, &build.template_id)
-        .and_then(|r| r.snapshot_id);
+    let previous = crate::template_start::record(&app.lifecycle, &build.template_id);
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),
         name: build.template_id.clone(),
         dockerfile: plan.dockerfile.clone(),
-        dockerfile_path: PathBuf::from(format!("e2b-build:{}", build.build_id)),
+        // Stable across builds: it is part of what an unchanged rebuild is recognised by
+        // (the image crate then keeps the image instead of exporting it again).
+        dockerfile_path: PathBuf::from(format!("e2b-template:{}", build.template_id)),
         context,
         build_args: Default::default(),
         agent: None,
@@ -560,7 +561,7 @@ async fn run(
         .await
         .map_err(|e| (format!("the build thread failed: {e}"), None))?;
     let step = || build.lock().step.clone();
-    outcome.map_err(|e| match e {
+    let built = outcome.map_err(|e| match e {
         // Its output is in the log already.
         sandcell_image::Error::StepFailed {
             step: text, code, ..
@@ -576,10 +577,29 @@ async fn run(
         snapshot_id: None,
     };
     let lifecycle = &app.lifecycle;
+    // The image was kept (unchanged) and so is everything the snapshot was taken with: the
+    // snapshot still is the template's state.
+    if let Some(prev) = previous.as_ref().filter(|_| built.export_skipped)
+        && let Some(id) = prev.snapshot_id.as_deref()
+        && prev.start_cmd == record.start_cmd
+        && prev.ready_cmd == record.ready_cmd
+        && prev.cpu_count == record.cpu_count
+        && prev.memory_mb == record.memory_mb
+        && template_snapshot::is_current(lifecycle, id).await
+    {
+        record.snapshot_id = Some(id.to_string());
+        template_snapshot::record_in(lifecycle, &build.template_id, &record)
+            .map_err(|e| (e.to_string(), step()))?;
+        build.log(
+            "info",
+            format!("memory snapshot {id} kept: the template did not change"),
+        );
+        return Ok(());
+    }
     template_snapshot::record_in(lifecycle, &build.template_id, &record)
         .map_err(|e| (e.to_string(), step()))?;
     // The previous build's snapshot restores the previous image: retired either way.
-    if let Some(old) = previous_snapshot {
+    if let Some(old) = previous.and_then(|p| p.snapshot_id) {
         template_snapshot::retire(lifecycle, &old).await;
     }
     // E2B semantics: the template is its state once the start command runs and the ready

@@ -118,6 +118,16 @@ pub async fn usable(
     Ok((same_cpus && same_memory).then_some(snap))
 }
 
+/// Whether `id` is a template snapshot not retired, with its files written.
+pub async fn is_current(lifecycle: &Lifecycle, id: &str) -> bool {
+    matches!(
+        lifecycle.db.snapshot(id).await,
+        Ok(Some(snap)) if snap.kind == SnapshotKind::Template
+            && snap.deleted_at.is_none()
+            && snap.handle.is_some()
+    )
+}
+
 /// Writes the snapshot id into the template's `e2b.json`.
 pub fn record_in(lifecycle: &Lifecycle, template: &str, rec: &E2bRecord) -> Result<(), Error> {
     let path = lifecycle.dirs().images().join(template).join(E2B_FILE);

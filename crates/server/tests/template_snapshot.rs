@@ -113,6 +113,20 @@ async fn creates_restore_the_state_the_build_snapshotted() {
     let list = c.list_sandboxes().await.unwrap();
     assert_eq!(list.len(), 2, "{list:?}");
 
+    // An unchanged rebuild (while sandboxes run on it) keeps the image and the snapshot.
+    let (messages, same) = build(c, &data, "tpl-snap", "one").await;
+    assert_eq!(same, snap, "{messages:#?}");
+    assert!(
+        messages.iter().any(|m| m.contains("up to date"))
+            && messages
+                .iter()
+                .any(|m| m.contains(&format!("memory snapshot {snap} kept"))),
+        "{messages:#?}"
+    );
+    let again = create(c, json!({"templateID": "tpl-snap", "timeout": 120})).await;
+    assert_eq!(start_state(c, &again).await.0, started_a);
+    c.kill_sandbox(&again.sandbox_id).await.unwrap();
+
     // Another size than the snapshot's boots cold and runs the start command itself.
     let cold = create(
         c,
