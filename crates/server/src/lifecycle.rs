@@ -23,6 +23,7 @@
 
 use crate::db::{Db, SandboxRow, State};
 use crate::error::{ApiError, ApiResult, Error};
+use crate::metrics::TemplateCreate;
 use crate::models::NewSandbox;
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{
@@ -199,6 +200,7 @@ impl Lifecycle {
         )
         .await?;
         // An API-built template restores the state its build snapshotted (template_snapshot.rs).
+        let mut template_path = TemplateCreate::Booted;
         if let Some(snap) = crate::template_snapshot::usable(self, &req).await? {
             let network = Some(crate::snapshots::RestoredNetwork::Request(net_req.clone()));
             match self
@@ -207,14 +209,18 @@ impl Lifecycle {
             {
                 Ok(row) => {
                     self.metrics.observe_create(begun.elapsed());
+                    self.metrics.count_template_create(TemplateCreate::Restored);
                     return Ok(row);
                 }
                 // The template works without its snapshot: a boot runs the start command.
-                Err(e) if e.status.is_server_error() => eprintln!(
-                    "sandcell serve: template {}: restoring snapshot {} failed ({}); booting \
-                     instead",
-                    req.template_id, snap.id, e.message
-                ),
+                Err(e) if e.status.is_server_error() => {
+                    eprintln!(
+                        "sandcell serve: template {}: restoring snapshot {} failed ({}); \
+                         booting instead",
+                        req.template_id, snap.id, e.message
+                    );
+                    template_path = TemplateCreate::Fallback;
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -307,6 +313,9 @@ impl Lifecycle {
                 // E2B's startCmd/readyCmd of an API-built template (template_start.rs).
                 crate::template_start::after_create(self, &row).await?;
                 self.metrics.observe_create(begun.elapsed());
+                if crate::template_start::record(self, &row.template_id).is_some() {
+                    self.metrics.count_template_create(template_path);
+                }
                 Ok(row)
             }
             Err(e) => {

@@ -7,7 +7,11 @@
 //!   running, successful creates (histogram);
 //! - `sandcell_api_requests_total{route,method,status}`: every request, by its route
 //!   pattern (`/sandboxes/{sandboxID}`), `envd-proxy` for sandbox traffic, `unmatched`
-//!   for unknown paths (counter).
+//!   for unknown paths (counter);
+//! - `sandcell_template_creates_total{path}`: successful creates from an API-built
+//!   template by how they were made (template_snapshot.rs): `restored` (its memory
+//!   snapshot), `fallback` (the restore failed: booted), `booted` (no usable snapshot, or
+//!   another size) (counter).
 //!
 //! `/metrics` needs no API key (scrapers rarely send one); it shows counts, no ids.
 
@@ -30,6 +34,25 @@ const CREATE_BUCKETS: [f64; 11] = [0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), u64>>,
     create: Mutex<Histogram>,
+    template_creates: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// How a create from an API-built template was made (`sandcell_template_creates_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateCreate {
+    Restored,
+    Fallback,
+    Booted,
+}
+
+impl TemplateCreate {
+    fn label(self) -> &'static str {
+        match self {
+            TemplateCreate::Restored => "restored",
+            TemplateCreate::Fallback => "fallback",
+            TemplateCreate::Booted => "booted",
+        }
+    }
 }
 
 #[derive(Default)]
@@ -53,6 +76,12 @@ impl Metrics {
         }
         h.count += 1;
         h.sum += secs;
+    }
+
+    pub fn count_template_create(&self, path: TemplateCreate) {
+        *lock(&self.template_creates)
+            .entry(path.label())
+            .or_default() += 1;
     }
 
     pub fn count_request(&self, route: &str, method: &str, status: u16) {
@@ -111,6 +140,24 @@ impl Metrics {
                 escape(method)
             );
         }
+        out.push_str(
+            "# HELP sandcell_template_creates_total Creates from API-built templates, by how \
+             they were made.\n",
+        );
+        out.push_str("# TYPE sandcell_template_creates_total counter\n");
+        let creates = lock(&self.template_creates);
+        for path in [
+            TemplateCreate::Restored,
+            TemplateCreate::Fallback,
+            TemplateCreate::Booted,
+        ] {
+            let n = creates.get(path.label()).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "sandcell_template_creates_total{{path=\"{}\"}} {n}",
+                path.label()
+            );
+        }
         out
     }
 }
@@ -162,7 +209,13 @@ mod tests {
         m.observe_create(Duration::from_secs(2));
         m.count_request("/sandboxes", "POST", 201);
         m.count_request("/sandboxes", "POST", 201);
+        m.count_template_create(TemplateCreate::Restored);
+        m.count_template_create(TemplateCreate::Restored);
+        m.count_template_create(TemplateCreate::Fallback);
         let text = m.render(&[(SbState::Running, 3)]);
+        assert!(text.contains("sandcell_template_creates_total{path=\"restored\"} 2\n"));
+        assert!(text.contains("sandcell_template_creates_total{path=\"fallback\"} 1\n"));
+        assert!(text.contains("sandcell_template_creates_total{path=\"booted\"} 0\n"));
         assert!(
             text.contains("sandcell_sandboxes{state=\"running\"} 3\n"),
             "{text}"

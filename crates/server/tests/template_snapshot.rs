@@ -63,6 +63,18 @@ async fn create(c: &Client, body: Value) -> Sandbox {
     serde_json::from_value(body).unwrap()
 }
 
+/// `sandcell_template_creates_total{path="<path>"}` from `GET /metrics`.
+async fn template_creates(c: &Client, path: &str) -> u64 {
+    let resp = c.api(Method::GET, "/metrics", None).await.unwrap();
+    let text = String::from_utf8_lossy(&resp.body).into_owned();
+    let prefix = format!("sandcell_template_creates_total{{path=\"{path}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+        .parse()
+        .unwrap()
+}
+
 /// What the start command wrote, and whether it still runs, in sandbox `s`.
 async fn start_state(c: &Client, s: &Sandbox) -> (String, bool) {
     let (out, code) = common::run(c, s, "cat /tmp/started").await;
@@ -112,6 +124,9 @@ async fn creates_restore_the_state_the_build_snapshotted() {
     // The build's sandbox is gone.
     let list = c.list_sandboxes().await.unwrap();
     assert_eq!(list.len(), 2, "{list:?}");
+    // Both were restores, which the metrics tell operators.
+    assert_eq!(template_creates(c, "restored").await, 2);
+    assert_eq!(template_creates(c, "fallback").await, 0);
 
     // An unchanged rebuild (while sandboxes run on it) keeps the image and the snapshot.
     let (messages, same) = build(c, &data, "tpl-snap", "one").await;
@@ -228,6 +243,8 @@ async fn a_broken_template_snapshot_falls_back_to_a_boot() {
     }
     assert!(emptied > 0);
     let a = create(c, json!({"templateID": "tpl-broken", "timeout": 120})).await;
+    assert_eq!(template_creates(c, "fallback").await, 1);
+    assert_eq!(template_creates(c, "restored").await, 0);
     let (started, running) = start_state(c, &a).await;
     assert_eq!(started.len(), 16, "{started:?}");
     assert!(running, "the boot did not run the start command");
