@@ -404,29 +404,34 @@ async fn selectors_and_signals_are_checked() {
     );
 }
 
+/// `POST /init` with `body` (and the access token, if any): the status and the answer's text.
+async fn post_init(sock: &std::path::Path, body: Value, token: Option<&str>) -> (u16, String) {
+    let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+    if let Some(t) = token {
+        headers.push(("x-access-token".to_string(), t.to_string()));
+    }
+    let resp = common::envd::send(
+        sock,
+        "POST",
+        "/init",
+        &headers,
+        body.to_string().into_bytes(),
+    )
+    .await;
+    let status = resp.status().as_u16();
+    let body = common::envd::read_all(resp).await;
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
 /// A sandbox restored from a snapshot is a new identity in an old memory image: `/init` with
 /// another `sandcellSandboxId` may set a new access token (and must, for a `secure` one),
 /// while the same id keeps envd's rule (the token cannot be reset). Bad entropy is refused.
 #[tokio::test]
 async fn a_new_sandbox_id_starts_a_new_identity() {
     let envd = Envd::spawn(&[]).await;
-    let init = |body: Value, token: Option<&str>| {
-        let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
-        if let Some(t) = token {
-            headers.push(("x-access-token".to_string(), t.to_string()));
-        }
+    let init = |body: Value, token: Option<&'static str>| {
         let sock = envd.sock().to_owned();
-        async move {
-            let resp = common::envd::send(
-                &sock,
-                "POST",
-                "/init",
-                &headers,
-                body.to_string().into_bytes(),
-            )
-            .await;
-            resp.status().as_u16()
-        }
+        async move { post_init(&sock, body, token).await.0 }
     };
     let entropy = "ab".repeat(32);
     let first = json!({"sandcellSandboxId": "sc-parent", "accessToken": "tok-a", "sandcellEntropy": entropy});
@@ -472,26 +477,8 @@ async fn a_new_sandbox_id_starts_a_new_identity() {
 #[tokio::test]
 async fn sandcell_net_is_refused_where_the_agent_does_not_own_the_network() {
     let envd = Envd::spawn(&[]).await;
-    let init = |body: Value, token: Option<&str>| {
-        let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
-        if let Some(t) = token {
-            headers.push(("x-access-token".to_string(), t.to_string()));
-        }
-        let sock = envd.sock().to_owned();
-        async move {
-            let resp = common::envd::send(
-                &sock,
-                "POST",
-                "/init",
-                &headers,
-                body.to_string().into_bytes(),
-            )
-            .await;
-            let status = resp.status().as_u16();
-            let body = common::envd::read_all(resp).await;
-            (status, String::from_utf8_lossy(&body).into_owned())
-        }
-    };
+    let sock = envd.sock().to_owned();
+    let init = |body: Value, token: Option<&'static str>| post_init(&sock, body, token);
     let (status, _) = init(json!({"accessToken": "tok-a"}), None).await;
     assert_eq!(status, 204);
     for (value, token) in [

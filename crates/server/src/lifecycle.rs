@@ -199,9 +199,11 @@ impl Lifecycle {
             req.networks.as_deref(),
         )
         .await?;
+        // An API-built template's `e2b.json` (template_start.rs), read once for this create.
+        let e2b = crate::template_start::record(self, &req.template_id);
         // An API-built template restores the state its build snapshotted (template_snapshot.rs).
         let mut template_path = TemplateCreate::Booted;
-        if let Some(snap) = crate::template_snapshot::usable(self, &req).await? {
+        if let Some(snap) = crate::template_snapshot::usable(self, &req, e2b.as_ref()).await? {
             let network = Some(crate::snapshots::RestoredNetwork::Request(net_req.clone()));
             match self
                 .create_from_snapshot(key, req.clone(), &snap, secure_by_default, network)
@@ -225,12 +227,8 @@ impl Lifecycle {
             }
         }
         // An API-built template's size when the request names none (template_start.rs).
-        let (cpu_count, memory_mb) = crate::template_start::default_size(
-            self,
-            &req.template_id,
-            req.cpu_count,
-            req.memory_mb,
-        );
+        let (cpu_count, memory_mb) =
+            crate::template_start::default_size(e2b.as_ref(), req.cpu_count, req.memory_mb);
         let (vcpus, memory_mib) = self.size(cpu_count, memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
@@ -311,9 +309,9 @@ impl Lifecycle {
             Ok(sandbox) => {
                 let row = self.finish_create(row, sandbox, &env, timeout).await?;
                 // E2B's startCmd/readyCmd of an API-built template (template_start.rs).
-                crate::template_start::after_create(self, &row).await?;
+                crate::template_start::after_create(self, &row, e2b.as_ref()).await?;
                 self.metrics.observe_create(begun.elapsed());
-                if crate::template_start::record(self, &row.template_id).is_some() {
+                if e2b.is_some() {
                     self.metrics.count_template_create(template_path);
                 }
                 Ok(row)

@@ -178,12 +178,8 @@ pub async fn request_build(
         .as_deref()
         .or(req.alias.as_deref())
         .ok_or_else(|| ApiError::bad_request("name is required"))?;
-    let name = full.split_once(':').map_or(full, |(n, _)| n);
-    if !valid_name(name) {
-        return Err(ApiError::bad_request(format!(
-            "template name {name:?}: lowercase letters, digits, '-', '_' and '.', at most 128"
-        )));
-    }
+    // `name[:tag]`: the tag is the build's, with `tags` and `default` (template_tags.rs).
+    let (name, name_tag) = template_tags::split_target(full)?;
     if req.cpu_count.is_some() || req.memory_mb.is_some() {
         // The template's sandboxes get that size: it must be one this server allows.
         app.lifecycle.size(req.cpu_count, req.memory_mb)?;
@@ -199,9 +195,7 @@ pub async fn request_build(
             "template '{name}' is being built: wait for that build to end"
         )));
     }
-    // The tags the build takes when it succeeds (template_tags.rs): the name's, `tags` and
-    // `default`.
-    let (_, name_tag) = template_tags::split_target(full)?;
+    // The tags the build takes when it succeeds: the name's, `tags` and `default`.
     let mut tags = vec![name_tag.to_string()];
     tags.extend(req.tags.iter().flatten().cloned());
     tags.push(template_tags::DEFAULT_TAG.into());

@@ -92,40 +92,33 @@ pub async fn take(
     }
 }
 
-/// The template snapshot a create restores, if `req` names an API-built template that has
-/// one and asks for no other size.
+/// The template snapshot a create restores: that of `rec`, the `e2b.json` of the
+/// API-built template `req` names, if it has a current one and `req` asks for no other size.
 pub async fn usable(
-    lifecycle: &Arc<Lifecycle>,
+    lifecycle: &Lifecycle,
     req: &NewSandbox,
+    rec: Option<&E2bRecord>,
 ) -> ApiResult<Option<SnapshotRow>> {
-    let template = req
-        .template_id
-        .strip_suffix(":default")
-        .unwrap_or(&req.template_id);
-    let Some(id) = crate::template_start::record(lifecycle, template).and_then(|r| r.snapshot_id)
-    else {
+    let Some(id) = rec.and_then(|r| r.snapshot_id.as_deref()) else {
         return Ok(None);
     };
-    let Some(snap) = lifecycle.db.snapshot(&id).await? else {
+    let Some(snap) = lifecycle.db.snapshot(id).await?.filter(is_live_template) else {
         return Ok(None);
     };
-    if snap.kind != SnapshotKind::Template || snap.deleted_at.is_some() || snap.handle.is_none() {
-        return Ok(None);
-    }
     let handle = crate::pause::parse_handle(&snap)?;
     let same_cpus = req.cpu_count.is_none_or(|c| c == u32::from(handle.vcpus));
     let same_memory = req.memory_mb.is_none_or(|m| m == handle.memory_mib);
     Ok((same_cpus && same_memory).then_some(snap))
 }
 
+/// A template snapshot not retired, with its files written.
+fn is_live_template(snap: &SnapshotRow) -> bool {
+    snap.kind == SnapshotKind::Template && snap.deleted_at.is_none() && snap.handle.is_some()
+}
+
 /// Whether `id` is a template snapshot not retired, with its files written.
 pub async fn is_current(lifecycle: &Lifecycle, id: &str) -> bool {
-    matches!(
-        lifecycle.db.snapshot(id).await,
-        Ok(Some(snap)) if snap.kind == SnapshotKind::Template
-            && snap.deleted_at.is_none()
-            && snap.handle.is_some()
-    )
+    matches!(lifecycle.db.snapshot(id).await, Ok(Some(snap)) if is_live_template(&snap))
 }
 
 /// Writes the snapshot id into the template's `e2b.json`.

@@ -49,17 +49,13 @@ pub fn record(lifecycle: &Lifecycle, template: &str) -> Option<E2bRecord> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// A create's `cpuCount` and `memoryMB`, else those the template was built with.
+/// A create's `cpuCount` and `memoryMB`, else those the template (`rec`) was built with.
 pub fn default_size(
-    lifecycle: &Lifecycle,
-    template: &str,
+    rec: Option<&E2bRecord>,
     cpu_count: Option<u32>,
     memory_mb: Option<u32>,
 ) -> (Option<u32>, Option<u32>) {
-    if cpu_count.is_some() && memory_mb.is_some() {
-        return (cpu_count, memory_mb);
-    }
-    match record(lifecycle, template) {
+    match rec {
         Some(rec) => (cpu_count.or(rec.cpu_count), memory_mb.or(rec.memory_mb)),
         None => (cpu_count, memory_mb),
     }
@@ -78,10 +74,14 @@ fn shell(cmd: &str, tag: &str) -> StartRequest {
     }
 }
 
-/// Runs the template's start and ready commands in the new sandbox `row`; on failure it is
-/// killed and the create fails with the reason.
-pub async fn after_create(lifecycle: &Arc<Lifecycle>, row: &SandboxRow) -> ApiResult<()> {
-    let Some(rec) = record(lifecycle, &row.template_id) else {
+/// Runs the start and ready commands of the new sandbox `row`'s template (`rec`); on failure
+/// it is killed and the create fails with the reason.
+pub async fn after_create(
+    lifecycle: &Arc<Lifecycle>,
+    row: &SandboxRow,
+    rec: Option<&E2bRecord>,
+) -> ApiResult<()> {
+    let Some(rec) = rec else {
         return Ok(());
     };
     if rec.start_cmd.is_none() && rec.ready_cmd.is_none() {
@@ -93,7 +93,7 @@ pub async fn after_create(lifecycle: &Arc<Lifecycle>, row: &SandboxRow) -> ApiRe
             row.id
         )));
     };
-    let result = run(&live.sandbox, live.access_token.as_deref(), &rec).await;
+    let result = run(&live.sandbox, live.access_token.as_deref(), rec).await;
     if let Err(problem) = result {
         let message = format!(
             "sandbox {} of template {}: {problem}",

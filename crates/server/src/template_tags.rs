@@ -8,7 +8,7 @@
 //!
 //! A tag names one build of a template built through the template API (template_api.rs).
 //! A build asks for `default`, its name's tag and `POST /v3/templates`'s `tags`; it takes
-//! them when it is recorded ready (triggers of migration 8, the same statement), from
+//! them when it is recorded ready (triggers of migration 7, the same statement), from
 //! whichever build had them. The tag routes only answer for the caller's own templates (the
 //! key that made the template's current build); another key's are 404, as build statuses
 //! are (template_api.rs).
@@ -128,7 +128,7 @@ pub fn split_target(target: &str) -> ApiResult<(&str, &str)> {
     Ok((name, tag))
 }
 
-/// Records the tags build `build_id` asks for; it takes them when it is ready (migration 8).
+/// Records the tags build `build_id` asks for; it takes them when it is ready (migration 7).
 pub async fn request(db: &crate::db::Db, build_id: &str, tags: &[String]) -> Result<(), Error> {
     let mut tx = db
         .pool()
