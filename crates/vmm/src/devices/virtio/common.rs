@@ -307,3 +307,91 @@ macro_rules! serve_on_every_event {
     };
 }
 pub(crate) use serve_on_every_event;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_queue::QueueT;
+
+    use crate::devices::virtio::test_utils::guest_memory;
+
+    fn common() -> VirtioCommon {
+        VirtioCommon::new("virtio-test", 4, 1 << 32 | 1, vec![1, 2, 3], &[16, 16])
+            .expect("eventfds")
+    }
+
+    fn queues(n: usize) -> Vec<Queue> {
+        (0..n)
+            .map(|_| Queue::new(16).expect("a valid size"))
+            .collect()
+    }
+
+    fn interrupt() -> Arc<Interrupt> {
+        Arc::new(Interrupt::new(
+            EventFd::new(EFD_NONBLOCK).expect("an eventfd"),
+        ))
+    }
+
+    #[test]
+    fn activation_wants_every_declared_queue_once_and_reset_forgets_it() {
+        let mut c = common();
+        let wrong = c.activate(guest_memory(), interrupt(), queues(1));
+        assert!(matches!(
+            wrong,
+            Err(ActivateError::QueueCount {
+                expected: 2,
+                got: 1
+            })
+        ));
+        assert!(!c.is_activated());
+        c.activate(guest_memory(), interrupt(), queues(2))
+            .expect("activates");
+        assert_eq!(c.queues().map(<[Queue]>::len), Some(2));
+        assert_eq!(c.take_event(ACTIVATE_TOKEN), DeviceEvent::Activate);
+        let again = c.activate(guest_memory(), interrupt(), queues(2));
+        assert!(matches!(again, Err(ActivateError::AlreadyActivated)));
+        c.reset();
+        assert!(!c.is_activated() && c.queues().is_none());
+    }
+
+    #[test]
+    fn a_failed_queue_stops_service_until_reset() {
+        let mut c = common();
+        c.activate(guest_memory(), interrupt(), queues(2))
+            .expect("activates");
+        assert!(c.is_running());
+        c.fail(
+            "test queue",
+            &RingError::Interrupt(std::io::Error::other("x")),
+        );
+        assert!(c.is_activated() && !c.is_running() && c.running().is_none());
+        c.reset();
+        c.activate(guest_memory(), interrupt(), queues(2))
+            .expect("activates");
+        assert!(c.is_running());
+    }
+
+    #[test]
+    fn tokens_name_the_activation_a_queue_or_the_device_own_fds() {
+        let c = common();
+        c.queue_events()[1].write(1).expect("eventfd write");
+        assert_eq!(c.take_event(1), DeviceEvent::Queue(1));
+        assert!(c.queue_events()[1].read().is_err(), "the eventfd was read");
+        assert_eq!(c.take_event(2), DeviceEvent::Other(2));
+        assert_eq!(
+            c.take_event(ACTIVATE_TOKEN - 1),
+            DeviceEvent::Other(ACTIVATE_TOKEN - 1)
+        );
+    }
+
+    #[test]
+    fn features_are_masked_to_the_offer_and_config_reads_zero_past_its_end() {
+        let mut c = common();
+        c.set_acked_features(u64::MAX);
+        assert_eq!(c.acked_features(), 1 << 32 | 1);
+        assert!(c.has_feature(32) && !c.has_feature(1));
+        let mut data = [0xff; 4];
+        c.read_config(1, &mut data);
+        assert_eq!(data, [2, 3, 0, 0]);
+    }
+}
