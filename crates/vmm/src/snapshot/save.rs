@@ -241,3 +241,47 @@ impl Vmm {
         Ok(states.into_iter().flatten().collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kvm::vcpu_state::VcpuStateError;
+
+    #[test]
+    fn vcpu_state_errors_keep_their_kind_and_their_words() {
+        let e = SnapshotError::Vcpu {
+            index: 1,
+            source: VcpuSaveError::State(VcpuStateError::Invalid {
+                index: 1,
+                what: "no MSRs".into(),
+            }),
+        };
+        assert_eq!(e.kind(), ControlErrorKind::VcpuState);
+        assert_eq!(
+            e.to_string(),
+            "saving vCPU 1: vCPU 1: the saved state has no MSRs"
+        );
+        let refused = SnapshotError::Vcpu {
+            index: 0,
+            source: VcpuSaveError::NotPaused(0),
+        };
+        assert_eq!(refused.kind(), ControlErrorKind::WrongState);
+        assert_eq!(refused.to_string(), "saving vCPU 0: vCPU 0 is not paused");
+    }
+
+    #[test]
+    fn pause_timeouts_and_missing_disks_have_kinds_and_the_old_messages() {
+        let e = SnapshotError::RunState(RunStateError::NoAnswer {
+            pending: 2,
+            command: VcpuCommand::Pause,
+            timeout: Duration::from_secs(5),
+        });
+        assert_eq!(e.kind(), ControlErrorKind::Timeout);
+        assert_eq!(e.to_string(), "2 vCPU(s) did not answer Pause within 5s");
+        assert_eq!(SnapshotError::NoDisk.kind(), ControlErrorKind::BadRequest);
+        assert_eq!(
+            SnapshotError::NoDisk.to_string(),
+            "disk_new_top was given, but the VM has no disk"
+        );
+    }
+}
