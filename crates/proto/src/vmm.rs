@@ -163,8 +163,41 @@ pub struct RestoreOverrides {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum ControlResponse {
-    Ok { state: VmState },
-    Error { message: String },
+    Ok {
+        state: VmState,
+    },
+    Error {
+        /// What kind of failure, for a caller that must decide what to do next; the
+        /// message says what failed on what, for people. Answers of VMMs that predate
+        /// the field read as [`ControlErrorKind::Other`].
+        #[serde(default)]
+        kind: ControlErrorKind,
+        message: String,
+    },
+}
+
+/// The stable kinds of control-request failures (their names are part of the protocol).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlErrorKind {
+    /// The request line is not a valid request.
+    BadRequest,
+    /// The VM is not in a state that allows the request (stopping; no VM yet; a VM
+    /// already running where a restore was asked).
+    WrongState,
+    /// vCPUs did not answer a pause, resume or save in time.
+    Timeout,
+    /// KVM refused to read or write a vCPU's state (snapshot or restore).
+    VcpuState,
+    /// The snapshot named by a restore is unusable (corrupt, foreign, mismatched
+    /// files); the same request will fail again.
+    BadSnapshot,
+    /// The host failed (I/O, KVM, memory): possibly transient.
+    Host,
+    /// No kind given (an older VMM), or one this side does not know (a newer VMM).
+    #[default]
+    #[serde(other)]
+    Other,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -240,3 +273,53 @@ impl ExitStatus {
 /// the VMM; the agent (PID 1, with `ioperm`) writes here after syncing its disks.
 pub const POWER_PORT: u16 = 0x0510;
 pub const POWER_OFF: u8 = 0x00;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_answers_without_a_kind_or_with_an_unknown_one_still_parse() {
+        let old: ControlResponse =
+            serde_json::from_str(r#"{"result":"error","message":"the VM is stopping"}"#)
+                .expect("an answer of a VMM without kinds");
+        assert_eq!(
+            old,
+            ControlResponse::Error {
+                kind: ControlErrorKind::Other,
+                message: "the VM is stopping".into()
+            }
+        );
+        let newer: ControlResponse =
+            serde_json::from_str(r#"{"result":"error","kind":"from_the_future","message":"m"}"#)
+                .expect("an answer with a kind this side does not know");
+        assert!(matches!(
+            newer,
+            ControlResponse::Error {
+                kind: ControlErrorKind::Other,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn error_kinds_are_written_by_name() {
+        let line = serde_json::to_string(&ControlResponse::Error {
+            kind: ControlErrorKind::VcpuState,
+            message: "m".into(),
+        })
+        .expect("serializes");
+        assert_eq!(
+            line,
+            r#"{"result":"error","kind":"vcpu_state","message":"m"}"#
+        );
+        let back: ControlResponse = serde_json::from_str(&line).expect("parses");
+        assert!(matches!(
+            back,
+            ControlResponse::Error {
+                kind: ControlErrorKind::VcpuState,
+                ..
+            }
+        ));
+    }
+}

@@ -11,9 +11,9 @@
 
 use std::path::Path;
 
-use sandcell_proto::vmm::{ControlRequest, ControlResponse, ExitStatus, VmState};
+use sandcell_proto::vmm::{ControlErrorKind, ControlRequest, ControlResponse, ExitStatus, VmState};
 
-use crate::builder::{self, RestoreSpec};
+use crate::builder::{self, BuildError, RestoreSpec};
 use crate::control::ConnId;
 use crate::vmm::Vmm;
 
@@ -59,9 +59,7 @@ pub fn wait_for_restore(control_socket: &Path) -> Result<Vmm, (ExitStatus, Strin
                     };
                     match builder::prepare(&mut p, &spec) {
                         Ok(prepared) => return started(p, prepared, id, rest.collect()),
-                        Err(e) => ControlResponse::Error {
-                            message: format!("restore failed: {e}"),
-                        },
+                        Err(e) => restore_failed(&e),
                     }
                 }
                 Ok(ControlRequest::Status) => ControlResponse::Ok {
@@ -75,9 +73,13 @@ pub fn wait_for_restore(control_socket: &Path) -> Result<Vmm, (ExitStatus, Strin
                     }
                 }
                 Ok(_) => ControlResponse::Error {
+                    kind: ControlErrorKind::WrongState,
                     message: "no VM yet: this VMM waits for a restore request".into(),
                 },
-                Err(message) => ControlResponse::Error { message },
+                Err(message) => ControlResponse::Error {
+                    kind: ControlErrorKind::BadRequest,
+                    message,
+                },
             };
             lock(&control).respond(id, &resp);
         }
@@ -101,17 +103,26 @@ fn started(
             Ok(vmm)
         }
         Err(e) => {
-            let message = format!("restore failed: {e}");
+            let answer = restore_failed(&e);
             if let Some(c) = control {
-                lock(&c).respond(
-                    id,
-                    &ControlResponse::Error {
-                        message: message.clone(),
-                    },
-                );
+                lock(&c).respond(id, &answer);
             }
-            Err((ExitStatus::VmmError, message))
+            Err((ExitStatus::VmmError, format!("restore failed: {e}")))
         }
+    }
+}
+
+/// The answer to a failed restore: a vCPU state KVM refused, a snapshot at fault (the
+/// same request would fail again), or the host.
+fn restore_failed(e: &BuildError) -> ControlResponse {
+    let kind = match e {
+        BuildError::VcpuState(_) => ControlErrorKind::VcpuState,
+        e if e.is_bad_input() => ControlErrorKind::BadSnapshot,
+        _ => ControlErrorKind::Host,
+    };
+    ControlResponse::Error {
+        kind,
+        message: format!("restore failed: {e}"),
     }
 }
 

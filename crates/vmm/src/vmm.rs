@@ -16,20 +16,73 @@ use std::time::{Duration, Instant};
 use event_manager::{
     EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberId, SubscriberOps,
 };
-use sandcell_proto::vmm::{ControlRequest, ControlResponse, ExitStatus, VmState};
+use sandcell_proto::vmm::{ControlErrorKind, ControlRequest, ControlResponse, ExitStatus, VmState};
 
 use crate::control::ControlServer;
 use crate::devices::serial::ConsoleWatch;
 use crate::exit::ExitLatch;
 use crate::kvm::vcpu::{VcpuCommand, VcpuEvent, VcpuHandle};
 use crate::machine::Machine;
-use crate::snapshot::save::SnapshotParams;
+use crate::snapshot::save::{SnapshotError, SnapshotParams};
 
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 pub type Manager = EventManager<Subscriber>;
 
 /// How long a pause may take before it is reported as failed.
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a pause or a resume failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunStateError {
+    #[error("the VM is stopping")]
+    Stopping,
+    #[error("{pending} vCPU(s) did not answer {command:?} within {timeout:?}")]
+    NoAnswer {
+        pending: usize,
+        command: VcpuCommand,
+        timeout: Duration,
+    },
+}
+
+impl RunStateError {
+    pub fn kind(&self) -> ControlErrorKind {
+        match self {
+            RunStateError::Stopping => ControlErrorKind::WrongState,
+            RunStateError::NoAnswer { .. } => ControlErrorKind::Timeout,
+        }
+    }
+}
+
+/// Why a control request to a running VM failed; answered with [`Self::kind`] and the
+/// message.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    RunState(#[from] RunStateError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error("the VM is stopping")]
+    Stopping,
+    #[error("this VMM already runs a VM; restore goes to a --wait-restore VMM")]
+    AlreadyRunning,
+}
+
+impl RequestError {
+    pub fn kind(&self) -> ControlErrorKind {
+        match self {
+            RequestError::RunState(e) => e.kind(),
+            RequestError::Snapshot(e) => e.kind(),
+            RequestError::Stopping | RequestError::AlreadyRunning => ControlErrorKind::WrongState,
+        }
+    }
+
+    fn into_response(self) -> ControlResponse {
+        ControlResponse::Error {
+            kind: self.kind(),
+            message: self.to_string(),
+        }
+    }
+}
 
 /// A device's event subscriber and, while it is registered, its id.
 pub struct DeviceSubscriber {
@@ -172,17 +225,20 @@ impl Vmm {
         for (id, req) in requests {
             let resp = match req {
                 Ok(req) => self.handle(req),
-                Err(message) => ControlResponse::Error { message },
+                Err(message) => ControlResponse::Error {
+                    kind: ControlErrorKind::BadRequest,
+                    message,
+                },
             };
             lock(&control).respond(id, &resp);
         }
     }
 
     pub fn handle(&mut self, req: ControlRequest) -> ControlResponse {
-        let result = match req {
+        let result: Result<(), RequestError> = match req {
             ControlRequest::Status => Ok(()),
-            ControlRequest::Pause => self.pause(),
-            ControlRequest::Resume => self.resume(),
+            ControlRequest::Pause => self.pause().map_err(RequestError::from),
+            ControlRequest::Resume => self.resume().map_err(RequestError::from),
             ControlRequest::Shutdown => {
                 self.latch
                     .request(ExitStatus::Stopped, "stopped through the control socket");
@@ -195,7 +251,7 @@ impl Vmm {
                 disk_new_top,
             } => {
                 if self.latch.is_set() {
-                    Err("the VM is stopping".into())
+                    Err(RequestError::Stopping)
                 } else {
                     self.snapshot(SnapshotParams {
                         state_path: &state_path,
@@ -203,23 +259,22 @@ impl Vmm {
                         mode,
                         disk_new_top: disk_new_top.as_deref(),
                     })
+                    .map_err(RequestError::from)
                 }
             }
-            ControlRequest::Restore { .. } => {
-                Err("this VMM already runs a VM; restore goes to a --wait-restore VMM".into())
-            }
+            ControlRequest::Restore { .. } => Err(RequestError::AlreadyRunning),
         };
         match result {
             Ok(()) => ControlResponse::Ok {
                 state: self.state(),
             },
-            Err(message) => ControlResponse::Error { message },
+            Err(e) => e.into_response(),
         }
     }
 
-    pub(crate) fn pause(&mut self) -> Result<(), String> {
+    pub(crate) fn pause(&mut self) -> Result<(), RunStateError> {
         if self.latch.is_set() {
-            return Err("the VM is stopping".into());
+            return Err(RunStateError::Stopping);
         }
         if self.paused {
             return Ok(());
@@ -241,9 +296,9 @@ impl Vmm {
         Ok(())
     }
 
-    pub(crate) fn resume(&mut self) -> Result<(), String> {
+    pub(crate) fn resume(&mut self) -> Result<(), RunStateError> {
         if self.latch.is_set() {
-            return Err("the VM is stopping".into());
+            return Err(RunStateError::Stopping);
         }
         if !self.paused {
             return Ok(());
@@ -264,7 +319,7 @@ impl Vmm {
         &mut self,
         cmd: VcpuCommand,
         answered: impl Fn(&VcpuEvent) -> bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), RunStateError> {
         // Answers left over from an earlier timed-out request must not count now.
         while self.vcpu_events.try_recv().is_ok() {}
         for v in &self.vcpus {
@@ -278,9 +333,11 @@ impl Vmm {
                 Ok(ev) if answered(&ev) => pending -= 1,
                 Ok(_) => {}
                 Err(_) => {
-                    return Err(format!(
-                        "{pending} vCPU(s) did not answer {cmd:?} within {PAUSE_TIMEOUT:?}"
-                    ));
+                    return Err(RunStateError::NoAnswer {
+                        pending,
+                        command: cmd,
+                        timeout: PAUSE_TIMEOUT,
+                    });
                 }
             }
         }

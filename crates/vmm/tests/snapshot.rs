@@ -315,7 +315,7 @@ fn a_waiting_vmm_restores_on_command_and_keeps_serving_its_socket() {
         paused: false,
     });
     assert!(
-        matches!(&resp, ControlResponse::Error { message } if message.contains("nope.state")),
+        matches!(&resp, ControlResponse::Error { message, .. } if message.contains("nope.state")),
         "{resp:?}"
     );
     let log = dir.path().join("pool.log");

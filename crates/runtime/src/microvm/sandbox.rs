@@ -250,7 +250,7 @@ impl MicrovmSandbox {
                 .map_err(|e| fail(format!("reading the answer: {e}")))?;
             match serde_json::from_str::<ControlResponse>(reply.trim()) {
                 Ok(ControlResponse::Ok { state }) => Ok(state),
-                Ok(ControlResponse::Error { message }) => Err(fail(message)),
+                Ok(ControlResponse::Error { message, .. }) => Err(fail(message)),
                 Err(e) => Err(fail(format!("bad answer {:?}: {e}", reply.trim()))),
             }
         };

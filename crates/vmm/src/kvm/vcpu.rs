@@ -22,7 +22,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use sandcell_proto::vmm::ExitStatus;
 use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
 
-use super::vcpu_state::{self, SaveContext, VcpuState};
+use super::vcpu_state::{self, SaveContext, VcpuState, VcpuStateError};
 use crate::bus::Bus;
 use crate::devices::serial::ConsoleWatch;
 use crate::exit::ExitLatch;
@@ -40,7 +40,19 @@ pub enum VcpuCommand {
 pub enum VcpuEvent {
     Paused(u8),
     Resumed(u8),
-    Saved(u8, Box<Result<VcpuState, String>>),
+    Saved(u8, Box<Result<VcpuState, VcpuSaveError>>),
+}
+
+/// Why a vCPU answered a save request without its state.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuSaveError {
+    /// KVM would not give the state (kept typed up to the control answer's kind).
+    #[error(transparent)]
+    State(#[from] VcpuStateError),
+    #[error("vCPU {0} is not paused")]
+    NotPaused(u8),
+    #[error("the VM is stopping")]
+    Stopping,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -251,7 +263,7 @@ impl Vcpu {
                 }
                 Ok(VcpuCommand::Save(ctx)) => {
                     let state =
-                        vcpu_state::save(&self.fd, self.index, &ctx).map_err(|e| e.to_string());
+                        vcpu_state::save(&self.fd, self.index, &ctx).map_err(VcpuSaveError::from);
                     let _ = self
                         .shared
                         .events
@@ -265,7 +277,7 @@ impl Vcpu {
     fn refuse_save(&self) {
         let _ = self.shared.events.send(VcpuEvent::Saved(
             self.index,
-            Box::new(Err(format!("vCPU {} is not paused", self.index))),
+            Box::new(Err(VcpuSaveError::NotPaused(self.index))),
         ));
     }
 
@@ -276,7 +288,7 @@ impl Vcpu {
                 VcpuCommand::Pause => VcpuEvent::Paused(self.index),
                 VcpuCommand::Resume => VcpuEvent::Resumed(self.index),
                 VcpuCommand::Save(_) => {
-                    VcpuEvent::Saved(self.index, Box::new(Err("the VM is stopping".to_string())))
+                    VcpuEvent::Saved(self.index, Box::new(Err(VcpuSaveError::Stopping)))
                 }
                 VcpuCommand::Finish => return,
             };

@@ -19,18 +19,77 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sandcell_proto::vmm::SnapshotMode;
+use sandcell_proto::vmm::{ControlErrorKind, SnapshotMode};
 
-use super::memory;
+use super::file::StateFileError;
+use super::memory::{self, SnapshotMemoryError};
 use super::state::{DevicesState, MachineState, VirtioDeviceState, VirtioSlotState};
 use super::{MicrovmState, Persist, file};
+use crate::devices::virtio::block::overlay::OverlayError;
 use crate::devices::virtio::device::lock;
-use crate::kvm::vcpu::{VcpuCommand, VcpuEvent};
+use crate::kvm::vcpu::{VcpuCommand, VcpuEvent, VcpuSaveError};
 use crate::kvm::vcpu_state::{SaveContext, VcpuState};
+use crate::kvm::vm::VmError;
 use crate::machine::VirtioHandle;
-use crate::vmm::Vmm;
+use crate::vmm::{RunStateError, Vmm};
 
 const SAVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a snapshot failed, by step of the sequence above.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Pausing before the save, or resuming after it.
+    #[error(transparent)]
+    RunState(#[from] RunStateError),
+    #[error("flushing the disk before the snapshot: {0}")]
+    FlushDisk(#[source] std::io::Error),
+    #[error("freezing the disk's top layer: {0}")]
+    FreezeDisk(#[source] OverlayError),
+    #[error("disk_new_top was given, but the VM has no disk")]
+    NoDisk,
+    /// Listing the MSRs to save, or reading the VM-wide KVM state.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error("saving vCPU {index}: {source}")]
+    Vcpu {
+        index: u8,
+        #[source]
+        source: VcpuSaveError,
+    },
+    #[error("{pending} vCPU(s) did not save their state within {timeout:?}")]
+    VcpuTimeout { pending: usize, timeout: Duration },
+    #[error(transparent)]
+    WriteMemory(SnapshotMemoryError),
+    #[error("freezing guest memory: {0}")]
+    FreezeMemory(#[source] SnapshotMemoryError),
+    #[error(transparent)]
+    LinkMemory(SnapshotMemoryError),
+    #[error(transparent)]
+    StateFile(#[from] StateFileError),
+}
+
+impl SnapshotError {
+    pub fn kind(&self) -> ControlErrorKind {
+        match self {
+            SnapshotError::RunState(e) => e.kind(),
+            SnapshotError::NoDisk => ControlErrorKind::BadRequest,
+            SnapshotError::Vcpu { source, .. } => match source {
+                VcpuSaveError::State(_) => ControlErrorKind::VcpuState,
+                VcpuSaveError::NotPaused(_) | VcpuSaveError::Stopping => {
+                    ControlErrorKind::WrongState
+                }
+            },
+            SnapshotError::VcpuTimeout { .. } => ControlErrorKind::Timeout,
+            SnapshotError::FlushDisk(_)
+            | SnapshotError::FreezeDisk(_)
+            | SnapshotError::Vm(_)
+            | SnapshotError::WriteMemory(_)
+            | SnapshotError::FreezeMemory(_)
+            | SnapshotError::LinkMemory(_)
+            | SnapshotError::StateFile(_) => ControlErrorKind::Host,
+        }
+    }
+}
 
 /// A `snapshot` request's parameters.
 pub struct SnapshotParams<'a> {
@@ -41,7 +100,7 @@ pub struct SnapshotParams<'a> {
 }
 
 impl Vmm {
-    pub(crate) fn snapshot(&mut self, req: SnapshotParams<'_>) -> Result<(), String> {
+    pub(crate) fn snapshot(&mut self, req: SnapshotParams<'_>) -> Result<(), SnapshotError> {
         let was_running = !self.paused;
         self.pause()?;
         let result = self.save(&req);
@@ -52,21 +111,21 @@ impl Vmm {
         result
     }
 
-    fn save(&mut self, req: &SnapshotParams<'_>) -> Result<(), String> {
+    fn save(&mut self, req: &SnapshotParams<'_>) -> Result<(), SnapshotError> {
         let started = Instant::now();
         let devices = self.save_devices(req.disk_new_top)?;
         let vcpus = self.save_vcpus()?;
         let m = &mut self.machine;
-        let vm = m.vm.save_state().map_err(|e| e.to_string())?;
+        let vm = m.vm.save_state()?;
         crate::log_debug!("snapshot: KVM state saved at {:?}", started.elapsed());
         match req.mode {
             SnapshotMode::Full => {
                 memory::write_file(&m.memory, &m.memory_source, m.memory_bytes, req.mem_path)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(SnapshotError::WriteMemory)?;
             }
             SnapshotMode::Fork => {
                 let image = memory::freeze(&m.memory, &mut m.memory_source, m.memory_bytes)
-                    .map_err(|e| format!("freezing guest memory: {e}"))?;
+                    .map_err(SnapshotError::FreezeMemory)?;
                 let target = format!(
                     "/proc/{}/fd/{}",
                     std::process::id(),
@@ -74,7 +133,7 @@ impl Vmm {
                 );
                 m.frozen_images.push(image);
                 memory::replace_symlink(Path::new(&target), req.mem_path)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(SnapshotError::LinkMemory)?;
             }
         }
         crate::log_debug!("snapshot: memory saved at {:?}", started.elapsed());
@@ -88,12 +147,12 @@ impl Vmm {
             vcpus,
             devices,
         };
-        file::write(req.state_path, &state).map_err(|e| e.to_string())?;
+        file::write(req.state_path, &state)?;
         crate::log_debug!("snapshot: state written at {:?}", started.elapsed());
         Ok(())
     }
 
-    fn save_devices(&mut self, disk_new_top: Option<&Path>) -> Result<DevicesState, String> {
+    fn save_devices(&mut self, disk_new_top: Option<&Path>) -> Result<DevicesState, SnapshotError> {
         let d = &self.machine.devices;
         let mut virtio = Vec::with_capacity(d.virtio.len());
         let mut froze_disk = disk_new_top.is_none();
@@ -101,12 +160,10 @@ impl Vmm {
             let device = match &slot.device {
                 VirtioHandle::Block(b) => {
                     let mut b = lock(b);
-                    b.prepare_save()
-                        .map_err(|e| format!("flushing the disk before the snapshot: {e}"))?;
+                    b.prepare_save().map_err(SnapshotError::FlushDisk)?;
                     let state = b.save();
                     if let Some(new_top) = disk_new_top {
-                        b.freeze_top(new_top)
-                            .map_err(|e| format!("freezing the disk's top layer: {e}"))?;
+                        b.freeze_top(new_top).map_err(SnapshotError::FreezeDisk)?;
                         froze_disk = true;
                         VirtioDeviceState::Block(crate::devices::virtio::block::BlockState {
                             layers: b.save().layers,
@@ -135,7 +192,7 @@ impl Vmm {
             });
         }
         if !froze_disk {
-            return Err("disk_new_top was given, but the VM has no disk".into());
+            return Err(SnapshotError::NoDisk);
         }
         Ok(DevicesState {
             serial: lock(&d.serial).save(),
@@ -147,10 +204,10 @@ impl Vmm {
         })
     }
 
-    fn save_vcpus(&mut self) -> Result<Vec<VcpuState>, String> {
+    fn save_vcpus(&mut self) -> Result<Vec<VcpuState>, SnapshotError> {
         let vm = &self.machine.vm;
         let ctx = Arc::new(SaveContext {
-            msrs: vm.snapshot_msrs().map_err(|e| e.to_string())?,
+            msrs: vm.snapshot_msrs()?,
             xsave2_size: vm.xsave2_size(),
             has_xcrs: vm.has_cap(kvm_ioctls::Cap::Xcrs),
         });
@@ -165,7 +222,8 @@ impl Vmm {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.vcpu_events.recv_timeout(left) {
                 Ok(VcpuEvent::Saved(index, result)) => {
-                    let state = (*result).map_err(|e| format!("saving vCPU {index}: {e}"))?;
+                    let state =
+                        (*result).map_err(|source| SnapshotError::Vcpu { index, source })?;
                     if let Some(slot) = states.get_mut(usize::from(index)) {
                         *slot = Some(state);
                         pending -= 1;
@@ -173,12 +231,57 @@ impl Vmm {
                 }
                 Ok(_) => {}
                 Err(_) => {
-                    return Err(format!(
-                        "{pending} vCPU(s) did not save their state within {SAVE_TIMEOUT:?}"
-                    ));
+                    return Err(SnapshotError::VcpuTimeout {
+                        pending,
+                        timeout: SAVE_TIMEOUT,
+                    });
                 }
             }
         }
         Ok(states.into_iter().flatten().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kvm::vcpu_state::VcpuStateError;
+
+    #[test]
+    fn vcpu_state_errors_keep_their_kind_and_their_words() {
+        let e = SnapshotError::Vcpu {
+            index: 1,
+            source: VcpuSaveError::State(VcpuStateError::Invalid {
+                index: 1,
+                what: "no MSRs".into(),
+            }),
+        };
+        assert_eq!(e.kind(), ControlErrorKind::VcpuState);
+        assert_eq!(
+            e.to_string(),
+            "saving vCPU 1: vCPU 1: the saved state has no MSRs"
+        );
+        let refused = SnapshotError::Vcpu {
+            index: 0,
+            source: VcpuSaveError::NotPaused(0),
+        };
+        assert_eq!(refused.kind(), ControlErrorKind::WrongState);
+        assert_eq!(refused.to_string(), "saving vCPU 0: vCPU 0 is not paused");
+    }
+
+    #[test]
+    fn pause_timeouts_and_missing_disks_have_kinds_and_the_old_messages() {
+        let e = SnapshotError::RunState(RunStateError::NoAnswer {
+            pending: 2,
+            command: VcpuCommand::Pause,
+            timeout: Duration::from_secs(5),
+        });
+        assert_eq!(e.kind(), ControlErrorKind::Timeout);
+        assert_eq!(e.to_string(), "2 vCPU(s) did not answer Pause within 5s");
+        assert_eq!(SnapshotError::NoDisk.kind(), ControlErrorKind::BadRequest);
+        assert_eq!(
+            SnapshotError::NoDisk.to_string(),
+            "disk_new_top was given, but the VM has no disk"
+        );
     }
 }

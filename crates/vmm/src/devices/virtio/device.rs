@@ -3,6 +3,7 @@
 //! A device knows its type, queues, features and config space and how to process its
 //! queues. The transport (`mmio.rs`) owns the guest-visible register file and the status
 //! state machine and calls [`VirtioDevice::activate`] when the driver sets DRIVER_OK.
+//! What devices share beyond this contract is in `common.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::common::VirtioCommon;
 use crate::memory::GuestMemory;
 
 /// `VIRTIO_F_VERSION_1`: every device we expose is a modern (virtio 1.x) device.
@@ -91,41 +93,73 @@ impl Interrupt {
 
 /// A virtio device model behind a transport.
 ///
-/// Queue notification eventfds belong to the device (created in its constructor) so that
-/// they can be registered with the VMM thread's epoll once, in
+/// Queue notification eventfds belong to the device (its [`VirtioCommon`], created in its
+/// constructor) so that they can be registered with the VMM thread's epoll once, in
 /// `MutEventSubscriber::init`, and stay valid across driver resets and re-activations;
 /// the transport keeps duplicates of them to signal QueueNotify writes and hands them to
 /// vmm-core for KVM ioeventfds.
+///
+/// A device implements [`common`](Self::common) and [`common_mut`](Self::common_mut)
+/// (`common::virtio_common_accessors!`); the other methods default to its
+/// [`VirtioCommon`]. A device with per-activation state of its own overrides
+/// [`reset`](Self::reset) and calls `common_mut().reset()` from it.
 pub trait VirtioDevice: Send {
+    /// The features, eventfds and activation state every device has.
+    fn common(&self) -> &VirtioCommon;
+    fn common_mut(&mut self) -> &mut VirtioCommon;
+
     /// virtio device ID (`virtio_bindings::virtio_ids`).
-    fn device_type(&self) -> u32;
+    fn device_type(&self) -> u32 {
+        self.common().device_type()
+    }
     /// Maximum size of each queue; the length is the number of queues.
-    fn queue_max_sizes(&self) -> &[u16];
+    fn queue_max_sizes(&self) -> &[u16] {
+        self.common().queue_max_sizes()
+    }
     /// One eventfd per queue, signalled when the driver notifies that queue.
-    fn queue_events(&self) -> &[EventFd];
+    fn queue_events(&self) -> &[EventFd] {
+        self.common().queue_events()
+    }
     /// Feature bits the device offers. Must include [`VIRTIO_F_VERSION_1`].
-    fn avail_features(&self) -> u64;
+    fn avail_features(&self) -> u64 {
+        self.common().avail_features()
+    }
     /// Features the driver acknowledged (already masked to `avail_features`).
-    fn acked_features(&self) -> u64;
-    fn set_acked_features(&mut self, features: u64);
+    fn acked_features(&self) -> u64 {
+        self.common().acked_features()
+    }
+    fn set_acked_features(&mut self, features: u64) {
+        self.common_mut().set_acked_features(features);
+    }
     /// Read device config space at `offset`. Bytes past the end read as zero.
-    fn read_config(&self, offset: u64, data: &mut [u8]);
-    /// Write device config space at `offset`. Most devices ignore this.
-    fn write_config(&mut self, offset: u64, data: &[u8]);
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        self.common().read_config(offset, data);
+    }
+    /// Write device config space at `offset`. Our devices have nothing the driver may
+    /// write, so the default ignores it.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// Start operating on validated queues. Called from a vCPU thread (the DRIVER_OK
-    /// write); devices defer real work to their event loop via an activate eventfd.
+    /// write); devices defer real work to their event loop via the activate eventfd.
     fn activate(
         &mut self,
         mem: GuestMemory,
         interrupt: Arc<Interrupt>,
         queues: Vec<Queue>,
-    ) -> Result<(), ActivateError>;
+    ) -> Result<(), ActivateError> {
+        self.common_mut().activate(mem, interrupt, queues)
+    }
     /// Return to the pre-activation state (driver wrote 0 to Status).
-    fn reset(&mut self);
-    fn is_activated(&self) -> bool;
+    fn reset(&mut self) {
+        self.common_mut().reset();
+    }
+    fn is_activated(&self) -> bool {
+        self.common().is_activated()
+    }
     /// The queues the device was activated with (snapshots save their positions);
     /// `None` before activation.
-    fn queues(&self) -> Option<&[Queue]>;
+    fn queues(&self) -> Option<&[Queue]> {
+        self.common().queues()
+    }
 }
 
 /// Copy a device config structure's bytes into `data` from `offset`, zero-filling what is

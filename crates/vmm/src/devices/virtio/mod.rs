@@ -1,6 +1,8 @@
 //! virtio devices and the virtio-mmio transport.
 //!
 //! - [`device`]: the [`VirtioDevice`] trait and the [`Interrupt`] (status bits + irqfd).
+//! - [`common`]: [`VirtioCommon`], the features, eventfds and activation state every
+//!   device embeds, and its event-loop helpers.
 //! - [`mmio`]: [`MmioTransport`], the virtio-mmio v2 register file on a 4 KiB window.
 //! - [`ring`]: draining a virtqueue and interrupting the driver.
 //! - [`block`], [`net`], [`rng`], [`vsock`]: the devices.
@@ -44,6 +46,7 @@
 //! lock, and the event loop takes only the device lock.
 
 pub mod block;
+pub mod common;
 pub mod device;
 pub mod mmio;
 pub mod net;
@@ -51,6 +54,7 @@ pub mod ring;
 pub mod rng;
 pub mod vsock;
 
+pub use common::{ActiveQueues, DeviceEvent, VirtioCommon};
 pub use device::{Interrupt, InterruptKind, VirtioDevice};
 pub use mmio::{MMIO_WINDOW_SIZE, MmioError, MmioTransport, QUEUE_NOTIFY_OFFSET};
 

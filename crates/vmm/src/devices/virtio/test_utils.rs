@@ -275,3 +275,15 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Bytes from their hex text (golden state files in the persist tests).
+pub fn unhex(hex: &str) -> Vec<u8> {
+    let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    digits
+        .chunks(2)
+        .map(|pair| {
+            let text = std::str::from_utf8(pair).expect("ascii");
+            u8::from_str_radix(text, 16).expect("hex digits")
+        })
+        .collect()
+}

@@ -4,10 +4,12 @@ mod device;
 mod disk;
 mod layer_index;
 pub mod overlay;
+mod persist;
 mod request;
 
-pub use device::{Block, BlockError, BlockOverrides, BlockState, QUEUE_SIZE};
+pub use device::{Block, BlockError, QUEUE_SIZE};
 pub use disk::{BlockConfig, Disk, DiskError, SECTOR_SIZE};
+pub use persist::{BlockOverrides, BlockState};
 
 #[cfg(test)]
 mod layer_tests;

@@ -15,7 +15,6 @@
 //! and the chain returned empty.
 
 use std::io::{Read, Write};
-use std::sync::Arc;
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
@@ -24,14 +23,12 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_HDR_GSO_NONE,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use virtio_queue::{DescriptorChain, QueueT};
 
 use super::tap::{NetBackend, offload_flags};
-use crate::devices::virtio::device::{
-    ActivateError, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes,
-};
-use crate::devices::virtio::ring::{RingError, drain_queue, pop_or_arm, signal_used};
+use crate::devices::virtio::common::{DeviceEvent, VirtioCommon, virtio_common_accessors};
+use crate::devices::virtio::device::{VIRTIO_F_VERSION_1, VirtioDevice};
+use crate::devices::virtio::ring::pop_or_arm;
 use crate::memory::GuestMemory;
 
 pub const RX_QUEUE: usize = 0;
@@ -49,7 +46,7 @@ pub const MAX_FRAME_LEN: usize = VNET_HDR_LEN + ETH_HLEN + 4 + 65535;
 /// rest comes back on the next round).
 const FRAMES_PER_EVENT: usize = 256;
 
-const ACTIVATE_TOKEN: u32 = u32::MAX;
+/// Event-manager token of the backend fd (not a queue index, not the activate token).
 const BACKEND_TOKEN: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
@@ -70,21 +67,11 @@ pub struct NetCounters {
     pub rx_dropped: u64,
 }
 
-struct Active {
-    mem: GuestMemory,
-    interrupt: Arc<Interrupt>,
-    queues: Vec<Queue>,
-    broken: bool,
-}
-
 /// A virtio-net device on a [`NetBackend`].
 pub struct Net {
     backend: Box<dyn NetBackend>,
     mac: [u8; 6],
-    acked_features: u64,
-    queue_evts: Vec<EventFd>,
-    activate_evt: EventFd,
-    active: Option<Active>,
+    common: VirtioCommon,
     /// A frame read from the backend and not yet delivered: `rx_frame[..rx_len]`.
     rx_frame: Vec<u8>,
     rx_len: usize,
@@ -96,14 +83,20 @@ pub struct Net {
 
 impl Net {
     pub fn new(backend: Box<dyn NetBackend>, mac: [u8; 6]) -> Result<Net, NetError> {
-        let new_evt = || EventFd::new(EFD_NONBLOCK).map_err(NetError::EventFd);
+        let common = VirtioCommon::new(
+            "virtio-net",
+            VIRTIO_ID_NET,
+            avail_features(),
+            // struct virtio_net_config: only `mac` (VIRTIO_NET_F_MAC) is offered; the MAC
+            // is ours to set (the legacy writable MAC is not offered).
+            mac.to_vec(),
+            &[QUEUE_SIZE, QUEUE_SIZE],
+        )
+        .map_err(NetError::EventFd)?;
         Ok(Net {
             backend,
             mac,
-            acked_features: 0,
-            queue_evts: vec![new_evt()?, new_evt()?],
-            activate_evt: new_evt()?,
-            active: None,
+            common,
             rx_frame: vec![0; MAX_FRAME_LEN],
             rx_len: 0,
             tx_buf: vec![0; MAX_FRAME_LEN],
@@ -129,20 +122,15 @@ impl Net {
         self.rx_len > 0
     }
 
-    fn has(&self, bit: u32) -> bool {
-        self.acked_features & (1u64 << bit) != 0
-    }
-
     /// Send every frame the guest queued. Runs on the VMM thread.
     pub fn process_tx(&mut self) {
-        let host_tso = self.has(VIRTIO_NET_F_HOST_TSO4) || self.has(VIRTIO_NET_F_HOST_TSO6);
-        let Some(active) = self.active.as_mut().filter(|a| !a.broken) else {
+        let host_tso = self.common.has_feature(VIRTIO_NET_F_HOST_TSO4)
+            || self.common.has_feature(VIRTIO_NET_F_HOST_TSO6);
+        let Some(active) = self.common.running() else {
             return;
         };
         let (backend, buf, counters) = (&mut self.backend, &mut self.tx_buf, &mut self.counters);
-        let mem = &active.mem;
-        let queue = &mut active.queues[TX_QUEUE];
-        let result = drain_queue(queue, mem, &active.interrupt, |chain| {
+        let result = active.drain(TX_QUEUE, |mem, chain| {
             match read_tx_frame(mem, chain, buf, host_tso) {
                 Some(n) => match backend.send(&buf[..n]) {
                     Ok(_) => counters.tx_frames += 1,
@@ -154,8 +142,7 @@ impl Net {
             0 // the device writes nothing into TX buffers
         });
         if let Err(e) = result {
-            crate::log_error!("virtio-net: disabling the device: TX queue: {e}");
-            active.broken = true;
+            self.common.fail("TX queue", &e);
         }
     }
 
@@ -163,14 +150,12 @@ impl Net {
     /// guest has no buffer left, or the per-event budget is spent. Returns true when a
     /// frame waits for a guest buffer (the caller disarms the backend).
     pub fn process_rx(&mut self) -> bool {
-        let Some(active) = self.active.as_mut().filter(|a| !a.broken) else {
+        let Some(active) = self.common.running() else {
             return false;
         };
-        let mem = &active.mem;
-        let queue = &mut active.queues[RX_QUEUE];
-        let mut used = false;
         let mut blocked = false;
-        let result: Result<(), RingError> = (|| {
+        let result = active.serve(RX_QUEUE, |queue, mem| {
+            let mut used = false;
             for _ in 0..FRAMES_PER_EVENT {
                 if self.rx_len == 0 {
                     match self.backend.recv(&mut self.rx_frame) {
@@ -210,17 +195,10 @@ impl Net {
                 queue.add_used(mem, head, len)?;
                 used = true;
             }
-            Ok(())
-        })();
-        let result = result.and_then(|()| {
-            if used {
-                signal_used(queue, mem, &active.interrupt)?;
-            }
-            Ok(())
+            Ok(used)
         });
         if let Err(e) = result {
-            crate::log_error!("virtio-net: disabling the device: RX queue: {e}");
-            active.broken = true;
+            self.common.fail("RX queue", &e);
             return false;
         }
         blocked
@@ -258,7 +236,7 @@ impl Net {
     /// What activation does on the VMM thread: offloads for what the guest acked, then
     /// whatever the driver queued already.
     fn on_activate(&mut self, ops: &mut EventOps) {
-        let flags = offload_flags(self.acked_features);
+        let flags = offload_flags(self.common.acked_features());
         if let Err(e) = self.backend.set_offload(flags) {
             crate::log_error!(
                 "virtio-net: TUNSETOFFLOAD {flags:#x} on {}: {e}",
@@ -293,136 +271,58 @@ fn read_tx_frame(
     Some(n)
 }
 
+/// What the device offers: checksum and TSO offloads both ways (the TAP does the rest).
+fn avail_features() -> u64 {
+    let bit = |b: u32| 1u64 << b;
+    VIRTIO_F_VERSION_1
+        | bit(VIRTIO_RING_F_EVENT_IDX)
+        | bit(VIRTIO_NET_F_MAC)
+        | bit(VIRTIO_NET_F_CSUM)
+        | bit(VIRTIO_NET_F_GUEST_CSUM)
+        | bit(VIRTIO_NET_F_HOST_TSO4)
+        | bit(VIRTIO_NET_F_HOST_TSO6)
+        | bit(VIRTIO_NET_F_GUEST_TSO4)
+        | bit(VIRTIO_NET_F_GUEST_TSO6)
+}
+
 impl VirtioDevice for Net {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_NET
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE, QUEUE_SIZE]
-    }
-
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-
-    fn avail_features(&self) -> u64 {
-        let bit = |b: u32| 1u64 << b;
-        VIRTIO_F_VERSION_1
-            | bit(VIRTIO_RING_F_EVENT_IDX)
-            | bit(VIRTIO_NET_F_MAC)
-            | bit(VIRTIO_NET_F_CSUM)
-            | bit(VIRTIO_NET_F_GUEST_CSUM)
-            | bit(VIRTIO_NET_F_HOST_TSO4)
-            | bit(VIRTIO_NET_F_HOST_TSO6)
-            | bit(VIRTIO_NET_F_GUEST_TSO4)
-            | bit(VIRTIO_NET_F_GUEST_TSO6)
-    }
-
-    fn acked_features(&self) -> u64 {
-        self.acked_features
-    }
-
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features();
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        // struct virtio_net_config: only `mac` (VIRTIO_NET_F_MAC) is offered.
-        read_config_bytes(&self.mac, offset, data);
-    }
-
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
-        // The MAC is ours to set (the legacy writable MAC is not offered).
-    }
-
-    fn activate(
-        &mut self,
-        mem: GuestMemory,
-        interrupt: Arc<Interrupt>,
-        queues: Vec<Queue>,
-    ) -> Result<(), ActivateError> {
-        if self.active.is_some() {
-            return Err(ActivateError::AlreadyActivated);
-        }
-        if queues.len() != 2 {
-            return Err(ActivateError::QueueCount {
-                expected: 2,
-                got: queues.len(),
-            });
-        }
-        self.activate_evt
-            .write(1)
-            .map_err(ActivateError::ActivateEvent)?;
-        self.active = Some(Active {
-            mem,
-            interrupt,
-            queues,
-            broken: false,
-        });
-        Ok(())
-    }
+    virtio_common_accessors!();
 
     fn reset(&mut self) {
-        self.active = None;
+        self.common.reset();
         self.rx_len = 0;
-    }
-
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-
-    fn queues(&self) -> Option<&[Queue]> {
-        self.active.as_ref().map(|a| a.queues.as_slice())
     }
 }
 
 impl MutEventSubscriber for Net {
     fn init(&mut self, ops: &mut EventOps) {
-        let mut events = vec![
-            Events::with_data(&self.activate_evt, ACTIVATE_TOKEN, EventSet::IN),
-            Events::with_data_raw(self.backend.as_raw_fd(), BACKEND_TOKEN, EventSet::IN),
-        ];
-        for (i, evt) in self.queue_evts.iter().enumerate() {
-            events.push(Events::with_data(evt, i as u32, EventSet::IN));
-        }
-        for ev in events {
-            if let Err(e) = ops.add(ev) {
-                crate::log_error!("virtio-net: registering fd {} failed: {e}", ev.fd());
-            }
-        }
+        let backend = Events::with_data_raw(self.backend.as_raw_fd(), BACKEND_TOKEN, EventSet::IN);
+        self.common.register(ops, &[backend]);
         // Armed on (re-)registration, e.g. at resume; a pending frame disarms it again
         // on its first event.
         self.backend_armed = true;
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
-        match events.data() {
-            ACTIVATE_TOKEN => {
-                let _ = self.activate_evt.read();
-                if self.active.is_some() {
+        match self.common.take_event(events.data()) {
+            DeviceEvent::Activate => {
+                if self.common.is_activated() {
                     self.on_activate(ops);
                 }
             }
-            BACKEND_TOKEN => {
-                if self.active.as_ref().is_none_or(|a| a.broken) {
+            DeviceEvent::Other(BACKEND_TOKEN) => {
+                if !self.common.is_running() {
                     self.discard_rx();
                     return;
                 }
                 let blocked = self.process_rx();
                 self.arm_backend(ops, !blocked);
             }
-            i => {
-                let Some(evt) = self.queue_evts.get(i as usize) else {
-                    return;
-                };
-                let _ = evt.read();
-                if i as usize == TX_QUEUE {
-                    self.process_tx();
-                } else {
-                    let blocked = self.process_rx();
-                    self.arm_backend(ops, !blocked);
-                }
+            DeviceEvent::Other(_) => {}
+            DeviceEvent::Queue(TX_QUEUE) => self.process_tx(),
+            DeviceEvent::Queue(_) => {
+                let blocked = self.process_rx();
+                self.arm_backend(ops, !blocked);
             }
         }
     }

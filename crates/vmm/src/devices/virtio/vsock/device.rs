@@ -3,29 +3,26 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
 
 use super::muxer::{Muxer, MuxerError};
 use super::packet::*;
-use crate::devices::virtio::device::{
-    ActivateError, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes,
-};
-use crate::devices::virtio::ring::{RingError, pop_or_arm, signal_used};
+use crate::devices::virtio::common::{DeviceEvent, VirtioCommon, virtio_common_accessors};
+use crate::devices::virtio::device::{VIRTIO_F_VERSION_1, VirtioDevice};
+use crate::devices::virtio::ring::pop_or_arm;
 use crate::memory::GuestMemory;
-use crate::snapshot::{DeviceStateError, Persist};
 
 pub const QUEUE_SIZE: u16 = 256;
 const RXQ: usize = 0;
 const TXQ: usize = 1;
 const EVQ: usize = 2;
-const ACTIVATE_TOKEN: u32 = u32::MAX;
+/// Event-manager token of the muxer's epoll fd (not a queue index, not the activate
+/// token).
 const MUXER_TOKEN: u32 = u32::MAX - 1;
 
 #[derive(Debug, thiserror::Error)]
@@ -38,24 +35,14 @@ pub enum VsockError {
     EventFd(#[source] std::io::Error),
 }
 
-struct Active {
-    mem: GuestMemory,
-    interrupt: Arc<Interrupt>,
-    queues: Vec<Queue>,
-    broken: bool,
-}
-
 /// A virtio-vsock device in Firecracker's hybrid model (see `muxer.rs`).
 pub struct Vsock {
-    guest_cid: u64,
-    uds_path: PathBuf,
-    muxer: Muxer,
-    acked_features: u64,
-    queue_evts: Vec<EventFd>,
-    activate_evt: EventFd,
-    active: Option<Active>,
+    pub(super) guest_cid: u64,
+    pub(super) uds_path: PathBuf,
+    pub(super) muxer: Muxer,
+    common: VirtioCommon,
     /// A TRANSPORT_RESET event waits for an event-queue buffer.
-    reset_pending: bool,
+    pub(super) reset_pending: bool,
     rx_buf: Vec<u8>,
     tx_buf: Vec<u8>,
 }
@@ -67,15 +54,22 @@ impl Vsock {
             return Err(VsockError::ReservedCid(guest_cid));
         }
         let muxer = Muxer::new(guest_cid, &uds_path)?;
-        let new_evt = || EventFd::new(EFD_NONBLOCK).map_err(VsockError::EventFd);
+        let features = VIRTIO_F_VERSION_1 | (1 << VIRTIO_RING_F_EVENT_IDX);
+        // `struct virtio_vsock_config { le64 guest_cid; }`
+        let config = guest_cid.to_le_bytes().to_vec();
+        let common = VirtioCommon::new(
+            "virtio-vsock",
+            VIRTIO_ID_VSOCK,
+            features,
+            config,
+            &[QUEUE_SIZE; 3],
+        )
+        .map_err(VsockError::EventFd)?;
         Ok(Vsock {
             guest_cid,
             uds_path,
             muxer,
-            acked_features: 0,
-            queue_evts: vec![new_evt()?, new_evt()?, new_evt()?],
-            activate_evt: new_evt()?,
-            active: None,
+            common,
             reset_pending: false,
             rx_buf: vec![0u8; MAX_PKT_DATA],
             tx_buf: vec![0u8; MAX_PKT_DATA],
@@ -113,23 +107,14 @@ impl Vsock {
         self.process_event_queue();
     }
 
-    fn fail(&mut self, what: &str, e: RingError) {
-        crate::log_error!("virtio-vsock: disabling the device after a {what} error: {e}");
-        if let Some(a) = self.active.as_mut() {
-            a.broken = true;
-        }
-    }
-
     /// Guest -> host: consume TX packets until the ring is empty or the muxer has too
     /// many answers queued for the guest (then RX processing resumes TX).
     pub fn process_tx(&mut self) {
-        let Some(active) = self.active.as_mut().filter(|a| !a.broken) else {
+        let Some(active) = self.common.running() else {
             return;
         };
-        let mem = &active.mem;
-        let queue = &mut active.queues[TXQ];
-        let mut used = false;
-        let result: Result<(), RingError> = (|| {
+        let result = active.serve(TXQ, |queue, mem| {
+            let mut used = false;
             // Stopping on a full backlog leaves notifications un-armed on purpose: RX
             // processing resumes TX once the guest has taken our answers.
             while !self.muxer.backlog_full() {
@@ -143,13 +128,10 @@ impl Vsock {
                 queue.add_used(mem, head, 0)?;
                 used = true;
             }
-            if used {
-                signal_used(queue, mem, &active.interrupt)?;
-            }
-            Ok(())
-        })();
+            Ok(used)
+        });
         if let Err(e) = result {
-            self.fail("TX queue", e);
+            self.common.fail("TX queue", &e);
         }
     }
 
@@ -169,13 +151,11 @@ impl Vsock {
     /// Fill RX buffers while the muxer has packets (fairly across connections).
     fn fill_rx(&mut self) {
         let now = Instant::now();
-        let Some(active) = self.active.as_mut().filter(|a| !a.broken) else {
+        let Some(active) = self.common.running() else {
             return;
         };
-        let mem = &active.mem;
-        let queue = &mut active.queues[RXQ];
-        let mut used = false;
-        let result: Result<(), RingError> = (|| {
+        let result = active.serve(RXQ, |queue, mem| {
+            let mut used = false;
             while self.muxer.has_rx() {
                 let Some(chain) = pop_or_arm(queue, mem)? else {
                     break; // the guest kicks RX when it adds buffers
@@ -206,13 +186,10 @@ impl Vsock {
                 queue.add_used(mem, head, len)?;
                 used = true;
             }
-            if used {
-                signal_used(queue, mem, &active.interrupt)?;
-            }
-            Ok(())
-        })();
+            Ok(used)
+        });
         if let Err(e) = result {
-            self.fail("RX queue", e);
+            self.common.fail("RX queue", &e);
         }
     }
 
@@ -221,13 +198,11 @@ impl Vsock {
         if !self.reset_pending {
             return;
         }
-        let Some(active) = self.active.as_mut().filter(|a| !a.broken) else {
+        let Some(active) = self.common.running() else {
             return;
         };
-        let mem = &active.mem;
-        let queue = &mut active.queues[EVQ];
-        let mut used = false;
-        let result: Result<(), RingError> = (|| {
+        let result = active.serve(EVQ, |queue, mem| {
+            let mut used = false;
             while let Some(chain) = pop_or_arm(queue, mem)? {
                 let head = chain.head_index();
                 let written = match chain.writer(mem) {
@@ -244,73 +219,11 @@ impl Vsock {
                     break;
                 }
             }
-            if used {
-                signal_used(queue, mem, &active.interrupt)?;
-            }
-            Ok(())
-        })();
+            Ok(used)
+        });
         if let Err(e) = result {
-            self.fail("event queue", e);
+            self.common.fail("event queue", &e);
         }
-    }
-}
-
-/// A vsock device in a snapshot. Connections are not saved: their host sockets belong
-/// to the process that saved them. The save sends TRANSPORT_RESET first
-/// ([`Vsock::prepare_save`]) so the restored guest drops its connected sockets (its
-/// listening ones survive); if the guest had no event buffer posted, the event is still
-/// pending and the restored device delivers it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct VsockState {
-    pub guest_cid: u64,
-    pub uds_path: PathBuf,
-    pub reset_pending: bool,
-    /// The next host port for a host-initiated connection: a restore continues from here,
-    /// never reusing a port the guest may still hold a stale socket for (muxer.rs).
-    pub next_host_port: u32,
-}
-
-impl Vsock {
-    /// Before a save: reset the transport (see [`VsockState`]).
-    pub fn prepare_save(&mut self) {
-        self.send_transport_reset();
-    }
-}
-
-impl Persist for Vsock {
-    type State = VsockState;
-    /// A new host-side socket path (`overrides.vsock_uds_path`).
-    type Args = Option<PathBuf>;
-    type Error = DeviceStateError;
-
-    fn save(&self) -> VsockState {
-        VsockState {
-            guest_cid: self.guest_cid,
-            uds_path: self.uds_path.clone(),
-            reset_pending: self.reset_pending,
-            next_host_port: self.muxer.next_local_port(),
-        }
-    }
-
-    /// Without a new path, the saved one must not belong to a live VMM (a fork's parent):
-    /// binding it would take the parent's socket path away.
-    fn restore(uds_path: Option<PathBuf>, s: &VsockState) -> Result<Self, DeviceStateError> {
-        if uds_path.is_none() && std::os::unix::net::UnixStream::connect(&s.uds_path).is_ok() {
-            return Err(DeviceStateError::new(
-                "virtio-vsock",
-                format!(
-                    "{} is the socket of a running VM: give the restore its own \
-                     (overrides.vsock_uds_path / --vsock-uds)",
-                    s.uds_path.display()
-                ),
-            ));
-        }
-        let path = uds_path.unwrap_or_else(|| s.uds_path.clone());
-        let mut v = Vsock::new(s.guest_cid, path)
-            .map_err(|e| DeviceStateError::new("virtio-vsock", e.to_string()))?;
-        v.reset_pending = s.reset_pending;
-        v.muxer.set_next_local_port(s.next_host_port);
-        Ok(v)
     }
 }
 
@@ -335,119 +248,35 @@ fn read_tx_packet(
 }
 
 impl VirtioDevice for Vsock {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_VSOCK
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE; 3]
-    }
-
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-
-    fn avail_features(&self) -> u64 {
-        VIRTIO_F_VERSION_1 | (1 << VIRTIO_RING_F_EVENT_IDX)
-    }
-
-    fn acked_features(&self) -> u64 {
-        self.acked_features
-    }
-
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features();
-    }
-
-    /// `struct virtio_vsock_config { le64 guest_cid; }`
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.guest_cid.to_le_bytes(), offset, data);
-    }
-
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
-
-    fn activate(
-        &mut self,
-        mem: GuestMemory,
-        interrupt: Arc<Interrupt>,
-        queues: Vec<Queue>,
-    ) -> Result<(), ActivateError> {
-        if self.active.is_some() {
-            return Err(ActivateError::AlreadyActivated);
-        }
-        if queues.len() != 3 {
-            return Err(ActivateError::QueueCount {
-                expected: 3,
-                got: queues.len(),
-            });
-        }
-        self.activate_evt
-            .write(1)
-            .map_err(ActivateError::ActivateEvent)?;
-        self.active = Some(Active {
-            mem,
-            interrupt,
-            queues,
-            broken: false,
-        });
-        Ok(())
-    }
+    virtio_common_accessors!();
 
     fn reset(&mut self) {
         self.muxer.reset();
         self.reset_pending = false;
-        self.active = None;
-    }
-
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-
-    fn queues(&self) -> Option<&[Queue]> {
-        self.active.as_ref().map(|a| a.queues.as_slice())
+        self.common.reset();
     }
 }
 
 impl MutEventSubscriber for Vsock {
     fn init(&mut self, ops: &mut EventOps) {
-        let mut events = vec![
-            Events::with_data(&self.activate_evt, ACTIVATE_TOKEN, EventSet::IN),
-            Events::with_data_raw(self.muxer.epoll_fd(), MUXER_TOKEN, EventSet::IN),
-        ];
-        for (i, evt) in self.queue_evts.iter().enumerate() {
-            events.push(Events::with_data(evt, i as u32, EventSet::IN));
-        }
-        for ev in events {
-            if let Err(e) = ops.add(ev) {
-                crate::log_error!("virtio-vsock: registering fd {} failed: {e}", ev.fd());
-            }
-        }
+        let muxer = Events::with_data_raw(self.muxer.epoll_fd(), MUXER_TOKEN, EventSet::IN);
+        self.common.register(ops, &[muxer]);
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        match events.data() {
-            ACTIVATE_TOKEN => {
-                let _ = self.activate_evt.read();
-                self.process_all();
-            }
-            MUXER_TOKEN => {
+        match self.common.take_event(events.data()) {
+            DeviceEvent::Activate => self.process_all(),
+            DeviceEvent::Other(MUXER_TOKEN) => {
                 self.muxer.process_host_events(Instant::now());
                 self.process_rx();
             }
-            i => {
-                let Some(evt) = self.queue_evts.get(i as usize) else {
-                    return;
-                };
-                let _ = evt.read();
-                match i as usize {
-                    RXQ => self.process_rx(),
-                    TXQ => {
-                        self.process_tx();
-                        self.process_rx();
-                    }
-                    _ => self.process_event_queue(),
-                }
+            DeviceEvent::Other(_) => {}
+            DeviceEvent::Queue(RXQ) => self.process_rx(),
+            DeviceEvent::Queue(TXQ) => {
+                self.process_tx();
+                self.process_rx();
             }
+            DeviceEvent::Queue(_) => self.process_event_queue(),
         }
     }
 }
