@@ -1,6 +1,5 @@
-//! HTTP bodies the agent (and its client) stream: from a bounded channel and from an
-//! `AsyncRead`. Both produce data only as fast as the peer takes it, so nothing is buffered
-//! without bound.
+//! HTTP bodies the agent streams: from a bounded channel and from an `AsyncRead`. Both
+//! produce data only as fast as the peer takes it, so nothing is buffered without bound.
 
 use std::io;
 use std::pin::Pin;

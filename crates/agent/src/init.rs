@@ -232,7 +232,7 @@ pub fn become_init(mounts: bool, hostname: Option<&str>) -> KernelArgs {
         log!("bringing lo up: {e}");
     }
     if let Some(net) = &kernel.net {
-        match crate::netconfig::NetParams::parse(net) {
+        match sandcell_proto::agent::net::NetParams::parse(net) {
             Ok(p) => match crate::netconfig::configure(&p) {
                 Ok(name) => log!("network: {name} {}/{} via {}", p.addr, p.prefix, p.gateway),
                 Err(e) => log!("configuring the network ({net}): {e}"),

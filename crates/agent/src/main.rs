@@ -12,6 +12,44 @@
 //! As PID 1 it first mounts /proc, /sys, /dev, ... (what is not mounted yet), brings `lo` up
 //! and sets the hostname. Without `--listen` it takes `sandcell.listen=` from the kernel
 //! command line, else `vsock:49983`. As PID 1, SIGTERM powers off like `POST /sandcell/poweroff`.
+//!
+//! The same static binary runs everywhere: as `init=/sbin/sandcell-agent` in a microVM
+//! (listening on vsock), as the OCI process of a gVisor sandbox (a Unix socket in a shared
+//! directory), and as a plain host process in tests. It is a binary only: the host side of
+//! the protocol is `sandcell-envd-client`, the wire types `sandcell-proto`.
+
+mod body;
+mod checkpoint;
+mod connect;
+mod entropy;
+mod files;
+mod fs_api;
+mod hub;
+mod init;
+mod listen;
+mod metadata;
+mod netconfig;
+mod power;
+mod process;
+mod process_api;
+mod pty;
+mod reaper;
+mod repoll;
+mod server;
+mod state;
+mod stream;
+mod upload;
+mod users;
+mod vsock;
+mod watch;
+
+/// One line on the console (stderr), prefixed so it stands out in a VM's boot log.
+#[macro_export]
+macro_rules! log {
+    ($($arg:tt)*) => {
+        eprintln!("sandcell-agent: {}", format_args!($($arg)*))
+    };
+}
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,10 +57,9 @@ use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use sandcell_agent::init::{self, KernelArgs};
-use sandcell_agent::listen::{ListenAddr, Listener};
-use sandcell_agent::log;
-use sandcell_agent::server::{ServeOutcome, Server, ServerConfig};
+use crate::init::KernelArgs;
+use crate::listen::{ListenAddr, Listener};
+use crate::server::{ServeOutcome, Server, ServerConfig};
 
 #[derive(Debug, Default)]
 struct Args {
@@ -36,7 +73,7 @@ struct Args {
 }
 
 /// How long a checkpoint hold lasts at most without a resume marker (see
-/// `sandcell_agent::checkpoint`): a runtime that died between asking and checkpointing must
+/// `checkpoint`): a runtime that died between asking and checkpointing must
 /// not leave the agent deaf for good. A checkpoint in progress freezes the agent, so a slow
 /// save does not run into it.
 const CHECKPOINT_HOLD_MAX: Duration = Duration::from_secs(60);
@@ -73,7 +110,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--default-user" => args.default_user = Some(value()?),
             "--etc-dir" => args.etc_dir = Some(PathBuf::from(value()?)),
             "--version" => {
-                println!("{}", sandcell_agent::server::ENVD_VERSION);
+                println!("{}", sandcell_proto::agent::ENVD_VERSION);
                 std::process::exit(0);
             }
             "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -163,13 +200,11 @@ fn main() -> ExitCode {
             match served.map_err(|e| format!("serving on {addr}: {e}"))? {
                 // The listener is closed by now (dropped with the serve future).
                 ServeOutcome::CheckpointRequested => {
-                    if let Some(marker) = sandcell_agent::checkpoint::marker_path(&addr) {
-                        let held = sandcell_agent::checkpoint::mark_held(&marker);
-                        let seen = sandcell_agent::checkpoint::hold_until_resumed(
-                            &marker,
-                            CHECKPOINT_HOLD_MAX,
-                        )
-                        .await;
+                    if let Some(marker) = crate::checkpoint::marker_path(&addr) {
+                        let held = crate::checkpoint::mark_held(&marker);
+                        let seen =
+                            crate::checkpoint::hold_until_resumed(&marker, CHECKPOINT_HOLD_MAX)
+                                .await;
                         // The host removes it before restoring; this covers a failed or
                         // abandoned checkpoint.
                         if let Some(held) = held {
@@ -187,7 +222,7 @@ fn main() -> ExitCode {
         }
     });
     match outcome {
-        Ok(ServeOutcome::PowerOffRequested) if is_init => sandcell_agent::power::power_off(),
+        Ok(ServeOutcome::PowerOffRequested) if is_init => crate::power::power_off(),
         Ok(ServeOutcome::PowerOffRequested) => {
             log!("power-off requested; not PID 1, so exiting");
             ExitCode::SUCCESS
@@ -207,7 +242,7 @@ fn main() -> ExitCode {
 /// PID 1 must not simply exit (the kernel would panic): power off so the VMM reports it.
 fn fail(is_init: bool) -> ExitCode {
     if is_init {
-        sandcell_agent::power::power_off();
+        crate::power::power_off();
     }
     ExitCode::FAILURE
 }

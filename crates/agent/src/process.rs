@@ -405,10 +405,6 @@ pub fn signal_group(pid: u32, sig: i32) -> Result<(), ProcessError> {
 }
 
 impl Entry {
-    pub fn has_pty(&self) -> bool {
-        self.pty.is_some()
-    }
-
     pub async fn write_stdin(&self, data: &[u8]) -> Result<(), ProcessError> {
         let pid = self.pid;
         if self.pty.is_some() {

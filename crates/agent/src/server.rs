@@ -16,6 +16,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use sandcell_proto::agent::filesystem as fsw;
+use sandcell_proto::agent::net::NetParams;
 use sandcell_proto::agent::process as pw;
 use sandcell_proto::agent::{self as wire, InitRequest};
 use tokio::sync::mpsc;
@@ -23,24 +24,12 @@ use tokio::sync::mpsc;
 use crate::body::BoxBody;
 use crate::connect::{self, ApiError, Reply, json_reply, status_only};
 use crate::listen::{Listener, Stream};
-use crate::netconfig::NetParams;
 use crate::process::Processes;
 use crate::reaper::{ReapMode, Reaper};
 use crate::state::{Defaults, ENVD_DEFAULT_USER, Shared, token_matches};
 use crate::users::UserDb;
 use crate::watch::Watchers;
 use crate::{files, fs_api, process_api, watch};
-
-/// The envd version this agent implements, answered in `X-Envd-Version` on `/init` (where
-/// envd reports it to the orchestrator) and meant for the control plane's `envdVersion`.
-///
-/// The SDKs switch features on by this version: 0.1.4 recursive watch, 0.3.0 `stdin` on
-/// Start, 0.4.0 default user (no `user:` Authorization forced), 0.5.2 CloseStdin, 0.5.7
-/// octet-stream and gzip uploads, 0.6.2 file metadata (X-Metadata-* headers, xattrs),
-/// 0.6.3 `includeEntry` on watch events, 0.6.4 `allowNetworkMounts`. The agent implements all
-/// of them, and 0.6.4 is the newest version any SDK (Python `e2b` 2.63, npm `e2b` 2.51)
-/// gates on.
-pub const ENVD_VERSION: &str = "0.6.4";
 
 /// Largest JSON request body (and request envelope) accepted. File uploads are streamed and
 /// not limited by this.
@@ -335,7 +324,7 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
         })?
     };
     let timestamp = match body.timestamp.as_deref() {
-        Some(t) => Some(crate::rfc3339::parse_nanos(t).ok_or_else(|| {
+        Some(t) => Some(sandcell_proto::rfc3339::parse_nanos(t).ok_or_else(|| {
             ApiError::rest(StatusCode::BAD_REQUEST, format!("invalid timestamp {t:?}"))
         })?),
         None => None,
@@ -427,7 +416,7 @@ fn init_answer() -> Response<BoxBody> {
     let mut resp = no_store(status_only(StatusCode::NO_CONTENT));
     resp.headers_mut().insert(
         wire::ENVD_VERSION_HEADER,
-        HeaderValue::from_static(ENVD_VERSION),
+        HeaderValue::from_static(wire::ENVD_VERSION),
     );
     resp
 }
@@ -517,5 +506,55 @@ fn rename_host(id: &str) {
     }
     if let Err(e) = crate::init::set_hostname(id) {
         crate::log!("setting the hostname to {id}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use sandcell_envd_client::EnvdClient;
+    use sandcell_proto::agent::{ProcessConfig, StartRequest};
+
+    use super::*;
+    use crate::listen::ListenAddr;
+
+    #[tokio::test]
+    async fn the_server_runs_in_process_on_tcp() {
+        let config = ServerConfig {
+            reap_mode: ReapMode::OwnChildren,
+            ..ServerConfig::default()
+        };
+        let server = Server::new(config).expect("server");
+        let listener = Listener::bind(&ListenAddr::Tcp(([127, 0, 0, 1], 0).into()))
+            .await
+            .expect("bind");
+        let Listener::Tcp(tcp) = &listener else {
+            unreachable!("bound a TCP listener")
+        };
+        let addr = tcp.local_addr().expect("local addr");
+        tokio::spawn(async move { server.serve(listener).await });
+
+        let client = EnvdClient::new(move || tokio::net::TcpStream::connect(addr));
+        client.health().await.expect("health over TCP");
+        let start = StartRequest {
+            process: ProcessConfig {
+                cmd: "/bin/sh".to_owned(),
+                args: vec!["-c".to_owned(), "echo over tcp; exit 4".to_owned()],
+                envs: BTreeMap::new(),
+                cwd: None,
+            },
+            stdin: None,
+            tag: None,
+        };
+        let out = client
+            .start(&start)
+            .await
+            .expect("Start")
+            .collect(1 << 20)
+            .await
+            .expect("stream");
+        assert_eq!(out.stdout, b"over tcp\n");
+        assert_eq!(out.end.exit_code, 4);
     }
 }

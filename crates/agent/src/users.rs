@@ -104,21 +104,6 @@ impl Snapshot {
         })
     }
 
-    /// The user name of `uid`, or the number as text (as envd does).
-    pub fn owner_name(&self, uid: u32) -> String {
-        self.users
-            .iter()
-            .find(|u| u.uid == uid)
-            .map_or_else(|| uid.to_string(), |u| u.name.clone())
-    }
-
-    pub fn group_name(&self, gid: u32) -> String {
-        self.groups
-            .iter()
-            .find(|g| g.gid == gid)
-            .map_or_else(|| gid.to_string(), |g| g.name.clone())
-    }
-
     /// Name lookups for every uid/gid, built once.
     pub fn names(&self) -> Names {
         let mut names = Names::default();

@@ -429,7 +429,7 @@ async fn init_sets_env_vars_and_the_access_token() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs() as i64;
-    let stamp = |secs: i64| sandcell_agent::rfc3339::format(secs, 0);
+    let stamp = |secs: i64| sandcell_proto::rfc3339::format(secs, 0);
     let resp = send(
         sock,
         "POST",
@@ -445,7 +445,7 @@ async fn init_sets_env_vars_and_the_access_token() {
         resp.headers()
             .get("x-envd-version")
             .and_then(|v| v.to_str().ok()),
-        Some(sandcell_agent::server::ENVD_VERSION)
+        Some(sandcell_proto::agent::ENVD_VERSION)
     );
 
     let token = ("x-access-token".to_owned(), "secret-token".to_owned());

@@ -1,13 +1,9 @@
-//! Files, health, power-off and protocol errors against the real agent binary, plus the
-//! server embedded in-process on TCP.
+//! Files, health, power-off and protocol errors against the real agent binary. (The server
+//! on TCP, in-process, is a unit test of `server.rs`.)
 
 mod common;
 
-use common::{Agent, pseudo_random, raw, sh};
-use sandcell_agent::client::AgentClient;
-use sandcell_agent::listen::{ListenAddr, Listener};
-use sandcell_agent::reaper::ReapMode;
-use sandcell_agent::server::{Server, ServerConfig};
+use common::{Agent, pseudo_random, raw};
 use sandcell_proto::agent::{ConnectError, envelope};
 
 fn connect_error(body: &[u8]) -> ConnectError {
@@ -184,33 +180,4 @@ async fn poweroff_outside_pid_1_exits_the_agent() {
     agent.client.poweroff().await.expect("poweroff answered");
     let status = agent.wait_exit().await;
     assert!(status.success(), "agent exit status: {status}");
-}
-
-#[tokio::test]
-async fn the_server_runs_in_process_on_tcp() {
-    let config = ServerConfig {
-        reap_mode: ReapMode::OwnChildren,
-        ..ServerConfig::default()
-    };
-    let server = Server::new(config).expect("server");
-    let listener = Listener::bind(&ListenAddr::Tcp(([127, 0, 0, 1], 0).into()))
-        .await
-        .expect("bind");
-    let Listener::Tcp(tcp) = &listener else {
-        unreachable!("bound a TCP listener")
-    };
-    let addr = tcp.local_addr().expect("local addr");
-    tokio::spawn(async move { server.serve(listener).await });
-
-    let client = AgentClient::new(move || tokio::net::TcpStream::connect(addr));
-    client.health().await.expect("health over TCP");
-    let out = client
-        .start(&sh("echo over tcp; exit 4"))
-        .await
-        .expect("Start")
-        .collect(1 << 20)
-        .await
-        .expect("stream");
-    assert_eq!(out.stdout, b"over tcp\n");
-    assert_eq!(out.end.exit_code, 4);
 }

@@ -12,12 +12,12 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::{run, sh};
-use sandcell_agent::client::{AgentClient, UnixConnector};
+use sandcell_envd_client::{EnvdClient, UnixConnector};
 
 struct Pid1Agent {
     child: Child,
     _dir: tempfile::TempDir,
-    client: AgentClient<UnixConnector>,
+    client: EnvdClient<UnixConnector>,
 }
 
 impl Drop for Pid1Agent {
@@ -65,7 +65,7 @@ async fn spawn_pid1() -> Pid1Agent {
         .arg(format!("unix:{}", sock.display()))
         .spawn()
         .expect("running unshare (util-linux) for the PID-1 test");
-    let client = AgentClient::unix(&sock);
+    let client = EnvdClient::unix(&sock);
     for _ in 0..400 {
         if client.health().await.is_ok() {
             return Pid1Agent {

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Agent, pseudo_random, request, run, sh};
-use sandcell_agent::client::{OutputKind, decode_data};
+use sandcell_envd_client::{OutputKind, decode_data};
 use sandcell_proto::agent::Event;
 
 #[tokio::test]
@@ -235,7 +235,7 @@ async fn keepalives_are_sent_while_a_process_is_quiet() {
         .arg(format!("unix:{}", sock.display()))
         .spawn()
         .expect("spawning the agent");
-    let client = sandcell_agent::client::AgentClient::unix(&sock);
+    let client = sandcell_envd_client::EnvdClient::unix(&sock);
     let mut ready = false;
     for _ in 0..400 {
         if client.health().await.is_ok() {

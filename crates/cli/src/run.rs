@@ -7,7 +7,7 @@
 //! when Sandcell itself failed or the sandbox died. The sandbox is removed on every path.
 
 use crate::RunArgs;
-use sandcell_agent::client::{AgentClient, ClientError, OutputKind, decode_data};
+use sandcell_envd_client::{ClientError, EnvdClient, OutputKind, decode_data};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::microvm::MicrovmRuntime;
@@ -376,7 +376,7 @@ fn stdin_is_forwardable() -> bool {
     )
 }
 
-async fn forward_stdin_to(client: AgentClient<SandboxConnector>, pid: u32) {
+async fn forward_stdin_to(client: EnvdClient<SandboxConnector>, pid: u32) {
     let mut stdin = tokio::io::stdin();
     let mut buf = vec![0u8; STDIN_CHUNK];
     loop {

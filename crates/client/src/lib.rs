@@ -5,29 +5,25 @@
 //! TLS-terminating proxy; no TLS here). Response bodies of envd calls stream
 //! ([`Client::envd`]); control API answers are small and read whole, bounded.
 
-mod body;
 mod envd;
 mod models;
 
 pub use envd::{Download, Envd, InputStream, Output, ProcessStream, decode_data};
 pub use models::*;
+/// envd's port in every sandbox.
+pub use sandcell_envd_client::ENVD_PORT;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use sandcell_envd_client::{Connector, TcpConnector, exchange};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// The largest control-API answer read.
 const MAX_API_BODY: usize = 16 * 1024 * 1024;
-/// How long to wait for the daemon to accept a connection (a host that drops packets would
-/// otherwise hold us for the kernel's minutes of SYN retries).
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// envd's port in every sandbox.
-pub const ENVD_PORT: u16 = 49983;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -129,34 +125,26 @@ impl Client {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let connect = tokio::net::TcpStream::connect(&self.addr);
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-            Ok(connected) => connected,
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
-            )),
-        }
-        .map_err(|source| ClientError::Connect {
-            addr: self.addr.clone(),
-            source,
-        })?;
-        let http = |source| ClientError::Http {
-            addr: self.addr.clone(),
-            source,
-        };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        // Within `sandcell_envd_client::TCP_CONNECT_TIMEOUT`: a host that drops packets
+        // would otherwise hold us for the kernel's minutes of SYN retries.
+        let stream = TcpConnector(self.addr.clone())
+            .connect()
             .await
-            .map_err(http)?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+            .map_err(|source| ClientError::Connect {
+                addr: self.addr.clone(),
+                source,
+            })?;
         if !req.headers().contains_key(HOST)
             && let Ok(host) = HeaderValue::from_str(&self.addr)
         {
             req.headers_mut().insert(HOST, host);
         }
-        sender.send_request(req).await.map_err(http)
+        exchange(stream, req)
+            .await
+            .map_err(|source| ClientError::Http {
+                addr: self.addr.clone(),
+                source,
+            })
     }
 
     /// A control-API request with the API key; the answer read whole.

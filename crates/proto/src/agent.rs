@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 
 pub mod envelope;
 pub mod filesystem;
+pub mod net;
 pub mod process;
 
 pub const START_PATH: &str = "/process.Process/Start";
@@ -39,6 +40,16 @@ pub const ENVS_PATH: &str = "/envs";
 pub const ACCESS_TOKEN_HEADER: &str = "X-Access-Token";
 /// The header `/init` answers with the envd version the agent implements.
 pub const ENVD_VERSION_HEADER: &str = "X-Envd-Version";
+/// The envd version the agent implements, answered in `X-Envd-Version` on `/init` (where
+/// envd reports it to the orchestrator) and meant for the control plane's `envdVersion`.
+///
+/// The SDKs switch features on by this version: 0.1.4 recursive watch, 0.3.0 `stdin` on
+/// Start, 0.4.0 default user (no `user:` Authorization forced), 0.5.2 CloseStdin, 0.5.7
+/// octet-stream and gzip uploads, 0.6.2 file metadata (X-Metadata-* headers, xattrs),
+/// 0.6.3 `includeEntry` on watch events, 0.6.4 `allowNetworkMounts`. The agent implements all
+/// of them, and 0.6.4 is the newest version any SDK (Python `e2b` 2.63, npm `e2b` 2.51)
+/// gates on.
+pub const ENVD_VERSION: &str = "0.6.4";
 pub const CONNECT_JSON: &str = "application/connect+json";
 /// Ours, not envd's: answer 204, then sync and power the VM off (the agent must be PID 1;
 /// otherwise the agent just exits).

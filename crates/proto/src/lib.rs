@@ -4,7 +4,9 @@
 //!   protocol and its documented exit statuses.
 //! - [`agent`]: the guest agent's envd-shaped HTTP protocol (Connect JSON envelopes).
 //! - [`image`]: the defaults an OCI-made image carries (`images/<name>/config.json`).
+//! - [`rfc3339`]: the timestamps of those protocols.
 
 pub mod agent;
 pub mod image;
+pub mod rfc3339;
 pub mod vmm;

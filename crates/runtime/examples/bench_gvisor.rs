@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use sandcell_agent::client::{AgentClient, UnixConnector};
+use sandcell_envd_client::{EnvdClient, UnixConnector};
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::{Dirs, Image, Runtime, Sandbox, SandboxSpec, agent_client, new_sandbox_id};
 use std::path::{Path, PathBuf};
@@ -81,7 +81,7 @@ fn summary(name: &str, sandcell: &[f64], direct: &[f64]) -> serde_json::Value {
 }
 
 async fn wait_health(socket: &Path) {
-    let client = AgentClient::new(UnixConnector(socket.to_path_buf()));
+    let client = EnvdClient::new(UnixConnector(socket.to_path_buf()));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if client.health().await.is_ok() {

@@ -351,7 +351,7 @@ pub trait Sandbox: Send + Sync {
 #[derive(Clone)]
 pub struct SandboxConnector(pub std::sync::Arc<dyn Sandbox>);
 
-impl sandcell_agent::client::Connector for SandboxConnector {
+impl sandcell_envd_client::Connector for SandboxConnector {
     type Io = Box<dyn AsyncStream>;
     fn connect(&self) -> impl std::future::Future<Output = std::io::Result<Self::Io>> + Send {
         let sandbox = self.0.clone();
@@ -367,8 +367,8 @@ impl sandcell_agent::client::Connector for SandboxConnector {
 /// A client of the agent of `sandbox`.
 pub fn agent_client(
     sandbox: std::sync::Arc<dyn Sandbox>,
-) -> sandcell_agent::client::AgentClient<SandboxConnector> {
-    sandcell_agent::client::AgentClient::new(SandboxConnector(sandbox))
+) -> sandcell_envd_client::EnvdClient<SandboxConnector> {
+    sandcell_envd_client::EnvdClient::new(SandboxConnector(sandbox))
 }
 
 #[cfg(test)]

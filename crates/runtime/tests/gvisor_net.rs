@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use sandcell_agent::client::{OutputKind, decode_data};
+use sandcell_envd_client::{OutputKind, decode_data};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
 use sandcell_runtime::cgroup::{self, SandboxCgroup};
 use sandcell_runtime::gvisor::GvisorRuntime;

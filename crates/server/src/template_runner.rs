@@ -9,7 +9,7 @@
 //! `/etc/resolv.conf` (our DNS server on the gateway) into the step's upper layer; it is
 //! removed from the layer afterwards unless the step changed it (see [`RuntimeResolvConf`]).
 
-use sandcell_agent::client::{OutputKind, decode_data};
+use sandcell_envd_client::{OutputKind, decode_data};
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{RunRequest, StepRunner};
 use sandcell_image::{NoProgress, ResolvedImage};

@@ -104,7 +104,7 @@ async fn count(c: &Client, sb: &Sandbox) -> u64 {
 /// Ten pause/resume cycles: a counter process keeps counting from where it was (same pid),
 /// a 50 MiB file keeps its checksum, the id and token stay; paused time is not billed.
 /// (It was off the default run while runsc's epoll defect made about one restore in 14
-/// crash or go mute: see `sandcell_agent::checkpoint` for the cause and the workaround.)
+/// crash or go mute: see `crates/agent/src/checkpoint.rs` for the cause and the workaround.)
 #[tokio::test]
 async fn ten_pause_resume_cycles_lose_nothing() {
     let env = common::Env::new();

@@ -14,14 +14,14 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use sandcell_agent::client::{AgentClient, ProcessOutput, UnixConnector};
+use sandcell_envd_client::{EnvdClient, ProcessOutput, UnixConnector};
 use sandcell_proto::agent::{ProcessConfig, StartRequest};
 
 pub struct Agent {
     pub child: Child,
     pub dir: tempfile::TempDir,
     pub sock: PathBuf,
-    pub client: AgentClient<UnixConnector>,
+    pub client: EnvdClient<UnixConnector>,
 }
 
 impl Agent {
@@ -39,7 +39,7 @@ impl Agent {
             .args(args)
             .spawn()
             .expect("spawning sandcell-agent");
-        let client = AgentClient::unix(&sock);
+        let client = EnvdClient::unix(&sock);
         let mut last_err = None;
         for _ in 0..400 {
             match client.health().await {
@@ -100,7 +100,7 @@ pub fn sh(script: &str) -> StartRequest {
     request("/bin/sh", &["-c", script])
 }
 
-pub async fn run(client: &AgentClient<UnixConnector>, req: &StartRequest) -> ProcessOutput {
+pub async fn run(client: &EnvdClient<UnixConnector>, req: &StartRequest) -> ProcessOutput {
     let stream = client.start(req).await.expect("Start");
     stream
         .collect(64 * 1024 * 1024)

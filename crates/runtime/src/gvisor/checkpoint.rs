@@ -10,7 +10,7 @@
 //! - A sandbox holding a bound or connected host Unix socket cannot be saved ("Cannot save
 //!   endpoint with bound host socket"): the agent's listener and its connections are such
 //!   sockets. So the agent is asked to close them first (`/sandcell/checkpoint-hold`, see
-//!   `sandcell_agent::checkpoint`) and listens again, in the restored sandbox, once the
+//!   `crates/agent/src/checkpoint.rs`) and listens again, in the restored sandbox, once the
 //!   runtime puts the resume marker in its socket directory.
 //! - The checkpointed sandbox stops (`--leave-running` hangs in this version and leaves the
 //!   sandbox unusable), so a snapshot or fork of a running sandbox restores the parent in
@@ -22,7 +22,7 @@
 //!   died (SIGSEGV, a tokio panic) were runsc's epoll defect, not concurrency: a registration
 //!   the agent deleted before the checkpoint comes back ready after the restore and hands
 //!   tokio a freed pointer (gVisor commit 5d857245b fixed it upstream, 2026-03). The agent
-//!   works around it when it holds (see `sandcell_agent::checkpoint`). Checkpoints and
+//!   works around it when it holds (see `crates/agent/src/checkpoint.rs`). Checkpoints and
 //!   restores still run one at a time (`RESTORES`): on a 2-core host concurrent ones only
 //!   slow each other down. A fork of N costs N restores.
 //! - gVisor cannot unlink a host socket from inside the sandbox: the runtime removes the
@@ -174,7 +174,7 @@ async fn checkpoint_to(
     let _ = std::fs::remove_file(&marker);
     let held = sb.paths.host.join(HELD_MARKER);
     let _ = std::fs::remove_file(&held);
-    let client = AgentClient::new(UnixConnector(sb.paths.socket.clone()));
+    let client = EnvdClient::new(UnixConnector(sb.paths.socket.clone()));
     match tokio::time::timeout(HOLD_TIMEOUT, client.checkpoint_hold()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(hold_failed(sb, format!("asking the agent to hold: {e}"))),
@@ -284,7 +284,7 @@ fn remove_socket_file(sb: &GvisorSandbox) -> Result<()> {
     }
 }
 
-/// Lets a holding agent listen again (see `sandcell_agent::checkpoint`).
+/// Lets a holding agent listen again (see `crates/agent/src/checkpoint.rs`).
 fn resume_agent(sb: &GvisorSandbox) -> Result<()> {
     remove_socket_file(sb)?;
     let marker = sb.paths.host.join(RESUME_MARKER);

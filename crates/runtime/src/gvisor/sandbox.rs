@@ -14,7 +14,7 @@ use crate::{
 };
 use async_trait::async_trait;
 pub(super) use checkpoint::restore_new;
-use sandcell_agent::client::{AgentClient, ClientError, UnixConnector};
+use sandcell_envd_client::{ClientError, EnvdClient, UnixConnector};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -312,7 +312,7 @@ impl GvisorSandbox {
     /// Asks the agent to power off; true if the request went out (the agent may exit
     /// before it answers).
     async fn poweroff(&self) -> bool {
-        let client = AgentClient::new(UnixConnector(self.paths.socket.clone()));
+        let client = EnvdClient::new(UnixConnector(self.paths.socket.clone()));
         match tokio::time::timeout(POWEROFF_TIMEOUT, client.poweroff()).await {
             Ok(Ok(())) => true,
             Ok(Err(ClientError::Connect(_))) | Err(_) => false,

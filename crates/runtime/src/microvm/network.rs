@@ -187,7 +187,7 @@ mod tests {
         assert_eq!(guest_mac(n.guest), "02:5c:0a:c8:00:1e");
         // A restored guest is readdressed with the same value through /init, which the
         // agent parses as it parses the kernel parameter.
-        let parsed = sandcell_agent::netconfig::NetParams::parse(&init_value(&n)).unwrap();
+        let parsed = sandcell_proto::agent::net::NetParams::parse(&init_value(&n)).unwrap();
         assert_eq!(parsed.addr, n.guest);
         assert_eq!(parsed.prefix, 30);
         assert_eq!(parsed.gateway, n.gateway);

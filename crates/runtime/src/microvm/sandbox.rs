@@ -424,7 +424,7 @@ impl Sandbox for MicrovmSandbox {
         if let Some(pid) = self.pid().filter(|_| self.exit.get().is_none()) {
             // Politely: the agent syncs and powers off. Then firmly. Then SIGKILL.
             let client =
-                sandcell_agent::client::AgentClient::new(vsock_connector(self.paths.vsock.clone()));
+                sandcell_envd_client::EnvdClient::new(vsock_connector(self.paths.vsock.clone()));
             let _ = tokio::time::timeout(Duration::from_secs(1), client.poweroff()).await;
             if !self.exited_within(Duration::from_secs(2)).await {
                 let _ = self.control(&ControlRequest::Shutdown).await;

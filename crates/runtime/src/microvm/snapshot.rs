@@ -376,7 +376,7 @@ pub(in crate::microvm) async fn restore_new(
 
 /// Sends the agent `/init` with only `sandcellNet` (its other fields are the caller's).
 async fn readdress_guest(sb: &MicrovmSandbox, value: String) -> Result<()> {
-    let client = sandcell_agent::client::AgentClient::new(vsock_connector(sb.paths.vsock.clone()));
+    let client = sandcell_envd_client::EnvdClient::new(vsock_connector(sb.paths.vsock.clone()));
     let request = sandcell_proto::agent::InitRequest {
         sandcell_net: Some(value.clone()),
         ..Default::default()

@@ -1,5 +1,6 @@
 //! RFC 3339 timestamps to and from Unix nanoseconds (protojson's Timestamp, `/init`'s
 //! `timestamp`), without a date crate: the civil-calendar arithmetic is a dozen lines.
+//! Here rather than in the agent because both ends of the envd protocol write them.
 
 /// Days since 1970-01-01 of a proleptic Gregorian date.
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {

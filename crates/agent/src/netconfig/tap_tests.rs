@@ -8,7 +8,9 @@ use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use sandcell_agent::netconfig::{NetParams, configure_with};
+use sandcell_proto::agent::net::NetParams;
+
+use super::configure_with;
 
 const TAP: &str = "sctest0";
 
