@@ -9,6 +9,7 @@
 
 use crate::App;
 use crate::http::error::Error;
+use crate::sandboxes::service::SandboxService;
 use crate::store::Db;
 use crate::templates::memory_snapshot::{self, TakeError};
 use crate::templates::plan::{BuildStart, Plan, registry_auth};
@@ -500,12 +501,7 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
     true
 }
 
-async fn run(
-    app: &App,
-    build: &Arc<Build>,
-    plan: Plan,
-    req: &BuildStart,
-) -> Result<(), (String, Option<String>)> {
+async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Result<(), StepError> {
     let _turn = TURN.lock().await;
     let dirs = app.lifecycle.dirs().clone();
     let runtime = sandcell_runtime::gvisor::GvisorRuntime::new(dirs.clone())
@@ -532,11 +528,46 @@ async fn run(
             config: s.config.clone(),
         }),
     };
+    // Read before the build replaces the template's directory.
+    let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);
+    let built = build_image(build, &plan, &dirs, runner).await?;
+    let step = || build.lock().step.clone();
+    let mut record = E2bRecord {
+        build_id: build.build_id.clone(),
+        start_cmd: req.start_cmd.clone(),
+        ready_cmd: req.ready_cmd.clone(),
+        cpu_count: build.cpu_count,
+        memory_mb: build.memory_mb,
+        snapshot_id: None,
+    };
+    let lifecycle = &app.lifecycle;
+    if keep_memory_snapshot(lifecycle, build, previous.as_ref(), &built, &mut record).await? {
+        return Ok(());
+    }
+    memory_snapshot::record_in(lifecycle, &build.template_id, &record)
+        .map_err(|e| (e.to_string(), step()))?;
+    // The previous build's snapshot restores the previous image: retired either way.
+    if let Some(old) = previous.and_then(|p| p.snapshot_id) {
+        memory_snapshot::retire(lifecycle, &old).await;
+    }
+    take_memory_snapshot(app, build, req, record).await
+}
+
+/// The failure of a build step: the message and the step it happened in.
+type StepError = (String, Option<String>);
+
+/// Builds the template's image from `plan`'s Dockerfile on a blocking thread (RUN steps in
+/// gVisor sandboxes through `runner`), its log into `build`.
+async fn build_image(
+    build: &Arc<Build>,
+    plan: &Plan,
+    dirs: &sandcell_runtime::Dirs,
+    runner: GvisorRunner,
+) -> Result<template::TemplateRecord, StepError> {
     let context = files_dir(&dirs.data, &build.key_id);
     std::fs::create_dir_all(&context)
         .map_err(|e| (format!("creating {}: {e}", context.display()), None))?;
     let existing = dirs.images().join(&build.template_id);
-    let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),
         name: build.template_id.clone(),
@@ -561,25 +592,27 @@ async fn run(
         .await
         .map_err(|e| (format!("the build thread failed: {e}"), None))?;
     let step = || build.lock().step.clone();
-    let built = outcome.map_err(|e| match e {
+    outcome.map_err(|e| match e {
         // Its output is in the log already.
         sandcell_image::Error::StepFailed {
             step: text, code, ..
         } => (format!("{text}: exit status {code}"), step()),
         other => (other.to_string(), step()),
-    })?;
-    let mut record = E2bRecord {
-        build_id: build.build_id.clone(),
-        start_cmd: req.start_cmd.clone(),
-        ready_cmd: req.ready_cmd.clone(),
-        cpu_count: build.cpu_count,
-        memory_mb: build.memory_mb,
-        snapshot_id: None,
-    };
-    let lifecycle = &app.lifecycle;
-    // The image was kept (unchanged) and so is everything the snapshot was taken with: the
-    // snapshot still is the template's state.
-    if let Some(prev) = previous.as_ref().filter(|_| built.export_skipped)
+    })
+}
+
+/// Keeps the previous build's memory snapshot when the image was kept (unchanged) and so is
+/// everything the snapshot was taken with: the snapshot still is the template's state.
+/// `true`: kept (and recorded in `record`).
+async fn keep_memory_snapshot(
+    lifecycle: &SandboxService,
+    build: &Build,
+    previous: Option<&E2bRecord>,
+    built: &template::TemplateRecord,
+    record: &mut E2bRecord,
+) -> Result<bool, StepError> {
+    let step = || build.lock().step.clone();
+    if let Some(prev) = previous.filter(|_| built.export_skipped)
         && let Some(id) = prev.snapshot_id.as_deref()
         && prev.start_cmd == record.start_cmd
         && prev.ready_cmd == record.ready_cmd
@@ -588,22 +621,29 @@ async fn run(
         && memory_snapshot::is_current(lifecycle, id).await
     {
         record.snapshot_id = Some(id.to_string());
-        memory_snapshot::record_in(lifecycle, &build.template_id, &record)
+        memory_snapshot::record_in(lifecycle, &build.template_id, record)
             .map_err(|e| (e.to_string(), step()))?;
         build.log(
             "info",
             format!("memory snapshot {id} kept: the template did not change"),
         );
-        return Ok(());
+        return Ok(true);
     }
-    memory_snapshot::record_in(lifecycle, &build.template_id, &record)
-        .map_err(|e| (e.to_string(), step()))?;
-    // The previous build's snapshot restores the previous image: retired either way.
-    if let Some(old) = previous.and_then(|p| p.snapshot_id) {
-        memory_snapshot::retire(lifecycle, &old).await;
-    }
-    // E2B semantics: the template is its state once the start command runs and the ready
-    // command succeeded, so creates restore it (templates/memory_snapshot.rs).
+    Ok(false)
+}
+
+/// E2B semantics: the template is its state once the start command runs and the ready
+/// command succeeded, so creates restore it (templates/memory_snapshot.rs). A template
+/// whose start or ready command fails fails the build; one that cannot be snapshotted is
+/// kept without (its sandboxes boot).
+async fn take_memory_snapshot(
+    app: &App,
+    build: &Build,
+    req: &BuildStart,
+    mut record: E2bRecord,
+) -> Result<(), StepError> {
+    let lifecycle = &app.lifecycle;
+    let step = || build.lock().step.clone();
     build.set_step(Some("snapshot".into()));
     build.log(
         "info",
