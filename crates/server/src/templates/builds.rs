@@ -19,7 +19,6 @@ use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
 use sandcell_runtime::build_steps::GvisorRunner;
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -68,7 +67,7 @@ impl Status {
         }
     }
 
-    fn parse(s: &str) -> Status {
+    pub(crate) fn parse(s: &str) -> Status {
         match s {
             "waiting" => Status::Waiting,
             "building" => Status::Building,
@@ -260,19 +259,15 @@ pub async fn create(
     cpu_count: Option<u32>,
     memory_mb: Option<u32>,
 ) -> Result<Arc<Build>, Error> {
-    sqlx::query(
-        "INSERT INTO template_builds (build_id, template_id, key_id, status, cpu_count, \
-         memory_mb, created_at) VALUES ($1, $2, $3, 'waiting', $4, $5, $6)",
+    db.insert_template_build(
+        &build_id,
+        &template_id,
+        &key_id,
+        cpu_count,
+        memory_mb,
+        now_ms(),
     )
-    .bind(&build_id)
-    .bind(&template_id)
-    .bind(&key_id)
-    .bind(cpu_count.map(i64::from))
-    .bind(memory_mb.map(i64::from))
-    .bind(now_ms())
-    .execute(db.pool())
-    .await
-    .map_err(Error::db("recording a template build"))?;
+    .await?;
     let build = Arc::new(Build {
         build_id: build_id.clone(),
         template_id,
@@ -293,107 +288,22 @@ pub async fn create(
 
 /// At start: builds a previous daemon left unfinished are `error: interrupted`.
 pub async fn mark_interrupted(db: &Db) -> Result<u64, Error> {
-    let done = sqlx::query(
-        "UPDATE template_builds SET status = 'error', reason = 'interrupted', \
-         finished_at = $1 WHERE status IN ('waiting', 'building')",
-    )
-    .bind(now_ms())
-    .execute(db.pool())
-    .await
-    .map_err(Error::db("marking interrupted template builds"))?;
-    Ok(done.rows_affected())
+    db.mark_interrupted_builds(now_ms()).await
 }
 
 /// A build of an earlier daemon, from the database.
 pub async fn load(db: &Db, build_id: &str) -> Result<Option<BuildReport>, Error> {
-    let Some(row) = sqlx::query(
-        "SELECT template_id, key_id, status, reason, reason_step FROM template_builds \
-         WHERE build_id = $1",
-    )
-    .bind(build_id)
-    .fetch_optional(db.pool())
-    .await
-    .map_err(Error::db("reading a template build"))?
-    else {
-        return Ok(None);
-    };
-    let logs = sqlx::query(
-        "SELECT timestamp_ms, level, message, step FROM template_build_logs \
-         WHERE build_id = $1 ORDER BY seq",
-    )
-    .bind(build_id)
-    .fetch_all(db.pool())
-    .await
-    .map_err(Error::db("reading a template build's logs"))?;
-    let level = |s: String| -> &'static str {
-        match s.as_str() {
-            "debug" => "debug",
-            "info" => "info",
-            "warn" => "warn",
-            _ => "error",
-        }
-    };
-    let reason: Option<String> = row.get("reason");
-    Ok(Some(BuildReport {
-        template_id: row.get("template_id"),
-        key_id: row.get("key_id"),
-        status: Status::parse(&row.get::<String, _>("status")),
-        logs: logs
-            .into_iter()
-            .map(|r| LogEntry {
-                timestamp_ms: r.get("timestamp_ms"),
-                level: level(r.get("level")),
-                message: r.get("message"),
-                step: r.get("step"),
-            })
-            .collect(),
-        reason: reason.map(|message| Reason {
-            message,
-            step: row.get("reason_step"),
-        }),
-    }))
+    db.template_build(build_id).await
 }
 
 async fn record_status(db: &Db, build: &Build) -> Result<(), Error> {
-    let snap = build.report();
-    let mut tx = db
-        .pool()
-        .begin()
-        .await
-        .map_err(Error::db("starting a transaction"))?;
-    sqlx::query(
-        "UPDATE template_builds SET status = $2, reason = $3, reason_step = $4, \
-         finished_at = $5 WHERE build_id = $1",
+    let report = build.report();
+    db.record_build_status(
+        &build.build_id,
+        &report,
+        report.status.is_final().then(now_ms),
     )
-    .bind(&build.build_id)
-    .bind(snap.status.as_str())
-    .bind(snap.reason.as_ref().map(|r| r.message.clone()))
-    .bind(snap.reason.as_ref().and_then(|r| r.step.clone()))
-    .bind(snap.status.is_final().then(now_ms))
-    .execute(&mut *tx)
     .await
-    .map_err(Error::db("updating a template build"))?;
-    if snap.status.is_final() {
-        for (seq, e) in snap.logs.iter().enumerate() {
-            sqlx::query(
-                "INSERT OR REPLACE INTO template_build_logs \
-                 (build_id, seq, timestamp_ms, level, message, step) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(&build.build_id)
-            .bind(seq as i64)
-            .bind(e.timestamp_ms)
-            .bind(e.level)
-            .bind(&e.message)
-            .bind(&e.step)
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::db("writing a template build's logs"))?;
-        }
-    }
-    tx.commit()
-        .await
-        .map_err(Error::db("committing a template build"))
 }
 
 /// Where the caller's uploaded COPY archives are extracted (`<hash>/`): the build context.
