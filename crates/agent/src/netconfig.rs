@@ -301,7 +301,6 @@ fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> io::Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

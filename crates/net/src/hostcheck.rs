@@ -354,7 +354,6 @@ async fn resolve(state: &DnsState, name: &str) -> Option<Ipv4Addr> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -372,7 +372,6 @@ pub fn agent_client(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

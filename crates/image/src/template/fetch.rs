@@ -187,7 +187,6 @@ pub(crate) fn http_date(s: &str) -> Option<i64> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

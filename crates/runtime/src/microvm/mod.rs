@@ -393,7 +393,6 @@ pub(super) fn remove_files(dirs: &Dirs, id: &str) -> Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::sandbox::classify;
     use super::*;

@@ -400,7 +400,6 @@ async fn readdress_guest(sb: &MicrovmSandbox, value: String) -> Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -160,7 +160,6 @@ impl TemplateSnapshots {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -244,7 +244,6 @@ pub(super) fn is_pooled_vmm_of(pid: u32, slot: &Path) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
