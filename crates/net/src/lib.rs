@@ -20,6 +20,7 @@
 //! sandbox `::2`, masqueraded out of the host's uplink), under the same rules with IPv6
 //! CIDRs (policy.rs). Domain rules open IPv4 only (the Host/SNI proxy, [`hostcheck`]).
 
+mod accept;
 pub mod cmd;
 pub mod dns;
 mod error;

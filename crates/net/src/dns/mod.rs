@@ -11,6 +11,7 @@
 
 pub mod wire;
 
+use crate::accept::{self, Backoff};
 use crate::nft;
 use crate::policy::{Cidr, Policy, is_reserved};
 use std::collections::{HashMap, VecDeque};
@@ -149,9 +150,18 @@ impl DnsServer {
 
 async fn serve_udp(sock: Arc<UdpSocket>, state: Arc<DnsState>, limit: Arc<Semaphore>) {
     let mut buf = vec![0u8; UDP_BUF];
+    let mut backoff = Backoff::new();
     loop {
-        let Ok((n, from)) = sock.recv_from(&mut buf).await else {
-            continue;
+        // Not accept::retry: the closure would have to lend `buf` to the future it returns.
+        let (n, from) = match sock.recv_from(&mut buf).await {
+            Ok(received) => {
+                backoff.succeeded();
+                received
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff.failed()).await;
+                continue;
+            }
         };
         // Over the limit: drop the query, the client retries.
         let Ok(permit) = limit.clone().try_acquire_owned() else {
@@ -169,10 +179,9 @@ async fn serve_udp(sock: Arc<UdpSocket>, state: Arc<DnsState>, limit: Arc<Semaph
 }
 
 async fn serve_tcp(listener: TcpListener, state: Arc<DnsState>, limit: Arc<Semaphore>) {
+    let mut backoff = Backoff::new();
     loop {
-        let Ok((conn, _)) = listener.accept().await else {
-            continue;
-        };
+        let (conn, _) = accept::retry(&mut backoff, || listener.accept()).await;
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
