@@ -30,6 +30,7 @@ pub mod nft;
 pub mod policy;
 pub mod pool;
 pub mod registry;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use error::{Error, Result};
