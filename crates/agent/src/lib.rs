@@ -23,7 +23,6 @@ pub mod process_api;
 pub mod pty;
 pub mod reaper;
 pub mod repoll;
-pub mod rfc3339;
 pub mod server;
 pub mod state;
 pub mod stream;

@@ -9,9 +9,9 @@
 
 use super::super::template_snapshot::{TemplateKey, TemplateSnapshots};
 use super::super::warm_pool::{PooledVmm, WarmPool};
-use super::snapshot::lock;
 use super::*;
 use crate::snapshot::SnapshotFiles;
+use sandcell_proto::sync::lock;
 use sandcell_proto::vmm::RestoreOverrides;
 use std::sync::Arc;
 use std::time::Instant;

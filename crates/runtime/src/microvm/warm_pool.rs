@@ -15,6 +15,7 @@
 
 use crate::util::{kill_pid, remove_dir_all_if_exists};
 use crate::{Dirs, Error, Result};
+use sandcell_proto::sync::lock;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -76,10 +77,6 @@ pub fn stop_all() {
             vmm.discard();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl WarmPool {
