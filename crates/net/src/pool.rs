@@ -135,7 +135,7 @@ async fn fill(pool: Weak<NetPool>, wake: Arc<Notify>) {
             }
             Ok(net) => lock(&p.ready).push_back(net),
             Err(e) => {
-                eprintln!("sandcell-net: preparing a sandbox network for the pool: {e}");
+                tracing::warn!("preparing a sandbox network for the pool: {e}");
                 drop(p);
                 tokio::time::sleep(RETRY_AFTER).await;
             }

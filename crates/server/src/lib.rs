@@ -17,6 +17,7 @@ pub mod extract;
 pub mod keys;
 pub mod keys_cli;
 pub mod lifecycle;
+pub mod logging;
 pub mod metering;
 pub mod metrics;
 pub mod models;

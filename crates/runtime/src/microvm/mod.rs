@@ -372,7 +372,7 @@ impl MicrovmRuntime {
             remove_files(&self.dirs, &id)?;
             // Its network, if it had one (cheap when not): after the VMM, which used it.
             if let Err(e) = sandcell_net::network::remove(&id) {
-                eprintln!("sandcell: removing the leftover network of sandbox {id}: {e}");
+                tracing::warn!(sandbox = %id, "removing the leftover network: {e}");
             }
             cleaned.push(id);
         }

@@ -295,10 +295,9 @@ impl Sandbox for MicrovmSandbox {
         if let Some(plan) = plan {
             match template_start::start(self, plan).await {
                 template_start::Outcome::Started(result) => return result,
-                template_start::Outcome::ColdBoot(why) => eprintln!(
-                    "sandcell: microvm sandbox {}: booting cold: the template snapshot path \
-                     failed: {why}",
-                    self.id
+                template_start::Outcome::ColdBoot(why) => tracing::warn!(
+                    sandbox = %self.id,
+                    "microvm sandbox booting cold: the template snapshot path failed: {why}"
                 ),
             }
         }

@@ -303,10 +303,10 @@ pub(in crate::microvm) async fn restore_new(
                 ),
             });
         }
-        (false, true) => eprintln!(
-            "sandcell: microvm sandbox {}: restored without a network (snapshot {} was \
-             taken of a sandbox without one)",
-            restore.id,
+        (false, true) => tracing::info!(
+            sandbox = %restore.id,
+            "microvm sandbox restored without a network (snapshot {} was taken of a \
+             sandbox without one)",
             snapshot.dir.display()
         ),
         _ => {}

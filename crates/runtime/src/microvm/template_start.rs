@@ -90,11 +90,11 @@ pub(super) async fn start(sb: &MicrovmSandbox, plan: TemplatePlan) -> Outcome {
     let _ = crate::util::remove_dir_all_if_exists(&slot);
     let result = sb.supervise(child, pid).await;
     if result.is_ok() {
-        eprintln!(
-            "sandcell: microvm sandbox {}: restored from template snapshot {} in pooled \
-             VMM {pid} (snapshot {}: {snapshot_ms} ms, restore {restore_ms} ms, agent \
-             answering after {} ms in all)",
-            sb.id,
+        tracing::info!(
+            sandbox = %sb.id,
+            "microvm sandbox restored from template snapshot {} in pooled VMM {pid} \
+             (snapshot {}: {snapshot_ms} ms, restore {restore_ms} ms, agent answering after \
+             {} ms in all)",
             snapshot.dir.display(),
             if built { "built now" } else { "ready" },
             began.elapsed().as_millis()

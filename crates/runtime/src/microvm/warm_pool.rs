@@ -127,7 +127,7 @@ impl WarmPool {
             match self.spawn() {
                 Ok(v) => lock(&self.idle).push_back(v),
                 Err(e) => {
-                    eprintln!("sandcell: warm VMM pool: {e}");
+                    tracing::warn!("warm VMM pool: {e}");
                     return;
                 }
             }
