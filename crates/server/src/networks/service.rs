@@ -341,10 +341,10 @@ pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
 pub async fn ended(db: &Db, sandbox: &str) {
     traffic(|m| m.remove(sandbox));
     if let Err(e) = registry::release(sandbox).await {
-        eprintln!("sandcell serve: removing the network of {sandbox}: {e}");
+        tracing::warn!("removing the network of {sandbox}: {e}");
     }
     if let Err(e) = refresh_peers(db).await {
-        eprintln!("sandcell serve: updating private-network peers: {e}");
+        tracing::warn!("updating private-network peers: {e}");
     }
 }
 
@@ -370,7 +370,7 @@ pub async fn adopt(db: &Db, sandbox: &str) -> Result<(), Error> {
     match registry::adopt(&s.config, sandbox, &net_id, &egress).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => {
-            eprintln!("sandcell serve: the network {net_id} of sandbox {sandbox} is gone");
+            tracing::warn!("the network {net_id} of sandbox {sandbox} is gone");
             Ok(())
         }
         Err(e) => Err(net_error("taking over a sandbox network")(e)),
@@ -390,7 +390,7 @@ pub async fn reconcile_host() -> Result<Vec<String>, Error> {
         )
     });
     if let Err(e) = record {
-        eprintln!("sandcell serve: recording this daemon's network prefix in {OWNERS_DIR}: {e}");
+        tracing::warn!("recording this daemon's network prefix in {OWNERS_DIR}: {e}");
     }
     tokio::task::spawn_blocking(move || {
         sandcell_runtime::net::reconcile(&|id| {

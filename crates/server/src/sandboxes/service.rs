@@ -217,10 +217,12 @@ impl SandboxService {
                 }
                 // The template works without its snapshot: a boot runs the start command.
                 Err(e) if e.status.is_server_error() => {
-                    eprintln!(
-                        "sandcell serve: template {}: restoring snapshot {} failed ({}); \
+                    tracing::warn!(
+                        "template {}: restoring snapshot {} failed ({}); \
                          booting instead",
-                        req.template_id, snap.id, e.message
+                        req.template_id,
+                        snap.id,
+                        e.message
                     );
                     template_path = TemplateCreate::Fallback;
                 }
@@ -411,7 +413,7 @@ impl SandboxService {
             .handle()
             .and_then(|h| serde_json::to_string(&h).ok());
         if let Err(e) = crate::networks::service::started(&self.db, &row.id).await {
-            eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
+            tracing::warn!("sandbox {}: its network: {e}", row.id);
         }
         self.db
             .mark_running(&row, started, end_at, &envd_version, handle.as_deref())
@@ -454,10 +456,10 @@ impl SandboxService {
                         )
                         .await;
                     this.collect_snapshots().await;
-                    eprintln!("sandcell serve: sandbox {id}: {reason}");
+                    tracing::info!("sandbox {id}: {reason}");
                 }
                 Ok(false) => {}
-                Err(e) => eprintln!("sandcell serve: sandbox {id} ended: {e}"),
+                Err(e) => tracing::warn!("sandbox {id} ended: {e}"),
             }
         });
     }
@@ -507,7 +509,7 @@ impl SandboxService {
     pub async fn shutdown(self: &Arc<Self>) {
         if !self.config.kill_on_exit {
             if let Err(e) = self.db.flush_usage(now_ms()).await {
-                eprintln!("sandcell serve: metering: {e}");
+                tracing::warn!("metering: {e}");
             }
             return;
         }
@@ -517,7 +519,7 @@ impl SandboxService {
             let this = self.clone();
             kills.spawn(async move {
                 if let Err(e) = this.kill(&id, "the daemon stopped").await {
-                    eprintln!("sandcell serve: stopping sandbox {id}: {e}");
+                    tracing::warn!("stopping sandbox {id}: {e}");
                 }
             });
         }

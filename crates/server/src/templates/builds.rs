@@ -494,7 +494,7 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
             Ok(()) => {
                 builds().remove(&build.build_id);
             }
-            Err(e) => eprintln!("sandcell serve: template build {}: {e}", build.build_id),
+            Err(e) => tracing::warn!("template build {}: {e}", build.build_id),
         }
     });
     true
@@ -661,16 +661,16 @@ pub async fn prune_caches_daily(data: PathBuf, days: u32) {
         wait = HOUR * 24;
         match result {
             Ok(Ok(p)) if p.layers.is_empty() && p.uploads.is_empty() => {}
-            Ok(Ok(p)) => eprintln!(
-                "sandcell serve: pruned {} template layer(s) and {} upload(s) older than {days} \
+            Ok(Ok(p)) => tracing::info!(
+                "pruned {} template layer(s) and {} upload(s) older than {days} \
                  days ({} bytes)",
                 p.layers.len(),
                 p.uploads.len(),
                 p.bytes
             ),
             Ok(Err(PruneError::Busy { .. })) => wait = HOUR,
-            Ok(Err(e)) => eprintln!("sandcell serve: pruning the template caches: {e}"),
-            Err(e) => eprintln!("sandcell serve: pruning the template caches: {e}"),
+            Ok(Err(e)) => tracing::warn!("pruning the template caches: {e}"),
+            Err(e) => tracing::warn!("pruning the template caches: {e}"),
         }
     }
 }

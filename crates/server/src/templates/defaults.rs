@@ -22,7 +22,7 @@ pub fn load(dirs: &Dirs, template: &str) -> Option<ImageDefaults> {
     match serde_json::from_slice(&bytes) {
         Ok(d) => Some(d),
         Err(e) => {
-            eprintln!("sandcell serve: ignoring {}: {e}", path.display());
+            tracing::warn!("ignoring {}: {e}", path.display());
             None
         }
     }
