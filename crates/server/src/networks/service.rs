@@ -21,6 +21,7 @@
 
 use crate::http::error::{ApiError, ApiResult, Error};
 use crate::store::Db;
+use sandcell_proto::sync::lock;
 use sandcell_runtime::NetworkSpec;
 use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, Policy, registry};
 use std::collections::{BTreeMap, HashMap};
@@ -127,7 +128,7 @@ pub fn valid_network_name(name: &str) -> bool {
 static TRAFFIC: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
 
 fn traffic<T>(f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
-    let mut guard = TRAFFIC.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = lock(&TRAFFIC);
     f(guard.get_or_insert_with(HashMap::new))
 }
 
@@ -453,7 +454,7 @@ pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
         peers.dedup();
     }
     let old = {
-        let mut guard = PEERS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&PEERS);
         guard.take().unwrap_or_default()
     };
     let mut now = HashMap::new();
@@ -474,6 +475,6 @@ pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
             now.insert(sandbox.clone(), new);
         }
     }
-    *PEERS.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+    *lock(&PEERS) = Some(now);
     first.map_or(Ok(()), Err)
 }

@@ -83,9 +83,7 @@ pub struct SandboxService {
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+pub(crate) use sandcell_proto::sync::lock;
 
 /// Template names are plain names under `<data-dir>/images/`, never paths.
 pub fn valid_template_name(name: &str) -> bool {

@@ -16,6 +16,7 @@ use crate::util::now_ms;
 use sandcell_image::Limits;
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
+use sandcell_proto::sync::lock;
 use sandcell_runtime::build_steps::GvisorRunner;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
@@ -140,7 +141,7 @@ pub struct Build {
 impl Build {
     fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
         // A panic while holding it leaves plain data: still usable.
-        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.progress)
     }
 
     pub fn status(&self) -> Status {
@@ -235,7 +236,7 @@ static BUILDS: LazyLock<Mutex<HashMap<String, Arc<Build>>>> =
 static TURN: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
 
 fn builds() -> std::sync::MutexGuard<'static, HashMap<String, Arc<Build>>> {
-    BUILDS.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&BUILDS)
 }
 
 pub fn find(build_id: &str) -> Option<Arc<Build>> {
