@@ -25,7 +25,6 @@ pub fn now_ms() -> i64 {
 pub use sandcell_proto::time::{format_millis as rfc3339, parse_millis as parse_rfc3339};
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -688,7 +688,6 @@ pub async fn alias(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -55,7 +55,6 @@ pub fn apply_to_init(body: &mut serde_json::Value, defaults: Option<&ImageDefaul
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -408,7 +408,6 @@ pub fn plan(req: &BuildStart, base_info: &BaseInfo) -> Result<Plan, String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
