@@ -54,3 +54,31 @@ pub fn init(args: &LogArgs) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        log: LogArgs,
+        #[arg(long)]
+        other: bool,
+    }
+
+    #[test]
+    fn flags_parse_and_filters_are_checked() {
+        let cli =
+            Cli::try_parse_from(["t", "--log-format", "json", "--log-level", "debug"]).unwrap();
+        assert_eq!(cli.log.log_format, LogFormat::Json);
+        assert_eq!(cli.log.log_level, "debug");
+        assert!(!cli.other);
+        assert!(Cli::try_parse_from(["t", "--log-format", "xml"]).is_err());
+        assert!(EnvFilter::try_new("info,sandcell_server=debug").is_ok());
+        // Installing twice (or after a test's own subscriber) is not an error.
+        init(&cli.log);
+        init(&cli.log);
+    }
+}
