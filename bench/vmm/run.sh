@@ -8,7 +8,7 @@
 # Needs /dev/kvm and binutils (the payloads are assembled here). Writes
 # bench/vmm/results.json and bench/vmm/snapshot-results.json and prints them. Firecracker
 # on the project's build machines: 8.8 ms, 4.3 MiB RSS, 3.0 MiB PSS; snapshot figures in
-# snapshot-results.json (TEST-HOSTS.md).
+# snapshot-results.json (`firecracker_same_host`, from crates/vmm/examples/bench_snapshot.rs).
 #
 #   bench/vmm/run.sh [--runs N]
 set -euo pipefail

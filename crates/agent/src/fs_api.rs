@@ -116,7 +116,7 @@ pub fn entry_info(path: &Path, names: &Names) -> io::Result<EntryInfo> {
         permissions: go_mode_string(meta.mode()),
         owner: names.owner(meta.uid()),
         group: names.group(meta.gid()),
-        modified_time: Some(sandcell_proto::rfc3339::format(meta.mtime(), nanos)),
+        modified_time: Some(sandcell_proto::time::format_nanos(meta.mtime(), nanos)),
         symlink_target: symlink_target.map(|t| t.to_string_lossy().into_owned()),
         metadata: metadata::read(path).unwrap_or_else(|_| BTreeMap::new()),
     })

@@ -7,6 +7,7 @@
 //! at the next event. With no subscriber at all, output is read and discarded (envd's
 //! behaviour too), so a process never blocks on a full pipe nobody is watching.
 
+use sandcell_proto::sync::lock;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sandcell_proto::agent::{EndEvent, Event};
@@ -40,9 +41,7 @@ impl Hub {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // Pushes and takes only: a poisoned value is still consistent.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.inner)
     }
 
     pub fn subscribe(&self) -> Subscription {

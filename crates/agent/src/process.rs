@@ -3,6 +3,7 @@
 //! `SendInput`, `StreamInput`, `CloseStdin` and `SendSignal` look processes up in, by pid or
 //! by tag. Exits are remembered for [`RETAIN_EXIT`] so a late `Connect` still learns them.
 
+use sandcell_proto::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::io;
@@ -10,7 +11,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sandcell_proto::agent::process::{ProcessInfo, ProcessSelector, StartRequest};
@@ -161,11 +162,6 @@ pub struct Processes {
     reaper: Arc<Reaper>,
     table: Mutex<HashMap<u32, Arc<Entry>>>,
     retained: Mutex<Vec<Retained>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Single inserts/removes: a poisoned value is still consistent.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Processes {

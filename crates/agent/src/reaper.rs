@@ -6,6 +6,7 @@
 //! lock and registered before the lock is released; the reaper looks a reaped pid up under the
 //! same lock, so a child that exits before registration finishes is still dispatched.
 
+use sandcell_proto::sync::lock;
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -87,9 +88,7 @@ impl Reaper {
 
     fn lock(&self) -> MutexGuard<'_, Waiters> {
         // A panic while holding this lock leaves the map consistent (single inserts/removes).
-        self.waiters
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.waiters)
     }
 
     /// Runs `spawn` (which starts a child and returns it with its pid) under the table lock

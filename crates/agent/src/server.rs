@@ -324,7 +324,7 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
         })?
     };
     let timestamp = match body.timestamp.as_deref() {
-        Some(t) => Some(sandcell_proto::rfc3339::parse_nanos(t).ok_or_else(|| {
+        Some(t) => Some(sandcell_proto::time::parse_nanos(t).ok_or_else(|| {
             ApiError::rest(StatusCode::BAD_REQUEST, format!("invalid timestamp {t:?}"))
         })?),
         None => None,

@@ -10,13 +10,14 @@
 //! polled watcher keeps at most [`MAX_PENDING`] undelivered events (more end it with an
 //! error), and a stream waits for its client (backpressure).
 
+use sandcell_proto::sync::lock;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -393,21 +394,15 @@ pub struct Watchers {
     map: Mutex<HashMap<String, PolledWatcher>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn random_id() -> String {
     let mut bytes = [0u8; 10];
-    // SAFETY: getrandom writes at most `bytes.len()` bytes into the live array.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
+    if sandcell_proto::random::fill(&mut bytes).is_err() {
         // No entropy yet is no reason to fail: ids only need to be unique in this agent.
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let c = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         bytes[..8].copy_from_slice(&c.to_le_bytes());
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    sandcell_proto::random::to_hex(&bytes)
 }
 
 pub async fn create_watcher(state: &State, req: Request<Incoming>) -> Reply {

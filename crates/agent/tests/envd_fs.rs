@@ -429,7 +429,7 @@ async fn init_sets_env_vars_and_the_access_token() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs() as i64;
-    let stamp = |secs: i64| sandcell_proto::rfc3339::format(secs, 0);
+    let stamp = |secs: i64| sandcell_proto::time::format_nanos(secs, 0);
     let resp = send(
         sock,
         "POST",

@@ -55,6 +55,8 @@ struct Cli {
     /// Images, kernels and runtime state [default: /var/lib/sandcell]
     #[arg(long, global = true, env = "SANDCELL_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    log: sandcell_server::logging::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -190,6 +192,7 @@ async fn client(dirs: &Dirs, command: ClientCommand) -> i32 {
 
 fn main() {
     let cli = Cli::parse();
+    sandcell_server::logging::init(&cli.log);
     let dirs = Dirs::from_env(cli.data_dir);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -217,7 +217,6 @@ pub async fn kill(target: &Target, args: KillArgs) -> i32 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

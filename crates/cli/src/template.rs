@@ -337,7 +337,7 @@ fn ls(dirs: &Dirs, args: LsArgs) -> i32 {
 fn utc(secs: u64) -> String {
     // `2006-01-02T15:04:05.000Z` -> `2006-01-02 15:04:05`: the server's calendar arithmetic.
     let stamp =
-        sandcell_server::util::rfc3339(i64::try_from(secs).unwrap_or(i64::MAX / 1000) * 1000);
+        sandcell_proto::time::format_millis(i64::try_from(secs).unwrap_or(i64::MAX / 1000) * 1000);
     stamp.get(..19).unwrap_or(&stamp).replacen('T', " ", 1)
 }
 

@@ -133,7 +133,6 @@ pub(crate) fn unique() -> u128 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -140,7 +140,6 @@ impl Hasher {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

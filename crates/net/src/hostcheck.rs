@@ -17,6 +17,7 @@
 //! Everything read from the sandbox is bounded: [`MAX_HEAD`] bytes within [`HEAD_TIMEOUT`].
 //! Refusals are logged with the DNS refusals (qtype 0: a Host/SNI name).
 
+use crate::accept::{self, Backoff};
 use crate::dns::{DnsState, forward, wire};
 use crate::policy::is_reserved;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -59,10 +60,9 @@ async fn serve(
     state: Arc<DnsState>,
     limit: Arc<Semaphore>,
 ) {
+    let mut backoff = Backoff::new();
     loop {
-        let Ok((conn, _)) = listener.accept().await else {
-            continue;
-        };
+        let (conn, _) = accept::retry(&mut backoff, || listener.accept()).await;
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
@@ -354,7 +354,6 @@ async fn resolve(state: &DnsState, name: &str) -> Option<Ipv4Addr> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

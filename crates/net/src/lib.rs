@@ -20,6 +20,7 @@
 //! sandbox `::2`, masqueraded out of the host's uplink), under the same rules with IPv6
 //! CIDRs (policy.rs). Domain rules open IPv4 only (the Host/SNI proxy, [`hostcheck`]).
 
+mod accept;
 pub mod cmd;
 pub mod dns;
 mod error;
@@ -29,6 +30,7 @@ pub mod nft;
 pub mod policy;
 pub mod pool;
 pub mod registry;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use error::{Error, Result};
@@ -38,6 +40,7 @@ pub use policy::{Cidr, EgressSpec, Policy};
 pub use pool::NetPool;
 
 use dns::{DeniedName, DnsServer, DnsState};
+use sandcell_proto::sync::lock;
 use std::sync::Arc;
 
 /// A sandbox's network with its DNS server running: what a runtime holds for a sandbox.
@@ -144,7 +147,7 @@ impl SandboxNet {
             nft::apply(&script)
         })
         .await?;
-        let mut map = self.state.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.state.peers);
         *map = peers
             .iter()
             .map(|(n, ip)| (n.to_ascii_lowercase(), *ip))
@@ -171,13 +174,13 @@ impl SandboxNet {
             .learned
             .retain(|_, (name, _)| policy.domain_allowed(name));
         inner.policy = policy;
-        *self.spec.lock().unwrap_or_else(|p| p.into_inner()) = spec.clone();
+        *lock(&self.spec) = spec.clone();
         Ok(())
     }
 
     /// The rules in force, as last given.
     pub fn egress(&self) -> EgressSpec {
-        self.spec.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock(&self.spec).clone()
     }
 
     pub async fn denied(&self) -> Result<DeniedLog> {
@@ -192,7 +195,7 @@ impl SandboxNet {
 
     /// Stops the DNS server and removes everything of the network.
     pub async fn teardown(self) -> Result<()> {
-        self.dns.lock().unwrap_or_else(|p| p.into_inner()).take();
+        lock(&self.dns).take();
         registry::forget_net(&self.net.id);
         let net = self.net.clone();
         blocking("removing a sandbox network", move || net.teardown()).await

@@ -8,6 +8,7 @@
 //! the networks of other owners on the host alone.
 
 use crate::{EgressSpec, Error, NetConfig, Result, SandboxNet};
+use sandcell_proto::sync::lock;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -53,7 +54,7 @@ impl NetPool {
         });
         if target > 0 {
             let task = tokio::spawn(fill(Arc::downgrade(&pool), pool.wake.clone()));
-            *pool.filler.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+            *lock(&pool.filler) = Some(task);
         }
         pool
     }
@@ -68,28 +69,17 @@ impl NetPool {
     }
 
     fn new_id(&self) -> Result<String> {
-        let mut b = [0u8; 6];
-        // SAFETY: getrandom writes at most `b.len()` bytes into the buffer we own.
-        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-        if n != b.len() as isize {
-            return Err(Error::io(
-                "getrandom for a network id",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let hex = sandcell_proto::random::hex(6)
+            .map_err(|e| Error::io("getrandom for a network id", e))?;
         Ok(format!("{}{hex}", self.prefix))
     }
 
     fn pop(&self) -> Option<SandboxNet> {
-        self.ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front()
+        lock(&self.ready).pop_front()
     }
 
     fn len(&self) -> usize {
-        self.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
+        lock(&self.ready).len()
     }
 
     /// A network with the open policy and no peers: a prepared one, or a new one when none
@@ -107,7 +97,7 @@ impl NetPool {
     pub async fn drain(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.wake.notify_one();
-        let filler = self.filler.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let filler = lock(&self.filler).take();
         if let Some(task) = filler {
             let _ = task.await;
         }
@@ -143,13 +133,9 @@ async fn fill(pool: Weak<NetPool>, wake: Arc<Notify>) {
                 let _ = net.teardown().await;
                 return;
             }
-            Ok(net) => p
-                .ready
-                .lock()
-                .unwrap_or_else(|x| x.into_inner())
-                .push_back(net),
+            Ok(net) => lock(&p.ready).push_back(net),
             Err(e) => {
-                eprintln!("sandcell-net: preparing a sandbox network for the pool: {e}");
+                tracing::warn!("preparing a sandbox network for the pool: {e}");
                 drop(p);
                 tokio::time::sleep(RETRY_AFTER).await;
             }

@@ -7,6 +7,7 @@
 //! [`install`]s a [`NetPool`]: [`attach`] then takes from it.
 
 use crate::{EgressSpec, NetConfig, NetPool, Result, SandboxNet};
+use sandcell_proto::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -14,7 +15,7 @@ static POOL: OnceLock<Arc<NetPool>> = OnceLock::new();
 static LIVE: Mutex<Option<HashMap<String, SandboxNet>>> = Mutex::new(None);
 
 fn live<T>(f: impl FnOnce(&mut HashMap<String, SandboxNet>) -> T) -> T {
-    let mut guard = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = lock(&LIVE);
     f(guard.get_or_insert_with(HashMap::new))
 }
 

@@ -1,5 +1,6 @@
-//! Test support (used by this crate's and the runtimes' integration tests): a fake
-//! "internet" in its own network namespace, reachable from the host through a veth, with
+//! Test support for this crate's and the runtimes', daemon's and CLI's tests, behind the
+//! `testing` feature that only their dev-dependencies enable (never a production build): a
+//! fake "internet" in its own network namespace, reachable from the host through a veth, with
 //! HTTP servers and a DNS server (dnsmasq) on TEST-NET-2 addresses (198.51.100.0/24) that
 //! exist only inside the test. Everything is removed on drop, also when a test fails.
 //!

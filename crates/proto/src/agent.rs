@@ -321,7 +321,6 @@ pub fn signal_from_enum(name: &str) -> Option<i32> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -51,7 +51,6 @@ impl ImageDefaults {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -56,7 +56,7 @@ pub struct DiskConfig {
     #[serde(default)]
     pub overlay: Option<PathBuf>,
     /// Immutable copy-on-write layers between the base and `overlay`, oldest first (each
-    /// one a frozen SCOVL layer file; see `sandcell-vmm`'s block/layers.rs). Reads look
+    /// one a frozen SCOVL layer file; see `sandcell-vmm`'s block/overlay.rs and layer_index.rs). Reads look
     /// from the top down: overlay, the last layer, ..., the first layer, the base.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<PathBuf>,

@@ -346,7 +346,6 @@ fn keyed(path: &Path, key: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

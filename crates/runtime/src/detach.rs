@@ -67,7 +67,6 @@ pub(crate) async fn exited(pidfd: OwnedFd) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::time::Duration;

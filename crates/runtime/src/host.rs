@@ -211,7 +211,6 @@ pub async fn report(dirs: &Dirs, kernel: Option<PathBuf>, image: Option<&Image>)
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -152,19 +152,11 @@ impl SandboxSpec {
 
 /// A fresh sandbox id: `sc-` and 16 hex digits from the kernel's RNG.
 pub fn new_sandbox_id() -> Result<String> {
-    let mut bytes = [0u8; 8];
-    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer we own.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
-        return Err(Error::Host {
-            what: "getrandom for a sandbox id".into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(format!(
-        "sc-{}",
-        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    ))
+    let hex = sandcell_proto::random::hex(8).map_err(|source| Error::Host {
+        what: "getrandom for a sandbox id".into(),
+        source,
+    })?;
+    Ok(format!("sc-{hex}"))
 }
 
 /// Ids become file names, cgroup names and runsc container ids: keep them boring.
@@ -373,7 +365,6 @@ pub fn agent_client(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

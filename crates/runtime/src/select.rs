@@ -258,7 +258,6 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -170,7 +170,6 @@ pub(crate) fn kill_pid(pid: u32, signal: i32) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

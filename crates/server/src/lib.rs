@@ -18,6 +18,7 @@
 
 pub mod http;
 pub mod keys;
+pub mod logging;
 pub mod networks;
 pub mod sandboxes;
 pub mod snapshots;
@@ -116,9 +117,7 @@ fn net_settings(
         .map_err(|e| bad(format!("--net-pool {}: {e}", args.net_pool)))?;
     let mut config = if args.net_dns.is_empty() {
         sandcell_runtime::net::NetConfig::from_host().unwrap_or_else(|e| {
-            eprintln!(
-                "sandcell serve: warning: sandboxes will resolve no names ({e}); use --net-dns"
-            );
+            tracing::warn!("sandboxes will resolve no names ({e}); use --net-dns");
             sandcell_runtime::net::NetConfig {
                 pool,
                 upstream_dns: Vec::new(),
@@ -167,10 +166,7 @@ async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>,
         .or_else(|_| Image::resolve(&dirs.images(), "minimal"))
         .ok();
     let selection = select::choose(choice, dirs, None, image.as_ref()).await;
-    eprintln!(
-        "sandcell serve: {} runtime: {}",
-        selection.runtime, selection.reason
-    );
+    tracing::info!("{} runtime: {}", selection.runtime, selection.reason);
     Ok(match selection.runtime {
         RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone()).await?),
         RuntimeKind::Microvm => {
@@ -188,17 +184,12 @@ async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>,
 pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     let db = keys::open_db(&dirs.data).await?;
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
-        eprintln!(
-            "sandcell serve: created the admin API key in {}",
-            file.display()
-        );
+        tracing::info!("created the admin API key in {}", file.display());
     }
     templates::builds::set_insecure_registries(args.insecure_registries.clone());
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
-        eprintln!(
-            "sandcell serve: {interrupted} template build(s) of the previous daemon were interrupted"
-        );
+        tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
     }
     if let Some(settings) = net_settings(&dirs, &args)? {
         networks::service::configure(settings);
@@ -218,15 +209,15 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     ));
     let (adopted, lost) = lifecycle.reconcile().await?;
     if !adopted.is_empty() {
-        eprintln!(
-            "sandcell serve: took over {} running sandbox(es) of the previous daemon: {}",
+        tracing::info!(
+            "took over {} running sandbox(es) of the previous daemon: {}",
             adopted.len(),
             adopted.join(", ")
         );
     }
     if !lost.is_empty() {
-        eprintln!(
-            "sandcell serve: {} sandbox(es) did not survive the previous daemon and were marked error: {}",
+        tracing::warn!(
+            "{} sandbox(es) did not survive the previous daemon and were marked error: {}",
             lost.len(),
             lost.join(", ")
         );
@@ -267,11 +258,9 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     );
     let signal = stop_signal().await;
     if args.kill_on_exit {
-        eprintln!("sandcell serve: {signal}: killing the sandboxes and stopping");
+        tracing::info!("{signal}: killing the sandboxes and stopping");
     } else {
-        eprintln!(
-            "sandcell serve: {signal}: stopping; the sandboxes keep running for the next start"
-        );
+        tracing::info!("{signal}: stopping; the sandboxes keep running for the next start");
     }
     reaper.abort();
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.

@@ -12,11 +12,14 @@ struct Cli {
     #[arg(long, env = "SANDCELL_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
     #[command(flatten)]
+    log: sandcell_server::logging::LogArgs,
+    #[command(flatten)]
     serve: sandcell_server::ServeArgs,
 }
 
 fn main() {
     let cli = Cli::parse();
+    sandcell_server::logging::init(&cli.log);
     let dirs = Dirs::from_env(cli.data_dir);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,6 +1,6 @@
 //! Snapshot benchmarks of `sandcell-vmm` on the `counter` payload (see bench/vmm/run.sh),
 //! printed as JSON, p50/p90/p99 over N runs, beside the Firecracker figures measured on
-//! the same machines (TEST-HOSTS.md):
+//! the same machines (`firecracker_same_host` below):
 //! - `pause_ms`: a `pause` request on a running VM, request to answer;
 //! - `snapshot_full_ms` (128 and 512 MiB guests) to tmpfs: request to answer. Memory is
 //!   written sparse: only the pages the guest touched (here a few MiB);

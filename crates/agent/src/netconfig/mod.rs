@@ -238,7 +238,6 @@ fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> io::Result<()> {
 mod tap_tests;
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

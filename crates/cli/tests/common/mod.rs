@@ -2,7 +2,7 @@
 //! `minimal` image) and a real `sandcell serve` on loopback with its own data and run dirs.
 //! Each test file uses part of it.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -138,7 +138,6 @@ pub fn valid_stage_name(name: &str) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

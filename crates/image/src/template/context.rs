@@ -574,7 +574,6 @@ pub(crate) fn resolve_owner(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -175,19 +175,11 @@ pub(crate) fn http_date(s: &str) -> Option<i64> {
     if !(1..=31).contains(&day) || *h > 23 || *m > 59 || *sec > 60 {
         return None;
     }
-    // Days since 1970-01-01 of a proleptic Gregorian date (the civil-from-days inverse).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
+    let days = sandcell_proto::time::days_from_civil(year, month, day);
     Some(days * 86_400 + h * 3600 + m * 60 + sec)
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -1260,7 +1260,6 @@ fn is_opaque(dir: &Path) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     #[test]
     fn sweeps_what_dead_builds_left() {

@@ -48,7 +48,6 @@ pub(crate) fn needed_stages(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::dockerfile::parse;

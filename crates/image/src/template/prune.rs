@@ -239,7 +239,6 @@ fn size_of(path: &Path) -> u64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

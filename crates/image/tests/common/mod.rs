@@ -4,7 +4,7 @@
 //! (malicious ones included), and `skopeo` to push them. Nothing is mocked; a missing tool
 //! fails the test with the package to install.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code)]
 
 use sha2::{Digest as _, Sha256};
 use std::io::{Read, Write};

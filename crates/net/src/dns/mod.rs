@@ -11,8 +11,10 @@
 
 pub mod wire;
 
+use crate::accept::{self, Backoff};
 use crate::nft;
 use crate::policy::{Cidr, Policy, is_reserved};
+use sandcell_proto::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -92,7 +94,7 @@ impl DnsState {
         let at = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let mut d = self.denied.lock().unwrap_or_else(|p| p.into_inner());
+        let mut d = lock(&self.denied);
         if d.len() >= MAX_DENIED_NAMES {
             d.pop_front();
         }
@@ -104,12 +106,12 @@ impl DnsState {
     }
 
     fn peer(&self, name: &str) -> Option<Ipv4Addr> {
-        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let peers = lock(&self.peers);
         peers.get(name.trim_end_matches('.')).copied()
     }
 
     pub(crate) fn denied_names(&self) -> Vec<DeniedName> {
-        let d = self.denied.lock().unwrap_or_else(|p| p.into_inner());
+        let d = lock(&self.denied);
         d.iter().cloned().collect()
     }
 }
@@ -149,9 +151,18 @@ impl DnsServer {
 
 async fn serve_udp(sock: Arc<UdpSocket>, state: Arc<DnsState>, limit: Arc<Semaphore>) {
     let mut buf = vec![0u8; UDP_BUF];
+    let mut backoff = Backoff::new();
     loop {
-        let Ok((n, from)) = sock.recv_from(&mut buf).await else {
-            continue;
+        // Not accept::retry: the closure would have to lend `buf` to the future it returns.
+        let (n, from) = match sock.recv_from(&mut buf).await {
+            Ok(received) => {
+                backoff.succeeded();
+                received
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff.failed()).await;
+                continue;
+            }
         };
         // Over the limit: drop the query, the client retries.
         let Ok(permit) = limit.clone().try_acquire_owned() else {
@@ -169,10 +180,9 @@ async fn serve_udp(sock: Arc<UdpSocket>, state: Arc<DnsState>, limit: Arc<Semaph
 }
 
 async fn serve_tcp(listener: TcpListener, state: Arc<DnsState>, limit: Arc<Semaphore>) {
+    let mut backoff = Backoff::new();
     loop {
-        let Ok((conn, _)) = listener.accept().await else {
-            continue;
-        };
+        let (conn, _) = accept::retry(&mut backoff, || listener.accept()).await;
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
@@ -335,9 +345,7 @@ async fn forward_tcp(server: SocketAddr, msg: &[u8]) -> std::io::Result<Vec<u8>>
 
 fn random_id() -> u16 {
     let mut b = [0u8; 2];
-    // SAFETY: getrandom writes at most 2 bytes into the buffer we own.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 2 {
+    if sandcell_proto::random::fill(&mut b).is_err() {
         // Never expected; a predictable id only weakens spoofing resistance.
         let t = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)

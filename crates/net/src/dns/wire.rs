@@ -242,7 +242,6 @@ pub fn build_query(id: u16, name: &str, qtype: u16) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -104,7 +104,6 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -2,6 +2,7 @@
 //! docs of [`super`] for the layout).
 
 use super::{RT, Shared, bundle, network};
+use sandcell_proto::sync::lock;
 // A child module, so that checkpoint/restore can rebuild this sandbox's process in place.
 #[path = "checkpoint.rs"]
 mod checkpoint;
@@ -345,10 +346,6 @@ impl GvisorSandbox {
             }),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn mount_overlay(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<()> {

@@ -16,6 +16,7 @@ use super::{MicrovmRuntime, RT};
 use crate::snapshot::SnapshotHandle;
 use crate::util::remove_dir_all_if_exists;
 use crate::{Dirs, Error, Result, Runtime, SandboxSpec};
+use sandcell_proto::sync::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -101,10 +102,7 @@ impl TemplateSnapshots {
                 e,
             )
         })?;
-        let lock = self
-            .building
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let lock = lock(&self.building)
             .entry(digest.clone())
             .or_default()
             .clone();
@@ -160,7 +158,6 @@ impl TemplateSnapshots {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -9,9 +9,9 @@
 
 use super::super::boot_snapshot::{TemplateKey, TemplateSnapshots};
 use super::super::warm_pool::{PooledVmm, WarmPool};
-use super::snapshot::lock;
 use super::*;
 use crate::snapshot::SnapshotFiles;
+use sandcell_proto::sync::lock;
 use sandcell_proto::vmm::RestoreOverrides;
 use std::sync::Arc;
 use std::time::Instant;
@@ -90,11 +90,11 @@ pub(super) async fn start(sb: &MicrovmSandbox, plan: TemplatePlan) -> Outcome {
     let _ = crate::util::remove_dir_all_if_exists(&slot);
     let result = sb.supervise(child, pid).await;
     if result.is_ok() {
-        eprintln!(
-            "sandcell: microvm sandbox {}: restored from template snapshot {} in pooled \
-             VMM {pid} (snapshot {}: {snapshot_ms} ms, restore {restore_ms} ms, agent \
-             answering after {} ms in all)",
-            sb.id,
+        tracing::info!(
+            sandbox = %sb.id,
+            "microvm sandbox restored from template snapshot {} in pooled VMM {pid} \
+             (snapshot {}: {snapshot_ms} ms, restore {restore_ms} ms, agent answering after \
+             {} ms in all)",
             snapshot.dir.display(),
             if built { "built now" } else { "ready" },
             began.elapsed().as_millis()

@@ -372,7 +372,7 @@ impl MicrovmRuntime {
             remove_files(&self.dirs, &id)?;
             // Its network, if it had one (cheap when not): after the VMM, which used it.
             if let Err(e) = sandcell_net::network::remove(&id) {
-                eprintln!("sandcell: removing the leftover network of sandbox {id}: {e}");
+                tracing::warn!(sandbox = %id, "removing the leftover network: {e}");
             }
             cleaned.push(id);
         }
@@ -393,7 +393,6 @@ pub(super) fn remove_files(dirs: &Dirs, id: &str) -> Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::sandbox::classify;
     use super::*;

@@ -159,7 +159,6 @@ pub(super) fn join_netns(cmd: &mut tokio::process::Command, netns: &std::fs::Fil
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -2,6 +2,7 @@
 //! the module docs of [`super`] for the files).
 
 use super::{CONTROL_TIMEOUT, MAX_CONTROL_LINE, Paths, RT, network, remove_files, vsock};
+use sandcell_proto::sync::lock;
 // A child module, so that snapshots can drive this sandbox's VMM and restores start one.
 #[path = "snapshot.rs"]
 mod snapshot;
@@ -136,8 +137,8 @@ impl MicrovmSandbox {
                 handle.id
             ))
             .exists();
-        *sandbox.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.pid);
-        *sandbox.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.clone());
+        *lock(&sandbox.pid) = Some(handle.pid);
+        *lock(&sandbox.handle) = Some(handle.clone());
         let (stopping, exit, vmm_log) = (
             sandbox.stopping.clone(),
             sandbox.exit.clone(),
@@ -164,12 +165,12 @@ impl MicrovmSandbox {
     /// Gives the sandbox its network: the VMM starts in its namespace, and it is removed
     /// with the sandbox.
     pub(super) fn set_network(&self, net: sandcell_net::SandboxNet) {
-        *self.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+        *lock(&self.net) = Some(net);
     }
 
     /// Makes the first start restore a template snapshot (see boot_snapshot_restore.rs).
     pub(super) fn set_template_plan(&self, plan: TemplatePlan) {
-        *self.template.lock().unwrap_or_else(|p| p.into_inner()) = Some(plan);
+        *lock(&self.template) = Some(plan);
     }
 
     /// Whether the VM has a virtio-net device (its snapshots need a network to restore
@@ -193,7 +194,7 @@ impl MicrovmSandbox {
     }
 
     fn pid(&self) -> Option<u32> {
-        *self.pid.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.pid)
     }
 
     fn require_running(&self, op: &'static str) -> Result<()> {
@@ -278,10 +279,7 @@ impl Sandbox for MicrovmSandbox {
     }
 
     fn handle(&self) -> Option<SandboxHandle> {
-        self.handle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        lock(&self.handle).clone()
     }
 
     async fn start(&self) -> Result<()> {
@@ -293,18 +291,13 @@ impl Sandbox for MicrovmSandbox {
                 op: "start",
             });
         }
-        let plan = self
-            .template
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let plan = lock(&self.template).take();
         if let Some(plan) = plan {
             match boot_snapshot_restore::start(self, plan).await {
                 boot_snapshot_restore::Outcome::Started(result) => return result,
-                boot_snapshot_restore::Outcome::ColdBoot(why) => eprintln!(
-                    "sandcell: microvm sandbox {}: booting cold: the template snapshot path \
-                     failed: {why}",
-                    self.id
+                boot_snapshot_restore::Outcome::ColdBoot(why) => tracing::warn!(
+                    sandbox = %self.id,
+                    "microvm sandbox booting cold: the template snapshot path failed: {why}"
                 ),
             }
         }
@@ -324,7 +317,7 @@ impl Sandbox for MicrovmSandbox {
             None => command.arg("--config").arg(&self.paths.config),
         };
         // Kept open until the child has started: its pre-exec setns uses the descriptor.
-        let netns = match self.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        let netns = match lock(&self.net).as_ref() {
             Some(net) => Some(network::open_netns(net.network())?),
             None => None,
         };
@@ -435,7 +428,7 @@ impl Sandbox for MicrovmSandbox {
             }
         }
         let removed = remove_files(&self.dirs, &self.id);
-        let net = self.net.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let net = lock(&self.net).take();
         let removed = match net {
             // After the VMM is gone: the namespace goes, and the TAP with it.
             Some(net) => removed.and(network::teardown(&self.id, net).await),
@@ -465,11 +458,11 @@ impl MicrovmSandbox {
     /// Makes the started VMM `child` (pid `pid`) this sandbox's: its pid and handle, the
     /// task that learns its end, then waits for the agent to answer.
     async fn supervise(&self, mut child: tokio::process::Child, pid: u32) -> Result<()> {
-        *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
+        *lock(&self.pid) = Some(pid);
         if self.outlive_owner
             && let Some(start_time) = crate::owner::process_start_time(pid)
         {
-            *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(SandboxHandle {
+            *lock(&self.handle) = Some(SandboxHandle {
                 runtime: RT,
                 id: self.id.clone(),
                 pid,

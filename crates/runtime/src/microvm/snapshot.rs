@@ -34,6 +34,7 @@
 
 use super::*;
 use crate::snapshot::{RestoreSpec, SnapshotFiles, SnapshotHandle, SnapshotKind};
+use sandcell_proto::sync::lock;
 use sandcell_proto::vmm::SnapshotMode;
 use std::ffi::OsString;
 use std::path::Path;
@@ -56,10 +57,6 @@ pub(super) struct SnapState {
     next_top: AtomicU32,
     /// The next start runs `sandcell-vmm` with these arguments instead of `--config`.
     restore_args: Mutex<Option<Vec<OsString>>>,
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl SnapState {
@@ -306,10 +303,10 @@ pub(in crate::microvm) async fn restore_new(
                 ),
             });
         }
-        (false, true) => eprintln!(
-            "sandcell: microvm sandbox {}: restored without a network (snapshot {} was \
-             taken of a sandbox without one)",
-            restore.id,
+        (false, true) => tracing::info!(
+            sandbox = %restore.id,
+            "microvm sandbox restored without a network (snapshot {} was taken of a \
+             sandbox without one)",
             snapshot.dir.display()
         ),
         _ => {}
@@ -400,7 +397,6 @@ async fn readdress_guest(sb: &MicrovmSandbox, value: String) -> Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -66,7 +66,6 @@ async fn handshake(stream: &mut UnixStream, port: u32) -> io::Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tokio::net::UnixListener;

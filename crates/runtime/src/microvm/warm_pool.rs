@@ -15,6 +15,7 @@
 
 use crate::util::{kill_pid, remove_dir_all_if_exists};
 use crate::{Dirs, Error, Result};
+use sandcell_proto::sync::lock;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -78,10 +79,6 @@ pub fn stop_all() {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl WarmPool {
     /// A pool of `size` idle VMMs under `dirs.run`, empty until the first [`WarmPool::take`].
     /// Kills what an earlier pool there left behind.
@@ -130,7 +127,7 @@ impl WarmPool {
             match self.spawn() {
                 Ok(v) => lock(&self.idle).push_back(v),
                 Err(e) => {
-                    eprintln!("sandcell: warm VMM pool: {e}");
+                    tracing::warn!("warm VMM pool: {e}");
                     return;
                 }
             }
@@ -244,7 +241,6 @@ pub(super) fn is_pooled_vmm_of(pid: u32, slot: &Path) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -118,7 +118,7 @@ impl ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> ApiError {
         // Logged here because the client gets the message but the operator needs it too.
-        eprintln!("sandcell serve: error: {e}");
+        tracing::error!("error: {e}");
         match &e {
             Error::Runtime(sandcell_runtime::Error::Unavailable { .. }) => {
                 ApiError::unavailable(e.to_string())

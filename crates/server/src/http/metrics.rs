@@ -63,9 +63,7 @@ struct Histogram {
     sum: f64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use sandcell_proto::sync::lock;
 
 impl Metrics {
     pub fn observe_create(&self, took: Duration) {

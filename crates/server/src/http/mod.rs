@@ -1,11 +1,12 @@
 //! The HTTP side of the daemon: the router and its OpenAPI description, the extractors
 //! ([`extract`]), the envd proxy ([`proxy`]), metrics ([`metrics`]) and the errors as E2B
-//! answers them ([`error`]).
+//! answers them ([`error`]), and a log span per request ([`trace`]).
 
 pub mod error;
 pub mod extract;
 pub mod metrics;
 pub mod proxy;
+pub mod trace;
 
 use crate::App;
 use crate::http::error::ApiError;
@@ -122,6 +123,8 @@ pub fn router(app: Arc<App>) -> Router {
             app.clone(),
             metrics::track,
         ))
+        // Outermost: every log line of a request, metrics and proxy included, is in its span.
+        .layer(axum::middleware::from_fn(trace::span))
         .with_state(app)
 }
 

@@ -102,7 +102,6 @@ pub async fn open_db(data_dir: &Path) -> Result<Db, Error> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;

@@ -21,6 +21,7 @@
 
 use crate::http::error::{ApiError, ApiResult, Error};
 use crate::store::Db;
+use sandcell_proto::sync::lock;
 use sandcell_runtime::NetworkSpec;
 use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, Policy, registry};
 use std::collections::{BTreeMap, HashMap};
@@ -127,7 +128,7 @@ pub fn valid_network_name(name: &str) -> bool {
 static TRAFFIC: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
 
 fn traffic<T>(f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
-    let mut guard = TRAFFIC.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = lock(&TRAFFIC);
     f(guard.get_or_insert_with(HashMap::new))
 }
 
@@ -341,10 +342,10 @@ pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
 pub async fn ended(db: &Db, sandbox: &str) {
     traffic(|m| m.remove(sandbox));
     if let Err(e) = registry::release(sandbox).await {
-        eprintln!("sandcell serve: removing the network of {sandbox}: {e}");
+        tracing::warn!("removing the network of {sandbox}: {e}");
     }
     if let Err(e) = refresh_peers(db).await {
-        eprintln!("sandcell serve: updating private-network peers: {e}");
+        tracing::warn!("updating private-network peers: {e}");
     }
 }
 
@@ -370,7 +371,7 @@ pub async fn adopt(db: &Db, sandbox: &str) -> Result<(), Error> {
     match registry::adopt(&s.config, sandbox, &net_id, &egress).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => {
-            eprintln!("sandcell serve: the network {net_id} of sandbox {sandbox} is gone");
+            tracing::warn!("the network {net_id} of sandbox {sandbox} is gone");
             Ok(())
         }
         Err(e) => Err(net_error("taking over a sandbox network")(e)),
@@ -390,7 +391,7 @@ pub async fn reconcile_host() -> Result<Vec<String>, Error> {
         )
     });
     if let Err(e) = record {
-        eprintln!("sandcell serve: recording this daemon's network prefix in {OWNERS_DIR}: {e}");
+        tracing::warn!("recording this daemon's network prefix in {OWNERS_DIR}: {e}");
     }
     tokio::task::spawn_blocking(move || {
         sandcell_runtime::net::reconcile(&|id| {
@@ -453,7 +454,7 @@ pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
         peers.dedup();
     }
     let old = {
-        let mut guard = PEERS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&PEERS);
         guard.take().unwrap_or_default()
     };
     let mut now = HashMap::new();
@@ -474,6 +475,6 @@ pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
             now.insert(sandbox.clone(), new);
         }
     }
-    *PEERS.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+    *lock(&PEERS) = Some(now);
     first.map_or(Ok(()), Err)
 }

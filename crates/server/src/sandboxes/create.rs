@@ -158,10 +158,12 @@ impl SandboxService {
         {
             Ok(row) => Ok(Some(row)),
             Err(e) if e.status.is_server_error() => {
-                eprintln!(
-                    "sandcell serve: template {}: restoring snapshot {} failed ({}); \
+                tracing::warn!(
+                    "template {}: restoring snapshot {} failed ({}); \
                      booting instead",
-                    req.template_id, snap.id, e.message
+                    req.template_id,
+                    snap.id,
+                    e.message
                 );
                 Ok(None)
             }
@@ -398,7 +400,7 @@ impl SandboxService {
             .handle()
             .and_then(|h| serde_json::to_string(&h).ok());
         if let Err(e) = crate::networks::service::started(&self.db, &row.id).await {
-            eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
+            tracing::warn!("sandbox {}: its network: {e}", row.id);
         }
         self.db
             .mark_running(&row, started, end_at, &envd_version, handle.as_deref())

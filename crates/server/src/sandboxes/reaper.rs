@@ -20,13 +20,13 @@ impl SandboxService {
             if flushed.elapsed() >= crate::sandboxes::metering::FLUSH_INTERVAL {
                 flushed = std::time::Instant::now();
                 if let Err(e) = self.db.flush_usage(now_ms()).await {
-                    eprintln!("sandcell serve: metering: {e}");
+                    tracing::warn!("metering: {e}");
                 }
             }
             let due = match self.db.due_for_kill(now_ms()).await {
                 Ok(due) => due,
                 Err(e) => {
-                    eprintln!("sandcell serve: reaper: {e}");
+                    tracing::warn!("reaper: {e}");
                     continue;
                 }
             };
@@ -36,7 +36,7 @@ impl SandboxService {
                 tokio::spawn(async move {
                     // Pauses instead where the sandbox was created with autoPause.
                     if let Err(e) = this.expire(&id, reason).await {
-                        eprintln!("sandcell serve: killing sandbox {id} ({reason}): {e}");
+                        tracing::warn!("killing sandbox {id} ({reason}): {e}");
                     }
                 });
             }

@@ -37,7 +37,7 @@ impl SandboxService {
                         }),
                     );
                     if let Err(e) = crate::networks::service::adopt(&self.db, &row.id).await {
-                        eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
+                        tracing::warn!("sandbox {}: its network: {e}", row.id);
                     }
                     self.watch(row.id.clone(), sandbox);
                     adopted.push(row.id);
@@ -96,27 +96,27 @@ impl SandboxService {
             }
         }
         match self.runtime.sweep_unadopted().await {
-            Ok(cleaned) if !cleaned.is_empty() => eprintln!(
-                "sandcell serve: removed leftovers of {} sandbox(es): {}",
+            Ok(cleaned) if !cleaned.is_empty() => tracing::info!(
+                "removed leftovers of {} sandbox(es): {}",
                 cleaned.len(),
                 cleaned.join(", ")
             ),
             Ok(_) => {}
-            Err(e) => eprintln!("sandcell serve: sweeping leftovers: {e}"),
+            Err(e) => tracing::warn!("sweeping leftovers: {e}"),
         }
         match crate::networks::service::reconcile_host().await {
-            Ok(removed) if !removed.is_empty() => eprintln!(
-                "sandcell serve: removed {} leftover network(s): {}",
+            Ok(removed) if !removed.is_empty() => tracing::info!(
+                "removed {} leftover network(s): {}",
                 removed.len(),
                 removed.join(", ")
             ),
             Ok(_) => {}
-            Err(e) => eprintln!("sandcell serve: removing leftover networks: {e}"),
+            Err(e) => tracing::warn!("removing leftover networks: {e}"),
         }
         // The adopted sandboxes' private-network peers: nftables kept them, the new DNS
         // servers know no peer names yet.
         if let Err(e) = crate::networks::service::refresh_peers(&self.db).await {
-            eprintln!("sandcell serve: restoring private-network peers: {e}");
+            tracing::warn!("restoring private-network peers: {e}");
         }
         // Template snapshots of templates rebuilt or removed without the daemon.
         crate::templates::memory_snapshot::retire_orphans(self).await;

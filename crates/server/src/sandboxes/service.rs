@@ -81,9 +81,7 @@ pub struct SandboxService {
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+pub(crate) use sandcell_proto::sync::lock;
 
 /// Template names are plain names under `<data-dir>/images/`, never paths.
 pub fn valid_template_name(name: &str) -> bool {
@@ -198,10 +196,10 @@ impl SandboxService {
                         )
                         .await;
                     this.collect_snapshots().await;
-                    eprintln!("sandcell serve: sandbox {id}: {reason}");
+                    tracing::info!("sandbox {id}: {reason}");
                 }
                 Ok(false) => {}
-                Err(e) => eprintln!("sandcell serve: sandbox {id} ended: {e}"),
+                Err(e) => tracing::warn!("sandbox {id} ended: {e}"),
             }
         });
     }
@@ -251,7 +249,7 @@ impl SandboxService {
     pub async fn shutdown(self: &Arc<Self>) {
         if !self.config.kill_on_exit {
             if let Err(e) = self.db.flush_usage(now_ms()).await {
-                eprintln!("sandcell serve: metering: {e}");
+                tracing::warn!("metering: {e}");
             }
             return;
         }
@@ -261,7 +259,7 @@ impl SandboxService {
             let this = self.clone();
             kills.spawn(async move {
                 if let Err(e) = this.kill(&id, "the daemon stopped").await {
-                    eprintln!("sandcell serve: stopping sandbox {id}: {e}");
+                    tracing::warn!("stopping sandbox {id}: {e}");
                 }
             });
         }

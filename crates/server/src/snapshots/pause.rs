@@ -178,7 +178,7 @@ impl SandboxService {
             None => false,
         };
         let message = format!("pausing sandbox {id} failed: {why}");
-        eprintln!("sandcell serve: {message}");
+        tracing::warn!("{message}");
         let answer = if running {
             // E2B: 503 when it cannot be paused now and keeps running.
             ApiError::unavailable(format!("{message}; the sandbox keeps running"))
@@ -271,7 +271,7 @@ impl SandboxService {
             .mark_running_again(&row, State::Resuming, now, end_at, handle.as_deref())
             .await?;
         if let Err(e) = crate::networks::service::started(&self.db, id).await {
-            eprintln!("sandcell serve: sandbox {id}: its network: {e}");
+            tracing::warn!("sandbox {id}: its network: {e}");
         }
         self.watch(id.to_string(), sandbox);
         let mut row = row;
@@ -298,7 +298,7 @@ impl SandboxService {
                 Ok(sandbox) => sandbox,
                 Err(e) if attempt >= RESTORE_ATTEMPTS => return Err(e.into()),
                 Err(e) => {
-                    eprintln!("sandcell serve: sandbox {id}: {e}; restoring it again");
+                    tracing::warn!("sandbox {id}: {e}; restoring it again");
                     attempt += 1;
                     continue;
                 }
@@ -313,7 +313,7 @@ impl SandboxService {
                     "sandbox {id}: {problem} (restore attempt {attempt} of {RESTORE_ATTEMPTS})"
                 )));
             }
-            eprintln!("sandcell serve: sandbox {id}: {problem}; restoring it again");
+            tracing::warn!("sandbox {id}: {problem}; restoring it again");
             attempt += 1;
         }
     }
@@ -359,8 +359,8 @@ impl SandboxService {
                 Ok(()) => return Ok(()),
                 // Paused already, or ended meanwhile.
                 Err(e) if e.status.is_client_error() => return Ok(()),
-                Err(e) => eprintln!(
-                    "sandcell serve: auto-pause of sandbox {id} failed ({}); killing it",
+                Err(e) => tracing::warn!(
+                    "auto-pause of sandbox {id} failed ({}); killing it",
                     e.message
                 ),
             }
@@ -373,16 +373,17 @@ impl SandboxService {
         let unused = match self.db.take_unused_snapshots().await {
             Ok(unused) => unused,
             Err(e) => {
-                eprintln!("sandcell serve: collecting snapshots: {e}");
+                tracing::warn!("collecting snapshots: {e}");
                 return;
             }
         };
         for snap in unused {
             let dir = std::path::PathBuf::from(&snap.dir);
             if !dir.starts_with(self.dirs.data.join("snapshots")) {
-                eprintln!(
-                    "sandcell serve: snapshot {} has its files outside the data dir ({}): left",
-                    snap.id, snap.dir
+                tracing::warn!(
+                    "snapshot {} has its files outside the data dir ({}): left",
+                    snap.id,
+                    snap.dir
                 );
                 continue;
             }
@@ -393,7 +394,7 @@ impl SandboxService {
                 })
                 .await;
             if let Ok(Err(e)) = removed {
-                eprintln!("sandcell serve: removing snapshot {}: {e}", snap.dir);
+                tracing::warn!("removing snapshot {}: {e}", snap.dir);
             }
         }
     }
@@ -404,7 +405,7 @@ impl SandboxService {
         let known: std::collections::BTreeSet<String> = match self.db.snapshot_dirs().await {
             Ok(dirs) => dirs.into_iter().collect(),
             Err(e) => {
-                eprintln!("sandcell serve: {e}");
+                tracing::warn!("{e}");
                 return;
             }
         };
@@ -416,7 +417,7 @@ impl SandboxService {
             if !known.contains(&*path.to_string_lossy())
                 && let Err(e) = std::fs::remove_dir_all(&path)
             {
-                eprintln!("sandcell serve: removing {}: {e}", path.display());
+                tracing::warn!("removing {}: {e}", path.display());
             }
         }
     }
@@ -475,7 +476,7 @@ impl SandboxService {
                     }),
                 );
                 self.watch(id.clone(), sandbox);
-                eprintln!("sandcell serve: sandbox {id}: an interrupted pause left it running");
+                tracing::info!("sandbox {id}: an interrupted pause left it running");
             }
             (state, _) => {
                 let reason = format!(
@@ -535,8 +536,8 @@ async fn init_restored(
                 last = e.message;
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
-            Err(_) => eprintln!(
-                "sandcell serve: sandbox {}: no answer to /init within {INIT_TRY:?}; sending it \
+            Err(_) => tracing::warn!(
+                "sandbox {}: no answer to /init within {INIT_TRY:?}; sending it \
                  again on a new connection",
                 sandbox.id()
             ),

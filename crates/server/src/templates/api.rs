@@ -30,6 +30,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use sandcell_image::{Limits, valid_name};
+use sandcell_proto::sync::lock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Write;
@@ -148,7 +149,7 @@ static UPLOADS: LazyLock<Mutex<HashMap<String, UploadGrant>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 fn uploads() -> std::sync::MutexGuard<'static, HashMap<String, UploadGrant>> {
-    UPLOADS.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&UPLOADS)
 }
 
 fn entry_json(e: &LogEntry) -> BuildLogEntry {
@@ -687,7 +688,6 @@ pub async fn alias(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -17,6 +17,7 @@ use crate::util::now_ms;
 use sandcell_image::Limits;
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
+use sandcell_proto::sync::lock;
 use sandcell_runtime::build_steps::GvisorRunner;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -140,7 +141,7 @@ pub struct Build {
 impl Build {
     fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
         // A panic while holding it leaves plain data: still usable.
-        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.progress)
     }
 
     pub fn status(&self) -> Status {
@@ -235,7 +236,7 @@ static BUILDS: LazyLock<Mutex<HashMap<String, Arc<Build>>>> =
 static TURN: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
 
 fn builds() -> std::sync::MutexGuard<'static, HashMap<String, Arc<Build>>> {
-    BUILDS.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&BUILDS)
 }
 
 pub fn find(build_id: &str) -> Option<Arc<Build>> {
@@ -405,7 +406,7 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
             Ok(()) => {
                 builds().remove(&build.build_id);
             }
-            Err(e) => eprintln!("sandcell serve: template build {}: {e}", build.build_id),
+            Err(e) => tracing::warn!("template build {}: {e}", build.build_id),
         }
     });
     true
@@ -611,16 +612,16 @@ pub async fn prune_caches_daily(data: PathBuf, days: u32) {
         wait = HOUR * 24;
         match result {
             Ok(Ok(p)) if p.layers.is_empty() && p.uploads.is_empty() => {}
-            Ok(Ok(p)) => eprintln!(
-                "sandcell serve: pruned {} template layer(s) and {} upload(s) older than {days} \
+            Ok(Ok(p)) => tracing::info!(
+                "pruned {} template layer(s) and {} upload(s) older than {days} \
                  days ({} bytes)",
                 p.layers.len(),
                 p.uploads.len(),
                 p.bytes
             ),
             Ok(Err(PruneError::Busy { .. })) => wait = HOUR,
-            Ok(Err(e)) => eprintln!("sandcell serve: pruning the template caches: {e}"),
-            Err(e) => eprintln!("sandcell serve: pruning the template caches: {e}"),
+            Ok(Err(e)) => tracing::warn!("pruning the template caches: {e}"),
+            Err(e) => tracing::warn!("pruning the template caches: {e}"),
         }
     }
 }

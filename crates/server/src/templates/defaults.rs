@@ -22,7 +22,7 @@ pub fn load(dirs: &Dirs, template: &str) -> Option<ImageDefaults> {
     match serde_json::from_slice(&bytes) {
         Ok(d) => Some(d),
         Err(e) => {
-            eprintln!("sandcell serve: ignoring {}: {e}", path.display());
+            tracing::warn!("ignoring {}: {e}", path.display());
             None
         }
     }
@@ -55,7 +55,6 @@ pub fn apply_to_init(body: &mut serde_json::Value, defaults: Option<&ImageDefaul
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

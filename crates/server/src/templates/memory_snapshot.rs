@@ -81,10 +81,7 @@ pub async fn take(
         .await;
     // The build sandbox is done either way; the snapshot does not need it.
     if let Err(e) = lifecycle.kill(&row.id, "template snapshot taken").await {
-        eprintln!(
-            "sandcell serve: template {template}: killing build sandbox {}: {e}",
-            row.id
-        );
+        tracing::warn!("template {template}: killing build sandbox {}: {e}", row.id);
     }
     match taken {
         Ok((snap, _)) => Ok(snap.id),
@@ -139,7 +136,7 @@ pub async fn retire(lifecycle: &SandboxService, snapshot_id: &str) {
         .retire_template_snapshot(snapshot_id, now_ms())
         .await
     {
-        eprintln!("sandcell serve: {e}");
+        tracing::warn!("{e}");
     }
     lifecycle.collect_snapshots().await;
 }
@@ -151,7 +148,7 @@ pub async fn retire_orphans(lifecycle: &SandboxService) {
     let snapshots = match lifecycle.db.template_snapshots().await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("sandcell serve: {e}");
+            tracing::warn!("{e}");
             return;
         }
     };
@@ -161,9 +158,9 @@ pub async fn retire_orphans(lifecycle: &SandboxService) {
         if current.as_deref() == Some(id.as_str()) {
             continue;
         }
-        eprintln!("sandcell serve: template {template} no longer uses snapshot {id}: retired");
+        tracing::info!("template {template} no longer uses snapshot {id}: retired");
         if let Err(e) = lifecycle.db.retire_template_snapshot(&id, now_ms()).await {
-            eprintln!("sandcell serve: {e}");
+            tracing::warn!("{e}");
         }
     }
 }

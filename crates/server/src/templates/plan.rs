@@ -456,7 +456,6 @@ fn workdir_line(step: &BuildStep) -> Result<String, String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -271,7 +271,6 @@ pub async fn untag_request(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

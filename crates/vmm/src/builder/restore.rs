@@ -1,6 +1,6 @@
 //! Restore: from a state file and a memory image to a running (or paused) `Vmm`.
 //!
-//! Order, and why (Firecracker's, VMM-STUDY.md §2.3):
+//! Order, and why (the order Firecracker restores in):
 //! 1. The state file is read and checked (size cap, magic, version, checksum), then
 //!    its shape validated, before /dev/kvm is touched; the memory image is checked
 //!    against the saved memory size (a short file would SIGBUS us later).

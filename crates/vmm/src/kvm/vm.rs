@@ -60,7 +60,7 @@ pub enum VmError {
 
 /// Whether /dev/kvm comes from the PVM module: it runs tiny payloads natively, but a stock
 /// Linux kernel only through KVM's instruction emulator, which fails
-/// (KVM_EXIT_INTERNAL_ERROR) or crawls (see TEST-HOSTS.md).
+/// (KVM_EXIT_INTERNAL_ERROR) or crawls (tests/nested/README.md: the nested-KVM harness).
 pub fn host_kvm_is_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
 }

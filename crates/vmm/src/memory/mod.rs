@@ -2,7 +2,7 @@
 //!
 //! Backing RAM with a memfd (rather than anonymous memory) keeps a file descriptor for the
 //! whole of guest RAM: a later snapshot can write it out or a fork can remap it private
-//! without copying (VMM-STUDY.md M7). RAM that does not fit below the MMIO gap continues at
+//! without copying. RAM that does not fit below the MMIO gap continues at
 //! 4 GiB; both pieces are consecutive ranges of the same memfd.
 
 use std::ffi::CStr;

@@ -1,6 +1,6 @@
 //! The save sequence, on the VMM thread, for the `snapshot` control request.
 //!
-//! Order, and why (Firecracker's, VMM-STUDY.md §2.3):
+//! Order, and why (the order Firecracker saves in):
 //! 1. Pause (if running): vCPUs first, each completing a pending port/MMIO instruction,
 //!    then the devices leave the event loop, so nothing changes guest memory or raises
 //!    an interrupt behind the save's back.

@@ -1,6 +1,5 @@
 //! virtio-mmio transport: register semantics and the status state machine, driven the
 //! way Linux's virtio_mmio driver drives it, over real guest memory.
-#![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
 

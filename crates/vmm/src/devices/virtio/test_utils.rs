@@ -1,7 +1,6 @@
 //! Test helpers: real guest memory, a driver-side view of a split virtqueue (on
 //! virtio-queue's mock descriptor table) and a transport programmed the way Linux's
 //! virtio_mmio driver does it.
-#![allow(clippy::unwrap_used)]
 
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,

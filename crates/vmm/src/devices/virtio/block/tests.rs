@@ -1,6 +1,5 @@
 //! virtio-blk over the real transport and real guest memory, the driver simulated with
 //! a driver-side split queue (test_utils); disk files are real files in a temp dir.
-#![allow(clippy::unwrap_used)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,6 @@
 //! namespace and needs root and /dev/net/tun: it fails, loudly, without them.
 //!
 //! No timing assertions: "wait" means pumping the event loop a bounded number of times.
-#![allow(clippy::unwrap_used)]
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -1,5 +1,4 @@
 //! virtio-rng over the real transport and guest memory.
-#![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
 

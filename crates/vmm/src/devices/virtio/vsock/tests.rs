@@ -4,7 +4,6 @@
 //!
 //! No timing assertions: "wait" means pumping the event loop until a condition holds,
 //! with a generous iteration bound that only matters when the code is broken.
-#![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
