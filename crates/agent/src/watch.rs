@@ -392,17 +392,23 @@ struct PolledWatcher {
 #[derive(Debug, Default)]
 pub struct Watchers {
     map: Mutex<HashMap<String, PolledWatcher>>,
+    /// Ids made while the kernel had no entropy to give (see [`Watchers::new_id`]).
+    fallback_ids: std::sync::atomic::AtomicU64,
 }
 
-fn random_id() -> String {
-    let mut bytes = [0u8; 10];
-    if sandcell_proto::random::fill(&mut bytes).is_err() {
-        // No entropy yet is no reason to fail: ids only need to be unique in this agent.
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let c = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        bytes[..8].copy_from_slice(&c.to_le_bytes());
+impl Watchers {
+    /// A fresh watcher id: random, or, while getrandom fails, a counter (no entropy yet is
+    /// no reason to fail: ids only need to be unique in this agent).
+    fn new_id(&self) -> String {
+        let mut bytes = [0u8; 10];
+        if sandcell_proto::random::fill(&mut bytes).is_err() {
+            let c = self
+                .fallback_ids
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            bytes[..8].copy_from_slice(&c.to_le_bytes());
+        }
+        sandcell_proto::random::to_hex(&bytes)
     }
-    sandcell_proto::random::to_hex(&bytes)
 }
 
 pub async fn create_watcher(state: &State, req: Request<Incoming>) -> Reply {
@@ -441,7 +447,7 @@ pub async fn create_watcher(state: &State, req: Request<Incoming>) -> Reply {
             }
         }
     });
-    let id = format!("w{}", random_id());
+    let id = format!("w{}", state.watchers.new_id());
     lock(&state.watchers.map).insert(id.clone(), PolledWatcher { pending, task });
     json_reply(&CreateWatcherResponse { watcher_id: id })
 }

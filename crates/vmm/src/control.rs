@@ -93,7 +93,7 @@ impl ControlServer {
         };
         line.push(b'\n');
         if let Err(e) = conn.stream.write_all(&line) {
-            crate::log_debug!("control connection {id}: write failed ({e}), closing");
+            tracing::debug!("control connection {id}: write failed ({e}), closing");
             self.close(id);
             return;
         }
@@ -125,7 +125,7 @@ impl ControlServer {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) => {
-                    crate::log_warn!("control socket {}: accept failed: {e}", self.path.display());
+                    tracing::warn!("control socket {}: accept failed: {e}", self.path.display());
                     return;
                 }
             };
@@ -134,7 +134,7 @@ impl ControlServer {
             }
             let fd = stream.as_raw_fd();
             if let Err(e) = ops.add(Events::new(&stream, EventSet::IN | EventSet::READ_HANG_UP)) {
-                crate::log_warn!("control socket: watching a connection failed: {e}");
+                tracing::warn!("control socket: watching a connection failed: {e}");
                 continue;
             }
             let id = self.next_id;
@@ -213,7 +213,7 @@ fn split_lines(conn: &mut Conn, data: &[u8], mut emit: impl FnMut(Result<Control
 impl MutEventSubscriber for ControlServer {
     fn init(&mut self, ops: &mut EventOps) {
         if let Err(e) = ops.add(Events::new(&self.listener, EventSet::IN)) {
-            crate::log_error!(
+            tracing::error!(
                 "control socket {}: cannot watch the listener: {e}",
                 self.path.display()
             );

@@ -1,49 +1,39 @@
-//! A minimal stderr logger. The level comes from `SANDCELL_VMM_LOG` (error, warn, info,
-//! debug; default warn). Kept tiny on purpose: the VMM logs little, and the supervisor
-//! captures stderr.
+//! The VMM's log lines are `tracing` events (`tracing::warn!` and friends at the call sites);
+//! this installs the subscriber once at startup: plain text on stderr, which the supervisor
+//! captures. The level comes from `SANDCELL_VMM_LOG` (error, warn, info, debug, or
+//! `RUST_LOG`-style directives; default warn). No JSON and no ANSI colours: the VMM logs
+//! little, and a lean process is worth more than a configurable one.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use tracing_subscriber::EnvFilter;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Level {
-    Error = 0,
-    Warn = 1,
-    Info = 2,
-    Debug = 3,
+/// The filter `SANDCELL_VMM_LOG` asks for, warn when it is unset or not understood.
+fn filter_from(value: Option<&str>) -> EnvFilter {
+    value
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"))
 }
 
-static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);
-
-/// Reads `SANDCELL_VMM_LOG` once at startup.
+/// Reads `SANDCELL_VMM_LOG` and installs the subscriber (a second call is a no-op).
 pub fn init_from_env() {
-    let level = match std::env::var("SANDCELL_VMM_LOG").as_deref() {
-        Ok("error") => Level::Error,
-        Ok("info") => Level::Info,
-        Ok("debug") => Level::Debug,
-        _ => Level::Warn,
-    };
-    LEVEL.store(level as u8, Ordering::Relaxed);
+    let filter = filter_from(std::env::var("SANDCELL_VMM_LOG").ok().as_deref());
+    // `try_init` fails only when a subscriber is already set (tests, a second call): fine.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .try_init();
 }
 
-pub fn enabled(level: Level) -> bool {
-    level as u8 <= LEVEL.load(Ordering::Relaxed)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-#[macro_export]
-macro_rules! log_at {
-    ($level:expr, $($arg:tt)*) => {
-        if $crate::logger::enabled($level) {
-            eprintln!("sandcell-vmm: {}", format_args!($($arg)*));
-        }
-    };
+    #[test]
+    fn unset_or_garbage_levels_fall_back_to_warn() {
+        assert_eq!(filter_from(None).to_string(), "warn");
+        assert_eq!(filter_from(Some("debug")).to_string(), "debug");
+        assert_eq!(filter_from(Some("no=such=level")).to_string(), "warn");
+    }
 }
-
-#[macro_export]
-macro_rules! log_error { ($($arg:tt)*) => { $crate::log_at!($crate::logger::Level::Error, $($arg)*) }; }
-#[macro_export]
-macro_rules! log_warn { ($($arg:tt)*) => { $crate::log_at!($crate::logger::Level::Warn, $($arg)*) }; }
-#[macro_export]
-macro_rules! log_info { ($($arg:tt)*) => { $crate::log_at!($crate::logger::Level::Info, $($arg)*) }; }
-#[macro_export]
-macro_rules! log_debug { ($($arg:tt)*) => { $crate::log_at!($crate::logger::Level::Debug, $($arg)*) }; }

@@ -96,7 +96,7 @@ pub struct ExitWatcher(pub Arc<ExitLatch>);
 impl MutEventSubscriber for ExitWatcher {
     fn init(&mut self, ops: &mut EventOps) {
         if let Err(e) = ops.add(Events::new(self.0.event_fd(), EventSet::IN)) {
-            crate::log_error!("cannot watch the exit eventfd: {e}");
+            tracing::error!("cannot watch the exit eventfd: {e}");
         }
     }
 
@@ -114,7 +114,7 @@ pub struct SignalWatcher {
 impl MutEventSubscriber for SignalWatcher {
     fn init(&mut self, ops: &mut EventOps) {
         if let Err(e) = ops.add(Events::new(&self.signalfd, EventSet::IN)) {
-            crate::log_error!("cannot watch the signalfd: {e}");
+            tracing::error!("cannot watch the signalfd: {e}");
         }
     }
 
@@ -289,7 +289,7 @@ impl Vmm {
             if let Some(id) = d.id.take()
                 && let Err(e) = self.em.remove_subscriber(id)
             {
-                crate::log_warn!("pausing a device: removing its subscriber failed: {e}");
+                tracing::warn!("pausing a device: removing its subscriber failed: {e}");
             }
         }
         self.paused = true;

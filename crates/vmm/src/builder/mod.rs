@@ -199,20 +199,20 @@ pub fn build(cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, BuildError> {
 fn build_with(p: Prelude, cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, BuildError> {
     let started = std::time::Instant::now();
     let vm = Vm::new()?;
-    crate::log_debug!("build: VM created at {:?}", started.elapsed());
+    tracing::debug!("build: VM created at {:?}", started.elapsed());
     let mem_bytes = u64::from(cfg.memory_mib) << 20;
     let (mem, memfd) = memory::create_guest_memory(mem_bytes)?;
-    crate::log_debug!("build: guest memory mapped at {:?}", started.elapsed());
+    tracing::debug!("build: guest memory mapped at {:?}", started.elapsed());
     vm.register_memory(&mem)?;
     vm.setup_x86()?;
-    crate::log_debug!("build: guest memory registered at {:?}", started.elapsed());
+    tracing::debug!("build: guest memory registered at {:?}", started.elapsed());
 
     let kernel = loader::load_kernel(&mem, &cfg.kernel)?;
-    crate::log_debug!("build: kernel loaded at {:?}", started.elapsed());
+    tracing::debug!("build: kernel loaded at {:?}", started.elapsed());
     if crate::kvm::vm::host_kvm_is_pvm() && kernel_looks_like_linux(&cfg.kernel) {
         // Measured here: a vmlinux fails after ~10 s, a bzImage spends minutes emulating
         // its decompressor with no console output. Say so up front.
-        crate::log_warn!(
+        tracing::warn!(
             "this host's /dev/kvm is PVM (kvm_pvm): a stock Linux kernel runs only through \
              KVM's instruction emulator and will fail or take minutes; use the gvisor runtime \
              here (sandcell run --runtime gvisor)"
@@ -283,12 +283,12 @@ fn build_with(p: Prelude, cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, Bui
     mptable::write(&mem, cfg.vcpus)?;
     regs::write_gdt_idt(&mem)?;
     regs::write_page_tables(&mem)?;
-    crate::log_debug!("build: boot structures written at {:?}", started.elapsed());
+    tracing::debug!("build: boot structures written at {:?}", started.elapsed());
 
     // vCPUs: all created and configured before any runs, so that the boot vCPU never
     // starts APs that KVM does not know yet.
     let supported_cpuid = vm.supported_cpuid()?;
-    crate::log_debug!("build: supported CPUID read at {:?}", started.elapsed());
+    tracing::debug!("build: supported CPUID read at {:?}", started.elapsed());
     let mut fds = Vec::with_capacity(usize::from(cfg.vcpus));
     for index in 0..cfg.vcpus {
         let fd = vm.create_vcpu(index)?;
@@ -311,7 +311,7 @@ fn build_with(p: Prelude, cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, Bui
         vm,
     };
     let vmm = finish(p, machine, fds, pio, mmio, false)?;
-    crate::log_debug!("build: vCPUs started at {:?}", started.elapsed());
+    tracing::debug!("build: vCPUs started at {:?}", started.elapsed());
     Ok(vmm)
 }
 
@@ -490,6 +490,7 @@ fn finish(
     let pio = Arc::new(pio);
     let mmio = Arc::new(mmio);
     let mut vcpus = Vec::with_capacity(fds.len());
+    let unknown_access = Arc::new(vcpu::UnknownAccessLog::default());
     for (index, fd) in fds.into_iter().enumerate() {
         let shared = VcpuShared {
             pio: pio.clone(),
@@ -497,6 +498,7 @@ fn finish(
             latch: p.latch.clone(),
             console: p.console.clone(),
             events: events_tx.clone(),
+            unknown_access: unknown_access.clone(),
         };
         vcpus.push(vcpu::spawn(index as u8, fd, shared, start_paused)?);
     }

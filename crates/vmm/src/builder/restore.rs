@@ -81,18 +81,18 @@ pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildErr
     }
     let size = state.machine.memory_bytes;
     let image = memory::open_image(&spec.mem_path, size)?;
-    crate::log_debug!("restore: state read at {:?}", started.elapsed());
+    tracing::debug!("restore: state read at {:?}", started.elapsed());
 
     let vm = match p.vm.take() {
         Some(vm) => vm,
         None => Vm::new()?,
     };
-    crate::log_debug!("restore: VM created at {:?}", started.elapsed());
+    tracing::debug!("restore: VM created at {:?}", started.elapsed());
     let mem = memory::map_image(&image, size, &spec.mem_path)?;
     vm.register_memory(&mem)?;
-    crate::log_debug!("restore: memory registered at {:?}", started.elapsed());
+    tracing::debug!("restore: memory registered at {:?}", started.elapsed());
     vm.setup_x86()?;
-    crate::log_debug!("restore: memory mapped at {:?}", started.elapsed());
+    tracing::debug!("restore: memory mapped at {:?}", started.elapsed());
 
     let has_tsc_control = vm.has_cap(kvm_ioctls::Cap::TscControl);
     let mut fds = Vec::with_capacity(state.vcpus.len());
@@ -102,7 +102,7 @@ pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildErr
         fds.push(fd);
     }
     vm.restore_state(&state.vm)?;
-    crate::log_debug!("restore: KVM state set at {:?}", started.elapsed());
+    tracing::debug!("restore: KVM state set at {:?}", started.elapsed());
 
     let serial_log = spec
         .overrides
@@ -166,7 +166,7 @@ pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildErr
         memory: mem,
         vm,
     };
-    crate::log_debug!("restore: devices ready at {:?}", started.elapsed());
+    tracing::debug!("restore: devices ready at {:?}", started.elapsed());
     Ok(Prepared {
         machine,
         fds,

@@ -117,7 +117,7 @@ impl Write for ConsoleSink {
         if let Err(e) = res
             && !self.write_failed
         {
-            crate::log_warn!("console output write failed, dropping console output: {e}");
+            tracing::warn!("console output write failed, dropping console output: {e}");
             self.write_failed = true;
         }
         Ok(buf.len())
@@ -153,7 +153,7 @@ impl BusDevice for SerialConsole {
     fn write(&mut self, offset: u64, data: &[u8]) {
         for (i, byte) in data.iter().enumerate() {
             if let Err(e) = self.uart.write((offset + i as u64) as u8, *byte) {
-                crate::log_debug!("serial write at offset {offset} failed: {e:?}");
+                tracing::debug!("serial write at offset {offset} failed: {e:?}");
             }
         }
     }

@@ -89,17 +89,25 @@ pub fn register_kick_handler() -> Result<(), VcpuError> {
     register_signal_handler(kick_signal(), kick_handler).map_err(VcpuError::SignalHandler)
 }
 
-/// Logged unknown port/MMIO accesses, so that a guest hammering an absent device cannot
-/// flood the log.
-static UNKNOWN_ACCESS_LOGS: AtomicU32 = AtomicU32::new(0);
+/// How many unknown port/MMIO accesses a VM logs, so that a guest hammering an absent device
+/// cannot flood the log.
 const UNKNOWN_ACCESS_LOG_LIMIT: u32 = 64;
 
-fn log_unknown(kind: &str, addr: u64, len: usize) {
-    let n = UNKNOWN_ACCESS_LOGS.fetch_add(1, Ordering::Relaxed);
+/// Counts the VM's unknown port/MMIO accesses (shared by its vCPUs) for the log limit.
+#[derive(Debug, Default)]
+pub struct UnknownAccessLog(AtomicU32);
+
+impl UnknownAccessLog {
+    fn record(&self, kind: &str, addr: u64, len: usize) {
+        log_unknown(self.0.fetch_add(1, Ordering::Relaxed), kind, addr, len);
+    }
+}
+
+fn log_unknown(n: u32, kind: &str, addr: u64, len: usize) {
     if n < UNKNOWN_ACCESS_LOG_LIMIT {
-        crate::log_debug!("unhandled {kind} at {addr:#x} ({len} bytes)");
+        tracing::debug!("unhandled {kind} at {addr:#x} ({len} bytes)");
     } else if n == UNKNOWN_ACCESS_LOG_LIMIT {
-        crate::log_debug!("more unhandled port/MMIO accesses: no longer logged");
+        tracing::debug!("more unhandled port/MMIO accesses: no longer logged");
     }
 }
 
@@ -110,6 +118,7 @@ pub struct VcpuShared {
     pub latch: Arc<ExitLatch>,
     pub console: Arc<ConsoleWatch>,
     pub events: Sender<VcpuEvent>,
+    pub unknown_access: Arc<UnknownAccessLog>,
 }
 
 pub struct VcpuHandle {
@@ -128,7 +137,7 @@ impl VcpuHandle {
         if let Some(t) = &self.thread
             && let Err(e) = t.kill(kick_signal())
         {
-            crate::log_debug!("kicking vCPU {} failed: {e}", self.index);
+            tracing::debug!("kicking vCPU {} failed: {e}", self.index);
         }
     }
 
@@ -136,7 +145,7 @@ impl VcpuHandle {
         if let Some(t) = self.thread.take()
             && t.join().is_err()
         {
-            crate::log_error!("vCPU {} thread panicked", self.index);
+            tracing::error!("vCPU {} thread panicked", self.index);
         }
     }
 }
@@ -335,23 +344,25 @@ fn dispatch(sh: &VcpuShared, index: u8, result: Result<VcpuExit<'_>, kvm_ioctls:
             if !sh.pio.read(u64::from(port), data) {
                 // Nothing answers: an ISA bus floats high.
                 data.fill(0xff);
-                log_unknown("port read", u64::from(port), data.len());
+                sh.unknown_access
+                    .record("port read", u64::from(port), data.len());
             }
         }
         VcpuExit::IoOut(port, data) => {
             if !sh.pio.write(u64::from(port), data) {
-                log_unknown("port write", u64::from(port), data.len());
+                sh.unknown_access
+                    .record("port write", u64::from(port), data.len());
             }
         }
         VcpuExit::MmioRead(addr, data) => {
             if !sh.mmio.read(addr, data) {
                 data.fill(0xff);
-                log_unknown("MMIO read", addr, data.len());
+                sh.unknown_access.record("MMIO read", addr, data.len());
             }
         }
         VcpuExit::MmioWrite(addr, data) => {
             if !sh.mmio.write(addr, data) {
-                log_unknown("MMIO write", addr, data.len());
+                sh.unknown_access.record("MMIO write", addr, data.len());
             }
         }
         // With the in-kernel LAPIC, HLT is handled inside KVM; these are benign.

@@ -186,7 +186,7 @@ fn save_msrs(fd: &VcpuFd, index: u8, list: &[u32]) -> Result<Vec<kvm_msr_entry>,
         if n >= wanted.len() {
             return Ok(msrs.as_slice().to_vec());
         }
-        crate::log_debug!(
+        tracing::debug!(
             "vCPU {index}: MSR {:#x} is not readable, left out of the snapshot",
             wanted[n].index
         );
@@ -280,7 +280,7 @@ pub fn restore(
     fd.set_vcpu_events(&state.events)
         .map_err(io("SET_VCPU_EVENTS", index))?;
     if let Err(e) = fd.kvmclock_ctrl() {
-        crate::log_debug!("vCPU {index}: KVM_KVMCLOCK_CTRL: {e} (guest without kvmclock?)");
+        tracing::debug!("vCPU {index}: KVM_KVMCLOCK_CTRL: {e} (guest without kvmclock?)");
     }
     Ok(())
 }
@@ -299,7 +299,7 @@ fn restore_tsc_khz(
         return Ok(());
     }
     if !has_tsc_control {
-        crate::log_warn!(
+        tracing::warn!(
             "vCPU {index}: the snapshot's TSC runs at {saved} kHz, this host's at {host} kHz, \
              and KVM cannot scale it (no KVM_CAP_TSC_CONTROL): guest time will drift"
         );

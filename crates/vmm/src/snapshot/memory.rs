@@ -101,7 +101,7 @@ fn copy_image_view(mem: &GuestMemory, image: &File, dst: &File, size: u64) -> st
     let pagemap = match File::open("/proc/self/pagemap") {
         Ok(f) => f,
         Err(e) => {
-            crate::log_debug!("/proc/self/pagemap: {e}; copying all guest memory");
+            tracing::debug!("/proc/self/pagemap: {e}; copying all guest memory");
             return copy_from_mapping(mem, dst);
         }
     };

@@ -117,7 +117,7 @@ impl Vmm {
         let vcpus = self.save_vcpus()?;
         let m = &mut self.machine;
         let vm = m.vm.save_state()?;
-        crate::log_debug!("snapshot: KVM state saved at {:?}", started.elapsed());
+        tracing::debug!("snapshot: KVM state saved at {:?}", started.elapsed());
         match req.mode {
             SnapshotMode::Full => {
                 memory::write_file(&m.memory, &m.memory_source, m.memory_bytes, req.mem_path)
@@ -136,7 +136,7 @@ impl Vmm {
                     .map_err(SnapshotError::LinkMemory)?;
             }
         }
-        crate::log_debug!("snapshot: memory saved at {:?}", started.elapsed());
+        tracing::debug!("snapshot: memory saved at {:?}", started.elapsed());
         let state = MicrovmState {
             machine: MachineState {
                 vcpus: m.vcpu_count,
@@ -148,7 +148,7 @@ impl Vmm {
             devices,
         };
         file::write(req.state_path, &state)?;
-        crate::log_debug!("snapshot: state written at {:?}", started.elapsed());
+        tracing::debug!("snapshot: state written at {:?}", started.elapsed());
         Ok(())
     }
 

@@ -225,7 +225,7 @@ impl VirtioCommon {
 
     /// A queue failed: log it and leave the queues alone until reset.
     pub fn fail(&mut self, what: &str, e: &RingError) {
-        crate::log_error!(
+        tracing::error!(
             "{}: disabling the device after a {what} error: {e}",
             self.name
         );
@@ -249,7 +249,7 @@ impl VirtioCommon {
         }
         for ev in events {
             if let Err(e) = ops.add(ev) {
-                crate::log_error!("{}: registering fd {} failed: {e}", self.name, ev.fd());
+                tracing::error!("{}: registering fd {} failed: {e}", self.name, ev.fd());
             }
         }
     }

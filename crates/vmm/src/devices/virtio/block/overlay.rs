@@ -225,11 +225,9 @@ fn fnv1a64(data: &[u8]) -> u64 {
 fn random_id() -> u64 {
     let mut b = [0u8; 8];
     loop {
-        // SAFETY: the kernel writes at most 8 bytes into `b`.
-        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-        let id = u64::from_ne_bytes(b);
-        if n == 8 && id != 0 {
-            return id;
+        // An error (none is expected from getrandom here) or a zero id: draw again.
+        if sandcell_proto::random::fill(&mut b).is_ok() && u64::from_ne_bytes(b) != 0 {
+            return u64::from_ne_bytes(b);
         }
     }
 }

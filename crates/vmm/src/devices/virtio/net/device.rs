@@ -167,7 +167,7 @@ impl Net {
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                         Err(e) => {
-                            crate::log_warn!("virtio-net: reading {}: {e}", self.backend.name());
+                            tracing::warn!("virtio-net: reading {}: {e}", self.backend.name());
                             break;
                         }
                     }
@@ -229,7 +229,7 @@ impl Net {
         let ev = Events::with_data_raw(self.backend.as_raw_fd(), BACKEND_TOKEN, set);
         match ops.modify(ev) {
             Ok(()) => self.backend_armed = armed,
-            Err(e) => crate::log_error!("virtio-net: re-arming {}: {e}", self.backend.name()),
+            Err(e) => tracing::error!("virtio-net: re-arming {}: {e}", self.backend.name()),
         }
     }
 
@@ -238,7 +238,7 @@ impl Net {
     fn on_activate(&mut self, ops: &mut EventOps) {
         let flags = offload_flags(self.common.acked_features());
         if let Err(e) = self.backend.set_offload(flags) {
-            crate::log_error!(
+            tracing::error!(
                 "virtio-net: TUNSETOFFLOAD {flags:#x} on {}: {e}",
                 self.backend.name()
             );

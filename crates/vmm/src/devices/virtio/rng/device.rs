@@ -67,34 +67,14 @@ fn fill_chain(buf: &mut Vec<u8>, mem: &GuestMemory, chain: DescriptorChain<&Gues
     };
     let n = writer.available_bytes().min(MAX_BYTES_PER_REQUEST);
     buf.resize(n, 0);
-    if getrandom(buf).is_err() {
+    // getrandom(2) blocks only before the host's pool is initialised, long before a VMM runs.
+    if sandcell_proto::random::fill(buf).is_err() {
         return 0;
     }
     match writer.write_all(buf) {
         Ok(()) => n as u32,
         Err(_) => 0,
     }
-}
-
-/// Fill `buf` from the kernel CSPRNG (getrandom(2), blocking only before the host's
-/// pool is initialised, which is long past when a VMM runs).
-fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: the kernel writes at most `rest.len()` bytes into `rest`, which is a
-        // valid, exclusively borrowed buffer of that length.
-        let r = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        done += r as usize;
-    }
-    Ok(())
 }
 
 impl VirtioDevice for Rng {

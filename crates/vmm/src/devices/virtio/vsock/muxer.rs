@@ -163,7 +163,7 @@ impl Muxer {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    crate::log_error!("vsock: epoll_wait on the muxer failed: {e}");
+                    tracing::error!("vsock: epoll_wait on the muxer failed: {e}");
                     return;
                 }
             };
@@ -472,7 +472,7 @@ impl Muxer {
         };
         match result {
             Ok(()) => self.timer_armed = needed,
-            Err(e) => crate::log_error!("vsock: arming the muxer timer failed: {e}"),
+            Err(e) => tracing::error!("vsock: arming the muxer timer failed: {e}"),
         }
     }
 
