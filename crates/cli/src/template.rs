@@ -177,15 +177,16 @@ async fn build(dirs: &Dirs, args: BuildArgs) -> i32 {
     // A previous build of the same name is replaced; another kind of image only with --force.
     let existing = dirs.images().join(&args.name);
     let force = args.force || template::read_record(&existing).is_some();
-    let runtime = match GvisorRuntime::new(dirs.clone()).await {
-        Ok(rt) => Arc::new(rt),
-        Err(e) => {
-            return fail(
-                format!("RUN steps need the gvisor runtime: {e}"),
-                EXIT_FAILED,
-            );
-        }
-    };
+    let runtime =
+        match GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new()).await {
+            Ok(rt) => Arc::new(rt),
+            Err(e) => {
+                return fail(
+                    format!("RUN steps need the gvisor runtime: {e}"),
+                    EXIT_FAILED,
+                );
+            }
+        };
     let network = match args.network {
         BuildNetwork::None => None,
         BuildNetwork::Default => match NetworkSpec::from_host(EgressSpec::default()) {

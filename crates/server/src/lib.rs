@@ -275,7 +275,11 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>, Error> {
+async fn open_runtime(
+    dirs: &Dirs,
+    args: &ServeArgs,
+    nets: sandcell_runtime::net::NetRegistry,
+) -> Result<Arc<dyn Runtime>, Error> {
     let choice = args.runtime;
     // The self-test boots the image sandboxes use most.
     let image = Image::resolve(&dirs.images(), "base")
@@ -287,14 +291,14 @@ async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>,
         selection.runtime, selection.reason
     );
     Ok(match selection.runtime {
-        RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone()).await?),
+        RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone(), nets).await?),
         RuntimeKind::Microvm => {
             let pool = if args.no_template_snapshots {
                 0
             } else {
                 args.vmm_pool
             };
-            Arc::new(MicrovmRuntime::new(dirs.clone())?.with_template_snapshots(pool))
+            Arc::new(MicrovmRuntime::new(dirs.clone(), nets)?.with_template_snapshots(pool))
         }
     })
 }
@@ -318,7 +322,9 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     if let Some(settings) = net_settings(&dirs, &args)? {
         networks::configure(settings);
     }
-    let runtime = open_runtime(&dirs, &args).await?;
+    let nets = sandcell_runtime::net::NetRegistry::new();
+    networks::set_registry(nets.clone());
+    let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let lifecycle = Arc::new(Lifecycle::new(
         db.clone(),
@@ -390,7 +396,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     reaper.abort();
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
-    sandcell_runtime::microvm::stop_warm_pools();
+    lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;
     networks::shutdown().await;
     let _ = stop_tx.send(());

@@ -14,7 +14,7 @@ use axum::Json;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use sandcell_runtime::net::{DeniedLog, EgressSpec, Policy, SandboxNet, registry};
+use sandcell_runtime::net::{DeniedLog, EgressSpec, Policy, SandboxNet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,7 +104,7 @@ async fn sandbox_net(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxN
             row.state.as_str()
         )));
     }
-    registry::get(id).ok_or_else(|| {
+    crate::networks::registry().get(id).ok_or_else(|| {
         ApiError::conflict(format!(
             "sandbox {id} has no network (created while the server ran with --no-network)"
         ))
@@ -189,7 +189,7 @@ async fn list(app: &App, key_id: &str) -> ApiResult<Vec<PrivateNetwork>> {
                 .iter()
                 // Running ones: a paused or ended sandbox keeps its memberships on
                 // record (networks::ended) but reaches no one.
-                .filter(|(n, s)| *n == name && registry::get(s).is_some())
+                .filter(|(n, s)| *n == name && crate::networks::registry().get(s).is_some())
                 .map(|(_, s)| s.clone())
                 .collect(),
             name,

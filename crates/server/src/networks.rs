@@ -22,7 +22,7 @@
 use crate::db::Db;
 use crate::error::{ApiError, ApiResult, Error};
 use sandcell_runtime::NetworkSpec;
-use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, Policy, registry};
+use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, NetRegistry, Policy};
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::{Mutex, OnceLock};
@@ -62,6 +62,8 @@ fn owner_gone(prefix: &str) -> bool {
 }
 
 static SETTINGS: OnceLock<NetSettings> = OnceLock::new();
+/// The daemon's network registry, shared with its runtimes.
+static REGISTRY: OnceLock<NetRegistry> = OnceLock::new();
 /// The peers last put in force per sandbox: only changes cost an `nft` call.
 static PEERS: Mutex<Option<PeerMap>> = Mutex::new(None);
 
@@ -80,6 +82,15 @@ fn net_error(what: &str) -> impl FnOnce(sandcell_runtime::net::Error) -> Error +
 /// Turns networking on for this process (once, at start-up; never called: no networks).
 pub fn configure(settings: NetSettings) {
     let _ = SETTINGS.set(settings);
+}
+
+/// The registry the daemon's runtimes make their networks in (once, at start-up).
+pub fn set_registry(registry: NetRegistry) {
+    let _ = REGISTRY.set(registry);
+}
+
+pub fn registry() -> NetRegistry {
+    REGISTRY.get_or_init(NetRegistry::new).clone()
 }
 
 pub fn settings() -> Option<&'static NetSettings> {
@@ -101,14 +112,14 @@ pub fn start_pool() -> Result<(), Error> {
     let Some(s) = settings() else { return Ok(()) };
     sandcell_runtime::net::network::enable_forwarding()
         .map_err(net_error("turning on IPv4 forwarding"))?;
-    registry::install(NetPool::start(s.config.clone(), &s.prefix, s.warm));
+    registry().install(NetPool::start(s.config.clone(), &s.prefix, s.warm));
     Ok(())
 }
 
 /// At daemon stop: removes the prepared networks (those of running sandboxes stay with
 /// them for the next daemon).
 pub async fn shutdown() {
-    if let Some(pool) = registry::pool() {
+    if let Some(pool) = registry().pool() {
         pool.drain().await;
     }
 }
@@ -309,7 +320,7 @@ pub async fn store_egress(db: &Db, sandbox: &str, egress: &EgressSpec) -> Result
 /// Once the runtime made the sandbox (created, restored or forked): records which network
 /// it got and brings the peers of its private networks up to date.
 pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
-    let Some(net) = registry::get(sandbox) else {
+    let Some(net) = registry().get(sandbox) else {
         return Ok(());
     };
     // An upsert: restores and fork children get their network from the runtime without a
@@ -340,7 +351,7 @@ pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
 /// snapshots or forks join them too ([`inherit`]).
 pub async fn ended(db: &Db, sandbox: &str) {
     traffic(|m| m.remove(sandbox));
-    if let Err(e) = registry::release(sandbox).await {
+    if let Err(e) = registry().release(sandbox).await {
         eprintln!("sandcell serve: removing the network of {sandbox}: {e}");
     }
     if let Err(e) = refresh_peers(db).await {
@@ -367,7 +378,7 @@ pub async fn adopt(db: &Db, sandbox: &str) -> Result<(), Error> {
         traffic(|m| m.insert(sandbox.to_string(), token));
     }
     let egress: EgressSpec = serde_json::from_str(&egress).unwrap_or_default();
-    match registry::adopt(&s.config, sandbox, &net_id, &egress).await {
+    match registry().adopt(&s.config, sandbox, &net_id, &egress).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => {
             eprintln!("sandcell serve: the network {net_id} of sandbox {sandbox} is gone");
@@ -395,7 +406,7 @@ pub async fn reconcile_host() -> Result<Vec<String>, Error> {
     tokio::task::spawn_blocking(move || {
         sandcell_runtime::net::reconcile(&|id| {
             if id.starts_with(&prefix) {
-                return registry::get_by_net(id).is_some();
+                return registry().get_by_net(id).is_some();
             }
             !daemon_prefix(id).is_some_and(owner_gone)
         })
@@ -434,7 +445,7 @@ pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
             .map_err(Error::db("reading private-network members"))?;
     let mut by_network: BTreeMap<(String, String), Vec<(String, Ipv4Addr)>> = BTreeMap::new();
     for (key, name, sandbox) in rows {
-        if let Some(net) = registry::get(&sandbox) {
+        if let Some(net) = registry().get(&sandbox) {
             by_network
                 .entry((key, name))
                 .or_default()
@@ -461,7 +472,7 @@ pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
     let everyone: std::collections::BTreeSet<&String> = old.keys().chain(want.keys()).collect();
     for sandbox in everyone {
         let new = want.get(sandbox).cloned().unwrap_or_default();
-        let Some(net) = registry::get(sandbox) else {
+        let Some(net) = registry().get(sandbox) else {
             continue;
         };
         if old.get(sandbox) != Some(&new)

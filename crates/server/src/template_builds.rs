@@ -508,9 +508,11 @@ async fn run(
 ) -> Result<(), (String, Option<String>)> {
     let _turn = TURN.lock().await;
     let dirs = app.lifecycle.dirs().clone();
-    let runtime = sandcell_runtime::gvisor::GvisorRuntime::new(dirs.clone())
-        .await
-        .map_err(|e| (format!("RUN steps need the gvisor runtime: {e}"), None))?;
+    // The daemon's registry: build sandboxes take from its warm pool too.
+    let runtime =
+        sandcell_runtime::gvisor::GvisorRuntime::new(dirs.clone(), crate::networks::registry())
+            .await
+            .map_err(|e| (format!("RUN steps need the gvisor runtime: {e}"), None))?;
     let runner = GvisorRunner {
         runtime: Arc::new(runtime),
         handle: tokio::runtime::Handle::current(),
