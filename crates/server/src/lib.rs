@@ -272,6 +272,8 @@ pub fn router(app: Arc<App>) -> Router {
             app.clone(),
             metrics::track,
         ))
+        // Outermost: every answer gets its request id (error.rs).
+        .layer(axum::middleware::from_fn(error::request_id))
         .with_state(app)
 }
 

@@ -111,7 +111,9 @@ pub trait BuildLog: Send + Sync {
 pub struct TemplateBuild {
     pub data_dir: PathBuf,
     pub name: String,
-    pub dockerfile: String,
+    /// What to build: a parsed Dockerfile ([`dockerfile::parse`]), or one made as a value
+    /// (the daemon's E2B template steps).
+    pub dockerfile: Dockerfile,
     /// Where the Dockerfile came from, for the record.
     pub dockerfile_path: PathBuf,
     pub context: PathBuf,
@@ -271,7 +273,7 @@ pub fn build(
         path: req.data_dir.join("cache"),
         source: std::io::Error::other(e.to_string()),
     })?;
-    let file = dockerfile::parse(&req.dockerfile)?;
+    let file = &req.dockerfile;
     let agent = match &req.agent {
         Some(p) => p.clone(),
         None => store::find_agent(&req.data_dir)?,
@@ -289,7 +291,7 @@ pub fn build(
         req,
         runner,
         log,
-        file: &file,
+        file,
         layers_dir,
         ignore,
         agent,
@@ -301,7 +303,7 @@ pub fn build(
         total: 0,
     };
     b.global_args()?;
-    let needed = needed::needed_stages(&file, &b.global)?;
+    let needed = needed::needed_stages(file, &b.global)?;
     b.total = file
         .stages
         .iter()
