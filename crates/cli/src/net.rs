@@ -1,6 +1,6 @@
 //! `sandcell net ...`: private networks, a sandbox's egress rules and its denied log, and
 //! the network flags of `sandcell create` (the daemon's network API, crates/server
-//! network_api.rs).
+//! networks/api.rs).
 
 use crate::daemon::Target;
 use crate::sandboxes::{EXIT_FAILED, EXIT_USAGE, fail};

@@ -1,5 +1,5 @@
 //! `sandcell pause`, `resume`, `fork` and `snapshot`: the daemon's pause, resume, fork and
-//! snapshot routes (crates/server snapshot_api.rs) from the command line.
+//! snapshot routes (crates/server snapshots/api.rs) from the command line.
 
 use crate::daemon::Target;
 use crate::sandboxes::{EXIT_FAILED, fail};

@@ -25,7 +25,7 @@ use sandcell_image::{Limits, store};
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::net::EgressSpec;
 use sandcell_runtime::{Dirs, NetworkSpec};
-use sandcell_server::template_runner::GvisorRunner;
+use sandcell_server::templates::runner::GvisorRunner;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;

@@ -1,52 +1,36 @@
 //! `sandcell serve`: the Sandcell daemon.
 //!
 //! One HTTP/1.1 port (default 127.0.0.1:3000) serves
-//! - the control API with E2B's routes and JSON (`api.rs`, described at `GET /openapi.json`),
-//!   authenticated by API keys (`keys.rs`), state in SQLite (`db.rs`);
-//! - the envd proxy (`proxy.rs`): requests with `E2b-Sandbox-Id`/`E2b-Sandbox-Port`, or a
+//! - the control API with E2B's routes and JSON (router in `http/`, described at
+//!   `GET /openapi.json`), authenticated by API keys (`keys/`), state in SQLite (`store/`);
+//! - the envd proxy (`http/proxy.rs`): requests with `E2b-Sandbox-Id`/`E2b-Sandbox-Port`, or a
 //!   Host `<port>-<sandboxID>.<domain>`, go to the sandbox's agent.
 //!
 //! So the stock E2B SDKs work with `E2B_API_URL=http://HOST:3000`,
 //! `E2B_SANDBOX_URL=http://HOST:3000` and `E2B_API_KEY=<key>` (the first start writes an
 //! admin key to `<data-dir>/admin.key`).
+//!
+//! One folder per concept: `sandboxes/` (create, kill, timeouts, re-adoption, metering),
+//! `snapshots/` (pause, resume, named snapshots, fork, restore), `templates/` (E2B template
+//! builds, tags, memory snapshots, start commands), `networks/`, `keys/`; each has its
+//! routes in `api.rs`. `store/` holds the tables, `http/` the router, extractors, proxy,
+//! metrics and errors. This file reads the options and wires the parts together ([`run`]).
 
-pub mod api;
-pub mod db;
-pub mod error;
-pub mod extract;
+pub mod http;
 pub mod keys;
-pub mod keys_cli;
-pub mod lifecycle;
-pub mod metering;
-pub mod metrics;
-pub mod models;
-pub mod network_api;
 pub mod networks;
-pub mod pause;
-pub mod proxy;
-pub mod snapshot_api;
-pub mod snapshot_store;
+pub mod sandboxes;
 pub mod snapshots;
-pub mod state;
-pub mod template_api;
-pub mod template_builds;
-pub mod template_defaults;
-pub mod template_plan;
-pub mod template_runner;
-pub mod template_snapshot;
-pub mod template_start;
-pub mod template_tags;
+pub mod store;
+pub mod templates;
 pub mod util;
 
-pub use keys_cli::{KeysCommand, keys};
+pub use http::{router, routes};
+pub use keys::cli::{KeysCommand, keys};
 
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::http::header;
-use axum::routing::get;
-use db::Db;
-use error::Error;
-use lifecycle::Lifecycle;
+use http::error::Error;
+use http::metrics;
+use sandboxes::service::Lifecycle;
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::microvm::MicrovmRuntime;
 use sandcell_runtime::select::{self, RuntimeChoice};
@@ -54,9 +38,7 @@ use sandcell_runtime::{Dirs, Image, Runtime, RuntimeKind};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use utoipa::OpenApi;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
+use store::Db;
 
 /// How long in-flight requests get to finish once the daemon is told to stop (after its
 /// sandboxes were killed, which ends their streams).
@@ -117,7 +99,10 @@ pub struct ServeArgs {
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
-fn net_settings(dirs: &Dirs, args: &ServeArgs) -> Result<Option<networks::NetSettings>, Error> {
+fn net_settings(
+    dirs: &Dirs,
+    args: &ServeArgs,
+) -> Result<Option<networks::service::NetSettings>, Error> {
     if args.no_network {
         return Ok(None);
     }
@@ -150,9 +135,9 @@ fn net_settings(dirs: &Dirs, args: &ServeArgs) -> Result<Option<networks::NetSet
         }
     };
     config.pool = pool;
-    Ok(Some(networks::NetSettings {
+    Ok(Some(networks::service::NetSettings {
         config,
-        prefix: networks::prefix_for(&dirs.data),
+        prefix: networks::service::prefix_for(&dirs.data),
         warm: args.net_warm,
         data_dir: dirs.data.clone(),
     }))
@@ -173,108 +158,6 @@ pub struct App {
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub domain: Option<String>,
-}
-
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "Sandcell API",
-        description = "E2B-compatible control API of the Sandcell daemon. Sandbox (envd) \
-            traffic goes to the same port with the E2b-Sandbox-Id and E2b-Sandbox-Port headers, \
-            or to the host <port>-<sandboxID>.<domain>."
-    ),
-    modifiers(&SecurityAddon),
-    components(schemas(error::ErrorBody))
-)]
-struct ApiDoc;
-
-struct SecurityAddon;
-
-impl utoipa::Modify for SecurityAddon {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "ApiKeyAuth",
-            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
-        );
-    }
-}
-
-/// The API routes and their OpenAPI description.
-pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(api::health))
-        .routes(routes!(api::create_v1, api::list_v1))
-        .routes(routes!(api::create_v2, api::list_v2))
-        .routes(routes!(api::get_sandbox, api::kill_sandbox))
-        .routes(routes!(api::set_timeout))
-        .routes(routes!(api::refresh))
-        .routes(routes!(api::connect_v2))
-        .routes(routes!(api::connect_v1))
-        .routes(routes!(api::list_templates))
-        .routes(routes!(template_api::request_build))
-        .routes(routes!(
-            template_api::file_upload_link,
-            template_api::upload_files
-        ))
-        .routes(routes!(template_api::start_build))
-        .routes(routes!(template_api::build_status))
-        .routes(routes!(template_api::build_logs))
-        .routes(routes!(template_api::alias))
-        .routes(routes!(
-            template_tags::assign_tags,
-            template_tags::remove_tags
-        ))
-        .routes(routes!(template_tags::list_tags))
-        .routes(routes!(snapshot_api::pause_sandbox))
-        .routes(routes!(snapshot_api::resume_sandbox))
-        .routes(routes!(snapshot_api::fork_sandbox))
-        .routes(routes!(snapshot_api::create_snapshot))
-        .routes(routes!(snapshot_api::list_snapshots))
-        .routes(routes!(snapshot_api::delete_snapshot))
-        .routes(routes!(snapshot_api::delete_template))
-        .routes(routes!(metering::usage))
-        .routes(routes!(network_api::set_network))
-        .routes(routes!(network_api::network_log))
-        .routes(routes!(
-            network_api::create_network,
-            network_api::list_networks
-        ))
-        .routes(routes!(network_api::delete_network))
-        .routes(routes!(network_api::attach, network_api::detach))
-        .split_for_parts()
-}
-
-/// The whole service: API routes, `/openapi.json`, and the envd proxy in front of all.
-pub fn router(app: Arc<App>) -> Router {
-    let (routes, openapi) = routes();
-    let spec = openapi.to_json().unwrap_or_else(|_| "{}".into());
-    routes
-        .route(
-            "/openapi.json",
-            get(move || {
-                let spec = spec.clone();
-                async move { ([(header::CONTENT_TYPE, "application/json")], spec) }
-            }),
-        )
-        .route("/metrics", get(metrics::metrics))
-        .fallback(api::no_route)
-        .method_not_allowed_fallback(api::method_not_allowed)
-        .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY))
-        // Last = outermost: sees every request (routes and fallback) first.
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            proxy::route,
-        ))
-        // Outside the proxy: counts sandbox traffic too.
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            metrics::track,
-        ))
-        // Outermost: every answer gets its request id (error.rs).
-        .layer(axum::middleware::from_fn(error::request_id))
-        .with_state(app)
 }
 
 async fn open_runtime(
@@ -314,25 +197,25 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             file.display()
         );
     }
-    template_builds::set_insecure_registries(args.insecure_registries.clone());
-    let interrupted = template_builds::mark_interrupted(&db).await?;
+    templates::builds::set_insecure_registries(args.insecure_registries.clone());
+    let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         eprintln!(
             "sandcell serve: {interrupted} template build(s) of the previous daemon were interrupted"
         );
     }
     if let Some(settings) = net_settings(&dirs, &args)? {
-        networks::configure(settings);
+        networks::service::configure(settings);
     }
     let nets = sandcell_runtime::net::NetRegistry::new();
-    networks::set_registry(nets.clone());
+    networks::service::set_registry(nets.clone());
     let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let lifecycle = Arc::new(Lifecycle::new(
         db.clone(),
         runtime,
         dirs.clone(),
-        lifecycle::LifecycleConfig {
+        sandboxes::service::LifecycleConfig {
             max_vcpus: args.max_vcpus,
             max_memory_mib: args.max_memory_mib,
             kill_on_exit: args.kill_on_exit,
@@ -355,10 +238,10 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         );
     }
     // After reconcile, which removes this daemon's unused networks, prepared ones too.
-    networks::start_pool()?;
+    networks::service::start_pool()?;
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
     if args.template_cache_days > 0 {
-        tokio::spawn(template_builds::prune_caches_daily(
+        tokio::spawn(templates::builds::prune_caches_daily(
             dirs.data.clone(),
             args.template_cache_days,
         ));
@@ -400,7 +283,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
     lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;
-    networks::shutdown().await;
+    networks::service::shutdown().await;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
     db.close().await;

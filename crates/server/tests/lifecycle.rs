@@ -9,17 +9,17 @@ mod common;
 use common::{minimal, run};
 use hyper::{Method, StatusCode};
 use sandcell_client::Client;
-use sandcell_server::db::State;
+use sandcell_server::store::State;
 use std::time::Duration;
 
-async fn row(env: &common::Env, id: &str) -> sandcell_server::db::SandboxRow {
+async fn row(env: &common::Env, id: &str) -> sandcell_server::store::SandboxRow {
     let db = sandcell_server::keys::open_db(&env.data()).await.unwrap();
     let row = db.sandbox(id).await.unwrap().unwrap();
     db.close().await;
     row
 }
 
-fn handle_of(row: &sandcell_server::db::SandboxRow) -> sandcell_runtime::SandboxHandle {
+fn handle_of(row: &sandcell_server::store::SandboxRow) -> sandcell_runtime::SandboxHandle {
     serde_json::from_str(
         row.handle
             .as_deref()

@@ -414,7 +414,7 @@ async fn a_restarted_daemon_takes_over_networks_and_removes_leftovers() {
     let _l = Internet::lock();
     let _inet = Internet::start().unwrap();
     let env = common::Env::new();
-    let prefix = sandcell_server::networks::prefix_for(&env.data());
+    let prefix = sandcell_server::networks::service::prefix_for(&env.data());
     let daemon = start(&env, "10.205.0.0/16");
     let c = &daemon.client;
     let s = create(c, json!({"network": {"allowOut": ["allowed.test"]}})).await;

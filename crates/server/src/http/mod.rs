@@ -1,0 +1,151 @@
+//! The HTTP side of the daemon: the router and its OpenAPI description, the extractors
+//! ([`extract`]), the envd proxy ([`proxy`]), metrics ([`metrics`]) and the errors as E2B
+//! answers them ([`error`]).
+
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod proxy;
+
+use crate::App;
+use crate::http::error::ApiError;
+use crate::sandboxes::models::Health;
+use crate::{networks, sandboxes, snapshots, templates};
+use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header;
+use axum::routing::get;
+use axum::{Json, Router};
+use std::sync::Arc;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Sandcell API",
+        description = "E2B-compatible control API of the Sandcell daemon. Sandbox (envd) \
+            traffic goes to the same port with the E2b-Sandbox-Id and E2b-Sandbox-Port headers, \
+            or to the host <port>-<sandboxID>.<domain>."
+    ),
+    modifiers(&SecurityAddon),
+    components(schemas(error::ErrorBody))
+)]
+struct ApiDoc;
+
+struct SecurityAddon;
+
+impl utoipa::Modify for SecurityAddon {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "ApiKeyAuth",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
+
+/// The API routes and their OpenAPI description.
+pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health))
+        .routes(routes!(sandboxes::api::create_v1, sandboxes::api::list_v1))
+        .routes(routes!(sandboxes::api::create_v2, sandboxes::api::list_v2))
+        .routes(routes!(
+            sandboxes::api::get_sandbox,
+            sandboxes::api::kill_sandbox
+        ))
+        .routes(routes!(sandboxes::api::set_timeout))
+        .routes(routes!(sandboxes::api::refresh))
+        .routes(routes!(sandboxes::api::connect_v2))
+        .routes(routes!(sandboxes::api::connect_v1))
+        .routes(routes!(templates::list::list_templates))
+        .routes(routes!(templates::api::request_build))
+        .routes(routes!(
+            templates::api::file_upload_link,
+            templates::api::upload_files
+        ))
+        .routes(routes!(templates::api::start_build))
+        .routes(routes!(templates::api::build_status))
+        .routes(routes!(templates::api::build_logs))
+        .routes(routes!(templates::api::alias))
+        .routes(routes!(
+            templates::tags::assign_tags,
+            templates::tags::remove_tags
+        ))
+        .routes(routes!(templates::tags::list_tags))
+        .routes(routes!(snapshots::api::pause_sandbox))
+        .routes(routes!(snapshots::api::resume_sandbox))
+        .routes(routes!(snapshots::api::fork_sandbox))
+        .routes(routes!(snapshots::api::create_snapshot))
+        .routes(routes!(snapshots::api::list_snapshots))
+        .routes(routes!(snapshots::api::delete_snapshot))
+        .routes(routes!(templates::delete::delete_template))
+        .routes(routes!(sandboxes::metering::usage))
+        .routes(routes!(networks::api::set_network))
+        .routes(routes!(networks::api::network_log))
+        .routes(routes!(
+            networks::api::create_network,
+            networks::api::list_networks
+        ))
+        .routes(routes!(networks::api::delete_network))
+        .routes(routes!(networks::api::attach, networks::api::detach))
+        .split_for_parts()
+}
+
+/// The whole service: API routes, `/openapi.json`, and the envd proxy in front of all.
+pub fn router(app: Arc<App>) -> Router {
+    let (routes, openapi) = routes();
+    let spec = openapi.to_json().unwrap_or_else(|_| "{}".into());
+    routes
+        .route(
+            "/openapi.json",
+            get(move || {
+                let spec = spec.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], spec) }
+            }),
+        )
+        .route("/metrics", get(metrics::metrics))
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY))
+        // Last = outermost: sees every request (routes and fallback) first.
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            proxy::route,
+        ))
+        // Outside the proxy: counts sandbox traffic too.
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            metrics::track,
+        ))
+        // Outermost: every answer gets its request id (error.rs).
+        .layer(axum::middleware::from_fn(error::request_id))
+        .with_state(app)
+}
+
+#[utoipa::path(get, path = "/health", tag = "health",
+    responses((status = 200, description = "The daemon is up", body = Health)))]
+pub async fn health(State(app): State<Arc<App>>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        runtime: app.lifecycle.runtime_name().into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+/// A known route with another method: 405 in E2B's error shape.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// Unknown routes: E2B's 404 shape.
+pub async fn no_route(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no route {}", uri.path()))
+}

@@ -1,0 +1,299 @@
+//! The envd proxy: requests meant for a sandbox arrive on the API port and are forwarded to
+//! the sandbox's agent over its runtime's transport ([`Sandbox::connect`]), one HTTP/1.1
+//! connection per request, bodies streamed both ways as they come (Connect server streams,
+//! file uploads and downloads are never held whole).
+//!
+//! A request is for a sandbox when it carries `E2b-Sandbox-Id` and `E2b-Sandbox-Port` (what
+//! the SDKs send when `E2B_SANDBOX_URL` points at the daemon), or when its Host is
+//! `<port>-<sandboxID>.<domain>` for the daemon's `--domain`.
+//!
+//! Access: for a `secure` sandbox the proxy itself requires `X-Access-Token` to equal the
+//! sandbox's envd access token (the agent checks it too once `/init` gave it the token, but
+//! the proxy does not rely on the agent version). Routes envd keeps internal (`/init`) and
+//! our agent's `/sandcell/...` routes answer 404 through the proxy, as E2B's proxy does.
+
+use crate::App;
+use crate::http::error::ApiError;
+use crate::util::constant_time_eq;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+use sandcell_runtime::Sandbox;
+use std::sync::Arc;
+
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// E2B's header for sandboxes created with `allowPublicTraffic: false`.
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Where a request for a sandbox goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub sandbox_id: String,
+    pub port: u32,
+}
+
+/// The target of `headers`, if the request is for a sandbox. `Err` when it is, but
+/// malformed.
+pub fn target(headers: &HeaderMap, domain: Option<&str>) -> Option<Result<Target, ApiError>> {
+    let get = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());
+    if let Some(id) = get(SANDBOX_ID_HEADER) {
+        let port = match get(SANDBOX_PORT_HEADER) {
+            None => {
+                return Some(Err(ApiError::bad_request(format!(
+                    "{SANDBOX_ID_HEADER} without {SANDBOX_PORT_HEADER}"
+                ))));
+            }
+            Some(p) => p.parse::<u32>(),
+        };
+        return Some(match port {
+            Ok(port) if port <= u32::from(u16::MAX) => Ok(Target {
+                sandbox_id: id.to_string(),
+                port,
+            }),
+            _ => Err(ApiError::bad_request(format!(
+                "invalid {SANDBOX_PORT_HEADER} header"
+            ))),
+        });
+    }
+    let host = get(header::HOST.as_str())?;
+    host_target(host, domain?).map(Ok)
+}
+
+/// `<port>-<sandboxID>.<domain>[:port]` to its target.
+pub fn host_target(host: &str, domain: &str) -> Option<Target> {
+    let host = match host.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    };
+    let label = host
+        .strip_suffix(domain)?
+        .strip_suffix('.')
+        .filter(|l| !l.contains('.'))?;
+    let (port, id) = label.split_once('-')?;
+    let port: u16 = port.parse().ok()?;
+    (!id.is_empty()).then(|| Target {
+        sandbox_id: id.to_string(),
+        port: u32::from(port),
+    })
+}
+
+/// Middleware in front of every route: sandbox traffic is proxied, the rest goes on.
+pub async fn route(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    match target(req.headers(), app.config.domain.as_deref()) {
+        None => next.run(req).await,
+        Some(Err(e)) => e.into_response(),
+        Some(Ok(target)) => match proxy(&app, target, req).await {
+            Ok(resp) => resp,
+            Err(e) => e.into_response(),
+        },
+    }
+}
+
+fn not_found_in_sandbox(id: &str) -> ApiError {
+    // The SDKs recognise "was not found" in a 502 as "the sandbox is gone".
+    ApiError::bad_gateway(format!("The sandbox {id} was not found"))
+}
+
+async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiError> {
+    let Some(live) = app.lifecycle.live(&target.sandbox_id) else {
+        return Err(not_found_in_sandbox(&target.sandbox_id));
+    };
+    // Ports other than envd's: to whatever the sandbox serves there, through its network
+    // (networks/api.rs). The envd access token guards envd only, as in E2B.
+    if target.port != sandcell_runtime::AGENT_PORT
+        && let Some(net) = live.sandbox.network()
+    {
+        if let Some(token) = crate::networks::service::traffic_token(&target.sandbox_id) {
+            let given = req
+                .headers()
+                .get(TRAFFIC_TOKEN_HEADER)
+                .map(HeaderValue::as_bytes)
+                .unwrap_or_default();
+            if !constant_time_eq(given, token.as_bytes()) {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!("missing or invalid {TRAFFIC_TOKEN_HEADER} for this sandbox's ports"),
+                ));
+            }
+        }
+        return Ok(
+            crate::networks::api::forward_port(&net, &target.sandbox_id, target.port, req).await,
+        );
+    }
+    if let Some(token) = &live.access_token {
+        let given = req
+            .headers()
+            .get(ACCESS_TOKEN_HEADER)
+            .map(HeaderValue::as_bytes)
+            .unwrap_or_default();
+        if !constant_time_eq(given, token.as_bytes()) {
+            return Err(ApiError::unauthorized(
+                "missing or invalid X-Access-Token for this sandbox",
+            ));
+        }
+    }
+    let path = req.uri().path();
+    if path == "/init" || path.starts_with("/sandcell/") {
+        return Err(ApiError::not_found(format!("no route {path}")));
+    }
+    forward(&live.sandbox, target.port, req)
+        .await
+        .map(IntoResponse::into_response)
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, not the message.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    // hyper frames the body itself (chunked or by Content-Length).
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// Sends `req` to `port` of `sandbox` over a fresh connection and returns the answer with
+/// its body still streaming from the sandbox.
+pub async fn forward(
+    sandbox: &Arc<dyn Sandbox>,
+    port: u32,
+    req: Request,
+) -> Result<Response<Body>, ApiError> {
+    let id = sandbox.id().to_string();
+    let stream = sandbox.connect(port).await.map_err(|e| match e {
+        sandcell_runtime::Error::WrongState { .. } => not_found_in_sandbox(&id),
+        other => ApiError::bad_gateway(format!(
+            "The sandbox {id} is running but port is not open: {other}"
+        )),
+    })?;
+    send(stream, &id, port, req).await
+}
+
+/// Sends `req` over `stream`, a fresh connection to `port` of sandbox `id`, and returns the
+/// answer with its body still streaming.
+pub async fn send(
+    stream: Box<dyn sandcell_runtime::AsyncStream>,
+    id: &str,
+    port: u32,
+    req: Request,
+) -> Result<Response<Body>, ApiError> {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: connecting to port {port}: {e}"))
+        })?;
+    // The connection lives until the response body is finished (or dropped).
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_string();
+    parts.uri = Uri::try_from(path).map_err(|e| ApiError::bad_request(format!("bad path: {e}")))?;
+    strip_hop_by_hop(&mut parts.headers);
+    let resp = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: port {port} did not answer: {e}"))
+        })?;
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// POSTs a small JSON body to the agent and returns the status and headers of the answer
+/// (its body is read and dropped, bounded).
+pub async fn post_json(
+    sandbox: &Arc<dyn Sandbox>,
+    port: u32,
+    path: &str,
+    json: &serde_json::Value,
+) -> Result<(StatusCode, HeaderMap), ApiError> {
+    let body = serde_json::to_vec(json)
+        .map_err(|e| ApiError::internal(format!("encoding {path} body: {e}")))?;
+    let req = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header(header::HOST, "localhost")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, body.len())
+        .body(Body::from(body))
+        .map_err(|e| ApiError::internal(format!("building {path} request: {e}")))?;
+    let resp = forward(sandbox, port, req).await?;
+    let (parts, body) = resp.into_parts();
+    let _ = axum::body::to_bytes(body, 64 * 1024).await;
+    Ok((parts.status, parts.headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_routing_parses_port_and_id() {
+        let t = host_target("49983-sc-00ff.sandbox.test:3000", "sandbox.test");
+        assert_eq!(
+            t,
+            Some(Target {
+                sandbox_id: "sc-00ff".into(),
+                port: 49983
+            })
+        );
+        assert_eq!(host_target("api.sandbox.test", "sandbox.test"), None);
+        assert_eq!(
+            host_target("x.49983-sc-1.sandbox.test", "sandbox.test"),
+            None
+        );
+        assert_eq!(
+            host_target("49983-sc-1.evil-sandbox.test", "sandbox.test"),
+            None
+        );
+        assert_eq!(host_target("99999-sc-1.sandbox.test", "sandbox.test"), None);
+    }
+
+    #[test]
+    fn header_routing_wins_and_checks_the_port() {
+        let mut h = HeaderMap::new();
+        h.insert(SANDBOX_ID_HEADER, HeaderValue::from_static("sc-1"));
+        assert!(matches!(target(&h, None), Some(Err(_))));
+        h.insert(SANDBOX_PORT_HEADER, HeaderValue::from_static("49983"));
+        assert_eq!(
+            target(&h, None).and_then(Result::ok),
+            Some(Target {
+                sandbox_id: "sc-1".into(),
+                port: 49983
+            })
+        );
+        let mut plain = HeaderMap::new();
+        plain.insert(header::HOST, HeaderValue::from_static("127.0.0.1:3000"));
+        assert!(target(&plain, Some("sandbox.test")).is_none());
+    }
+}

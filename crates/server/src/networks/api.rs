@@ -1,0 +1,414 @@
+//! The network routes: E2B's `PUT /sandboxes/{id}/network` (replace the egress rules live),
+//! and our extensions: `GET /sandboxes/{id}/network/log` (what the rules refused), private
+//! networks (`/networks`, join and leave with `/sandboxes/{id}/networks/{name}`), and ports
+//! by URL ([`forward_port`]: any TCP port served inside a sandbox, through the proxy, HTTP
+//! and upgrades such as WebSocket).
+
+use crate::App;
+use crate::http::error::{ApiError, ApiResult, ErrorBody};
+use crate::http::extract::{ApiJson, Caller, OptionalJson};
+use crate::networks::service::{self, valid_network_name};
+use crate::store::State as DbState;
+use crate::util::{now_ms, rfc3339};
+use axum::Json;
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sandcell_runtime::net::{DeniedLog, EgressSpec, Policy, SandboxNet};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use utoipa::ToSchema;
+
+/// How long the proxy waits for a sandbox port to accept a connection.
+const PORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// E2B's `network` object of a create. `allowOut`: IPs, CIDRs (IPv4 or IPv6), `domain`,
+/// `*.domain` (any entry makes everything else denied, both families); `denyOut`: IPs and
+/// CIDRs; allow wins. Domain rules open IPv4 only (no AAAA answers then). An address
+/// allowed only through a domain rule (the DNS answers for it) takes TCP on any port, but
+/// only TLS whose SNI, or HTTP/1.x whose `Host`, names an allowed domain (the host
+/// connects to that name itself); other protocols (SSH, anything where the server speaks
+/// first, UDP and QUIC) are refused there: allow such a destination by IP or CIDR. Other E2B
+/// fields (`dnsServers`, `maskRequestHost`, `rules`, ...) are accepted and ignored: the
+/// sandbox's only resolver is ours, which resolves exactly what the rules allow.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub deny_out: Option<Vec<String>>,
+    /// false: requests to the sandbox's ports (other than envd's) must carry the
+    /// `trafficAccessToken` of the create's answer in `e2b-traffic-access-token`.
+    #[serde(default)]
+    pub allow_public_traffic: Option<bool>,
+}
+
+/// `PUT /sandboxes/{id}/network`: the new rules, replacing all of the old (an omitted field
+/// is cleared, as E2B does).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkUpdate {
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub deny_out: Option<Vec<String>>,
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// What the rules of a sandbox refused (our extension).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NetworkLog {
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    /// TCP/UDP destinations refused in the last hour: `{dest, protocol, port}`.
+    #[schema(value_type = Vec<Object>)]
+    pub flows: Vec<sandcell_runtime::net::DeniedFlow>,
+    /// Refused packets in all.
+    pub packets: u64,
+    /// Names our DNS server refused (latest 256): `{name, qtype, at}` (`at`: Unix seconds).
+    #[schema(value_type = Vec<Object>)]
+    pub names: Vec<sandcell_runtime::net::dns::DeniedName>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct NewNetwork {
+    /// Lowercase letters, digits, `-` and `_`, at most 63.
+    pub name: String,
+}
+
+/// A private network of the caller's key.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PrivateNetwork {
+    pub name: String,
+    /// RFC 3339.
+    #[serde(rename = "createdAt")]
+    pub created_at: String,
+    /// Its running members' sandbox ids: they reach each other by IP and by sandbox id
+    /// (our DNS server answers it).
+    pub members: Vec<String>,
+}
+
+/// The network of the caller's running sandbox `id`.
+async fn sandbox_net(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxNet> {
+    let row = app
+        .db
+        .sandbox_of_key(&caller.0.id, id)
+        .await?
+        .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+    if row.state != DbState::Running {
+        return Err(ApiError::conflict(format!(
+            "sandbox {id} is {}, not running",
+            row.state.as_str()
+        )));
+    }
+    super::service::registry().get(id).ok_or_else(|| {
+        ApiError::conflict(format!(
+            "sandbox {id} has no network (created while the server ran with --no-network)"
+        ))
+    })
+}
+
+/// Replaces the egress rules of a running sandbox; new connections follow them at once.
+#[utoipa::path(put, path = "/sandboxes/{sandboxID}/network", tag = "network",
+    request_body = NetworkUpdate, security(("ApiKeyAuth" = [])),
+    params(("sandboxID" = String, Path)),
+    responses((status = 204, description = "The new rules are in force"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 500, body = ErrorBody)))]
+pub async fn set_network(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<NetworkUpdate>,
+) -> ApiResult<StatusCode> {
+    let egress = EgressSpec {
+        allow_internet_access: body.allow_internet_access.unwrap_or(true),
+        allow_out: body.allow_out.unwrap_or_default(),
+        deny_out: body.deny_out.unwrap_or_default(),
+    };
+    Policy::from_spec(&egress).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let net = sandbox_net(&app, &caller, &id).await?;
+    net.set_policy(&egress)
+        .await
+        .map_err(|e| ApiError::internal(format!("sandbox {id}: replacing its rules: {e}")))?;
+    service::store_egress(&app.db, &id, &egress).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// What the egress rules of a running sandbox refused (our extension).
+#[utoipa::path(get, path = "/sandboxes/{sandboxID}/network/log", tag = "network",
+    security(("ApiKeyAuth" = [])), params(("sandboxID" = String, Path)),
+    responses((status = 200, body = NetworkLog), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn network_log(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<NetworkLog>> {
+    let net = sandbox_net(&app, &caller, &id).await?;
+    let DeniedLog {
+        flows,
+        packets,
+        names,
+    } = net
+        .denied()
+        .await
+        .map_err(|e| ApiError::internal(format!("sandbox {id}: reading its log: {e}")))?;
+    Ok(Json(NetworkLog {
+        sandbox_id: id,
+        flows,
+        packets,
+        names,
+    }))
+}
+
+async fn list(app: &App, key_id: &str) -> ApiResult<Vec<PrivateNetwork>> {
+    let nets: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT name, created_at FROM private_networks WHERE key_id = $1 ORDER BY name",
+    )
+    .bind(key_id)
+    .fetch_all(app.db.pool())
+    .await
+    .map_err(crate::http::error::Error::db("listing private networks"))?;
+    let members: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, sandbox_id FROM private_network_members WHERE key_id = $1 \
+         ORDER BY sandbox_id",
+    )
+    .bind(key_id)
+    .fetch_all(app.db.pool())
+    .await
+    .map_err(crate::http::error::Error::db(
+        "listing private-network members",
+    ))?;
+    Ok(nets
+        .into_iter()
+        .map(|(name, created)| PrivateNetwork {
+            members: members
+                .iter()
+                // Running ones: a paused or ended sandbox keeps its memberships on
+                // record (service::ended) but reaches no one.
+                .filter(|(n, s)| *n == name && super::service::registry().get(s).is_some())
+                .map(|(_, s)| s.clone())
+                .collect(),
+            name,
+            created_at: rfc3339(created),
+        })
+        .collect())
+}
+
+/// Creates a private network of the caller's key (our extension).
+#[utoipa::path(post, path = "/networks", tag = "network", request_body = NewNetwork,
+    security(("ApiKeyAuth" = [])),
+    responses((status = 201, body = PrivateNetwork), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn create_network(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiJson(body): ApiJson<NewNetwork>,
+) -> ApiResult<(StatusCode, Json<PrivateNetwork>)> {
+    if !valid_network_name(&body.name) {
+        return Err(ApiError::bad_request(format!(
+            "invalid network name {:?}: 1 to 63 lowercase letters, digits, '-' and '_'",
+            body.name
+        )));
+    }
+    let now = now_ms();
+    let done = sqlx::query(
+        "INSERT OR IGNORE INTO private_networks (key_id, name, created_at) VALUES ($1, $2, $3)",
+    )
+    .bind(&caller.0.id)
+    .bind(&body.name)
+    .bind(now)
+    .execute(app.db.pool())
+    .await
+    .map_err(crate::http::error::Error::db("creating a private network"))?;
+    if done.rows_affected() == 0 {
+        return Err(ApiError::conflict(format!(
+            "private network {:?} already exists",
+            body.name
+        )));
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(PrivateNetwork {
+            name: body.name,
+            created_at: rfc3339(now),
+            members: Vec::new(),
+        }),
+    ))
+}
+
+/// The caller's private networks and their members (our extension).
+#[utoipa::path(get, path = "/networks", tag = "network", security(("ApiKeyAuth" = [])),
+    responses((status = 200, body = Vec<PrivateNetwork>), (status = 401, body = ErrorBody)))]
+pub async fn list_networks(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+) -> ApiResult<Json<Vec<PrivateNetwork>>> {
+    Ok(Json(list(&app, &caller.0.id).await?))
+}
+
+/// Deletes a private network; its members stop reaching each other (our extension).
+#[utoipa::path(delete, path = "/networks/{name}", tag = "network",
+    security(("ApiKeyAuth" = [])), params(("name" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub async fn delete_network(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    let done = sqlx::query("DELETE FROM private_networks WHERE key_id = $1 AND name = $2")
+        .bind(&caller.0.id)
+        .bind(&name)
+        .execute(app.db.pool())
+        .await
+        .map_err(crate::http::error::Error::db("deleting a private network"))?;
+    if done.rows_affected() == 0 {
+        return Err(network_not_found(&name));
+    }
+    service::refresh_peers(&app.db).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn network_not_found(name: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "private network {name:?} doesn't exist or you don't have access to it"
+    ))
+}
+
+/// A running sandbox joins a private network of its key (our extension).
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/networks/{name}", tag = "network",
+    security(("ApiKeyAuth" = [])),
+    params(("sandboxID" = String, Path), ("name" = String, Path)),
+    responses((status = 204, description = "Joined"), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn attach(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path((id, name)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    sandbox_net(&app, &caller, &id).await?;
+    if !service::network_exists(&app.db, &caller.0.id, &name).await? {
+        return Err(network_not_found(&name));
+    }
+    service::join(&app.db, &caller.0.id, &name, &id).await?;
+    service::refresh_peers(&app.db).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A sandbox leaves a private network (our extension).
+#[utoipa::path(delete, path = "/sandboxes/{sandboxID}/networks/{name}", tag = "network",
+    security(("ApiKeyAuth" = [])),
+    params(("sandboxID" = String, Path), ("name" = String, Path)),
+    responses((status = 204, description = "Left"), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub async fn detach(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path((id, name)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let done = sqlx::query(
+        "DELETE FROM private_network_members WHERE key_id = $1 AND name = $2 AND sandbox_id = $3",
+    )
+    .bind(&caller.0.id)
+    .bind(&name)
+    .bind(&id)
+    .execute(app.db.pool())
+    .await
+    .map_err(crate::http::error::Error::db("leaving a private network"))?;
+    if done.rows_affected() == 0 {
+        return Err(ApiError::not_found(format!(
+            "sandbox {id} is not in a private network {name:?} of yours"
+        )));
+    }
+    service::refresh_peers(&app.db).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// E2B's answer for a port nothing listens on.
+fn port_closed(id: &str, port: u32) -> Response {
+    let body = serde_json::json!({
+        "code": 502,
+        "message": "The sandbox is running but port is not open",
+        "sandboxId": id,
+        "port": port,
+    });
+    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
+/// Sends `req` to TCP `port` served inside sandbox `id`, through its network `net`: the
+/// daemon connects to the sandbox's address from the host (host-originated traffic is not
+/// subject to the sandbox's egress rules, so this works with no egress at all).
+pub async fn forward_port(net: &SandboxNet, id: &str, port: u32, req: Request) -> Response {
+    let Ok(port16) = u16::try_from(port) else {
+        return port_closed(id, port);
+    };
+    let addr = std::net::SocketAddr::from((net.network().guest, port16));
+    let connect = tokio::net::TcpStream::connect(addr);
+    let stream = match tokio::time::timeout(PORT_CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(_)) | Err(_) => return port_closed(id, port),
+    };
+    let _ = stream.set_nodelay(true);
+    let sent = if req.headers().contains_key(axum::http::header::UPGRADE) {
+        upgrade(stream, id, port, req).await
+    } else {
+        crate::http::proxy::send(Box::new(stream), id, port, req).await
+    };
+    match sent {
+        Ok(resp) => resp.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A request asking to switch protocols (WebSocket): sent with its `Upgrade` and
+/// `Connection` headers; on `101` both connections are joined byte for byte until either
+/// side closes. Any other answer is passed back as it is.
+async fn upgrade(
+    stream: tokio::net::TcpStream,
+    id: &str,
+    port: u32,
+    mut req: Request,
+) -> Result<Response, ApiError> {
+    use hyper_util::rt::TokioIo;
+    let from_client = hyper::upgrade::on(&mut req);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: connecting to port {port}: {e}"))
+        })?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_string();
+    parts.uri = path
+        .parse()
+        .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))?;
+    let mut resp = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: port {port} did not answer: {e}"))
+        })?;
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(resp.map(axum::body::Body::new));
+    }
+    let from_sandbox = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        if let (Ok(client), Ok(sandbox)) = tokio::join!(from_client, from_sandbox) {
+            let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
+        }
+    });
+    Ok(resp.map(|_| axum::body::Body::empty()))
+}

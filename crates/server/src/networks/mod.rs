@@ -1,0 +1,4 @@
+//! Sandbox networks: the daemon's side of them ([`service`]) and their routes ([`api`]).
+
+pub mod api;
+pub mod service;

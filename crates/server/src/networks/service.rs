@@ -1,0 +1,490 @@
+//! Sandbox networks in the daemon: every sandbox gets its own network (E2B: internet on
+//! unless told otherwise) with its egress rules, and may join private networks of its key.
+//!
+//! Who does what:
+//! - `sandcell-net` makes the networks (namespace, veth, nftables, our DNS server) and keeps
+//!   them in its process-wide registry by sandbox id; the daemon installs a warm pool there
+//!   ([`start_pool`]), so a create takes a prepared network instead of making one.
+//! - The runtime asks for the network when it makes the sandbox (`SandboxSpec::network`,
+//!   from [`spec_of`]), also for restores and fork children, and removes it with the
+//!   sandbox.
+//! - This module keeps the database side (migration 4): each sandbox's rules and network id
+//!   (written before the runtime starts anything, the id once it exists) and the private
+//!   networks with their members; it recomputes every sandbox's private-network peers when
+//!   a membership or a member changes ([`refresh_peers`]).
+//!
+//! Crash safety: a restarted daemon takes over the networks of the sandboxes it adopts
+//! ([`adopt`]: same nftables state, a new DNS server) and then removes every network of
+//! its own (by name prefix, see [`NetSettings::prefix`]) that no adopted sandbox uses
+//! ([`reconcile_host`]), prepared ones included. Networks of other daemons or of
+//! `sandcell run` on the same host are left alone.
+
+use crate::http::error::{ApiError, ApiResult, Error};
+use crate::store::Db;
+use sandcell_runtime::NetworkSpec;
+use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, NetRegistry, Policy};
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::{Mutex, OnceLock};
+
+/// How this daemon makes networks (`sandcell serve --net-*`).
+#[derive(Debug, Clone)]
+pub struct NetSettings {
+    pub config: NetConfig,
+    /// Names of this daemon's networks start with it: derived from the data dir, so that a
+    /// restarted daemon recognises its own leftovers and no other daemon's.
+    pub prefix: String,
+    /// Networks kept prepared ahead of creates.
+    pub warm: usize,
+    /// The daemon's data dir, recorded per prefix in [`OWNERS_DIR`].
+    pub data_dir: std::path::PathBuf,
+}
+
+/// `<prefix>` files holding the data dir of the daemon that uses the prefix: a daemon whose
+/// data dir is gone (a test's temporary one, say) will never start again to reconcile its
+/// networks, so any daemon's [`reconcile_host`] removes them.
+const OWNERS_DIR: &str = "/run/sandcell-net-owners";
+
+/// The daemon prefix of network `id`, if it is one ([`prefix_for`]'s shape).
+fn daemon_prefix(id: &str) -> Option<&str> {
+    let p = id.get(..8)?;
+    let b = p.as_bytes();
+    (b[0] == b'd' && b[7] == b'x' && b[1..7].iter().all(u8::is_ascii_hexdigit)).then_some(p)
+}
+
+/// Whether the daemon that used `prefix` is gone for good (its data dir no longer exists).
+fn owner_gone(prefix: &str) -> bool {
+    let file = std::path::Path::new(OWNERS_DIR).join(prefix);
+    match std::fs::read_to_string(&file) {
+        Ok(dir) => !std::path::Path::new(dir.trim()).exists(),
+        Err(_) => false,
+    }
+}
+
+static SETTINGS: OnceLock<NetSettings> = OnceLock::new();
+/// The daemon's network registry, shared with its runtimes.
+static REGISTRY: OnceLock<NetRegistry> = OnceLock::new();
+/// The peers last put in force per sandbox: only changes cost an `nft` call.
+static PEERS: Mutex<Option<PeerMap>> = Mutex::new(None);
+
+/// Sandbox id to its peers: (peer sandbox id, peer address), sorted.
+type PeerMap = HashMap<String, Vec<(String, Ipv4Addr)>>;
+/// Serializes peer recomputations (each reads the whole membership).
+static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn net_error(what: &str) -> impl FnOnce(sandcell_runtime::net::Error) -> Error + '_ {
+    move |e| Error::Io {
+        what: what.to_string(),
+        source: std::io::Error::other(e),
+    }
+}
+
+/// Turns networking on for this process (once, at start-up; never called: no networks).
+pub fn configure(settings: NetSettings) {
+    let _ = SETTINGS.set(settings);
+}
+
+/// The registry the daemon's runtimes make their networks in (once, at start-up).
+pub fn set_registry(registry: NetRegistry) {
+    let _ = REGISTRY.set(registry);
+}
+
+pub fn registry() -> NetRegistry {
+    REGISTRY.get_or_init(NetRegistry::new).clone()
+}
+
+pub fn settings() -> Option<&'static NetSettings> {
+    SETTINGS.get()
+}
+
+/// The network-name prefix of the daemon whose data dir is `data_dir`: `d`, 6 hex digits
+/// of its path's SHA-256, `x` (network ids are at most 64 bytes; this leaves plenty).
+pub fn prefix_for(data_dir: &std::path::Path) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(data_dir.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..3].iter().map(|b| format!("{b:02x}")).collect();
+    format!("d{hex}x")
+}
+
+/// Starts preparing networks ahead (after [`reconcile_host`], which would remove them).
+/// Forwarding is turned on here once for all.
+pub fn start_pool() -> Result<(), Error> {
+    let Some(s) = settings() else { return Ok(()) };
+    sandcell_runtime::net::network::enable_forwarding()
+        .map_err(net_error("turning on IPv4 forwarding"))?;
+    registry().install(NetPool::start(s.config.clone(), &s.prefix, s.warm));
+    Ok(())
+}
+
+/// At daemon stop: removes the prepared networks (those of running sandboxes stay with
+/// them for the next daemon).
+pub async fn shutdown() {
+    if let Some(pool) = registry().pool() {
+        pool.drain().await;
+    }
+}
+
+/// Private-network names: what `POST /networks` accepts.
+pub fn valid_network_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// Traffic tokens of this daemon's sandboxes that have one (`allowPublicTraffic: false`):
+/// read on every proxied request, so kept in memory (and in the database for restarts).
+static TRAFFIC: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+
+fn traffic<T>(f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
+    let mut guard = TRAFFIC.lock().unwrap_or_else(|p| p.into_inner());
+    f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// The token requests to sandbox `id`'s ports must carry, if it has one.
+pub fn traffic_token(id: &str) -> Option<String> {
+    traffic(|m| m.get(id).cloned())
+}
+
+/// The network fields of a create, checked.
+#[derive(Debug, Clone)]
+pub struct NetRequest {
+    /// `allowPublicTraffic: false`: the token its ports then require.
+    pub traffic_token: Option<String>,
+    pub egress: EgressSpec,
+    /// Private networks to join.
+    pub join: Vec<String>,
+}
+
+/// Checks the network fields of a create for key `key_id`: `None` when this daemon runs
+/// without networks (rules are then moot: the sandbox has no network at all).
+pub async fn check_request(
+    db: &Db,
+    key_id: &str,
+    allow_internet_access: Option<bool>,
+    network: Option<&crate::networks::api::NetworkConfig>,
+    join: Option<&[String]>,
+) -> ApiResult<Option<NetRequest>> {
+    let join = join.unwrap_or_default().to_vec();
+    if settings().is_none() {
+        if !join.is_empty() {
+            return Err(ApiError::bad_request(
+                "this server runs sandboxes without networks (sandcell serve --no-network): \
+                 they cannot join private networks",
+            ));
+        }
+        return Ok(None);
+    }
+    let egress = EgressSpec {
+        allow_internet_access: allow_internet_access.unwrap_or(true),
+        allow_out: network
+            .and_then(|n| n.allow_out.clone())
+            .unwrap_or_default(),
+        deny_out: network.and_then(|n| n.deny_out.clone()).unwrap_or_default(),
+    };
+    Policy::from_spec(&egress).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    for name in &join {
+        if !network_exists(db, key_id, name).await? {
+            return Err(ApiError::not_found(format!(
+                "private network {name:?} doesn't exist or you don't have access to it"
+            )));
+        }
+    }
+    let traffic_token = match network.and_then(|n| n.allow_public_traffic) {
+        Some(false) => Some(
+            crate::util::random_hex(20)
+                .map_err(Error::io("getrandom for a traffic access token"))?,
+        ),
+        _ => None,
+    };
+    Ok(Some(NetRequest {
+        traffic_token,
+        egress,
+        join,
+    }))
+}
+
+pub(crate) async fn network_exists(db: &Db, key_id: &str, name: &str) -> Result<bool, Error> {
+    let row = sqlx::query("SELECT 1 FROM private_networks WHERE key_id = $1 AND name = $2")
+        .bind(key_id)
+        .bind(name)
+        .fetch_optional(db.pool())
+        .await
+        .map_err(Error::db(format!("looking up private network {name}")))?;
+    Ok(row.is_some())
+}
+
+/// Records the rules and memberships of a new sandbox, before the runtime makes anything.
+pub async fn record(db: &Db, sandbox: &str, key_id: &str, req: &NetRequest) -> Result<(), Error> {
+    let egress = serde_json::to_string(&req.egress).map_err(|e| Error::Io {
+        what: "encoding egress rules".into(),
+        source: e.into(),
+    })?;
+    sqlx::query(
+        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress, traffic_token) \
+         VALUES ($1, NULL, $2, $3)",
+    )
+    .bind(sandbox)
+    .bind(egress)
+    .bind(&req.traffic_token)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "recording the network of sandbox {sandbox}"
+    )))?;
+    if let Some(token) = &req.traffic_token {
+        traffic(|m| m.insert(sandbox.to_string(), token.clone()));
+    }
+    for name in &req.join {
+        join(db, key_id, name, sandbox).await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn join(db: &Db, key_id: &str, name: &str, sandbox: &str) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT OR IGNORE INTO private_network_members (key_id, name, sandbox_id) \
+         VALUES ($1, $2, $3)",
+    )
+    .bind(key_id)
+    .bind(name)
+    .bind(sandbox)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "adding {sandbox} to private network {name}"
+    )))?;
+    Ok(())
+}
+
+/// A sandbox restored from a checkpoint of `from` (a fork child, or a create from a named
+/// snapshot of it) joins the private networks `from` is in (or was in when it ended: see
+/// [`ended`]), those of key `key_id` only: its restored processes expect the peers they had.
+pub async fn inherit(db: &Db, key_id: &str, from: &str, to: &str) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT OR IGNORE INTO private_network_members (key_id, name, sandbox_id) \
+         SELECT m.key_id, m.name, $3 FROM private_network_members m \
+         WHERE m.sandbox_id = $1 AND m.key_id = $2",
+    )
+    .bind(from)
+    .bind(key_id)
+    .bind(to)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "adding {to} to the private networks of {from}"
+    )))?;
+    Ok(())
+}
+
+/// The egress rules recorded for `sandbox` (`None`: it has no network).
+pub async fn egress_of(db: &Db, sandbox: &str) -> Result<Option<EgressSpec>, Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT egress FROM sandbox_networks WHERE sandbox_id = $1")
+            .bind(sandbox)
+            .fetch_optional(db.pool())
+            .await
+            .map_err(Error::db(format!("reading the rules of sandbox {sandbox}")))?;
+    Ok(row.and_then(|(e,)| serde_json::from_str(&e).ok()))
+}
+
+/// What the runtime makes the network of `sandbox` from (also what a restore or fork of it
+/// should get): `None` if it has none.
+pub async fn spec_of(db: &Db, sandbox: &str) -> Result<Option<NetworkSpec>, Error> {
+    let Some(s) = settings() else { return Ok(None) };
+    Ok(egress_of(db, sandbox).await?.map(|egress| NetworkSpec {
+        egress,
+        config: s.config.clone(),
+    }))
+}
+
+/// Replaces the recorded rules of `sandbox` (after they were put in force).
+pub async fn store_egress(db: &Db, sandbox: &str, egress: &EgressSpec) -> Result<(), Error> {
+    let text = serde_json::to_string(egress).map_err(|e| Error::Io {
+        what: "encoding egress rules".into(),
+        source: e.into(),
+    })?;
+    sqlx::query(
+        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, NULL, $2) \
+         ON CONFLICT (sandbox_id) DO UPDATE SET egress = excluded.egress",
+    )
+    .bind(sandbox)
+    .bind(text)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!("storing the rules of sandbox {sandbox}")))?;
+    Ok(())
+}
+
+/// Once the runtime made the sandbox (created, restored or forked): records which network
+/// it got and brings the peers of its private networks up to date.
+pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
+    let Some(net) = registry().get(sandbox) else {
+        return Ok(());
+    };
+    // An upsert: restores and fork children get their network from the runtime without a
+    // create request, and must be taken over after a restart all the same.
+    let egress = serde_json::to_string(&net.egress()).map_err(|e| Error::Io {
+        what: "encoding egress rules".into(),
+        source: e.into(),
+    })?;
+    sqlx::query(
+        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, $2, $3) \
+         ON CONFLICT (sandbox_id) DO UPDATE SET net_id = excluded.net_id",
+    )
+    .bind(sandbox)
+    .bind(&net.network().id)
+    .bind(egress)
+    .execute(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "recording the network of sandbox {sandbox}"
+    )))?;
+    refresh_peers(db).await
+}
+
+/// After the sandbox ended or was paused: its network is gone, so the other members of its
+/// private networks stop reaching its address (which the next sandbox may get: only
+/// sandboxes with a network are peers, see [`refresh_peers`]). Its memberships stay on
+/// record: a resume (same id) is back in its networks, and sandboxes restored from its
+/// snapshots or forks join them too ([`inherit`]).
+pub async fn ended(db: &Db, sandbox: &str) {
+    traffic(|m| m.remove(sandbox));
+    if let Err(e) = registry().release(sandbox).await {
+        eprintln!("sandcell serve: removing the network of {sandbox}: {e}");
+    }
+    if let Err(e) = refresh_peers(db).await {
+        eprintln!("sandcell serve: updating private-network peers: {e}");
+    }
+}
+
+/// At start: takes over the network of adopted sandbox `sandbox`.
+pub async fn adopt(db: &Db, sandbox: &str) -> Result<(), Error> {
+    let Some(s) = settings() else { return Ok(()) };
+    let row: Option<(Option<String>, String, Option<String>)> = sqlx::query_as(
+        "SELECT net_id, egress, traffic_token FROM sandbox_networks WHERE sandbox_id = $1",
+    )
+    .bind(sandbox)
+    .fetch_optional(db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "reading the network of sandbox {sandbox}"
+    )))?;
+    let Some((Some(net_id), egress, token)) = row else {
+        return Ok(());
+    };
+    if let Some(token) = token {
+        traffic(|m| m.insert(sandbox.to_string(), token));
+    }
+    let egress: EgressSpec = serde_json::from_str(&egress).unwrap_or_default();
+    match registry().adopt(&s.config, sandbox, &net_id, &egress).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => {
+            eprintln!("sandcell serve: the network {net_id} of sandbox {sandbox} is gone");
+            Ok(())
+        }
+        Err(e) => Err(net_error("taking over a sandbox network")(e)),
+    }
+}
+
+/// At start, after adoption: removes this daemon's networks no sandbox uses any more.
+pub async fn reconcile_host() -> Result<Vec<String>, Error> {
+    let Some(s) = settings() else {
+        return Ok(Vec::new());
+    };
+    let prefix = s.prefix.clone();
+    let record = std::fs::create_dir_all(OWNERS_DIR).and_then(|()| {
+        std::fs::write(
+            std::path::Path::new(OWNERS_DIR).join(&prefix),
+            s.data_dir.as_os_str().as_encoded_bytes(),
+        )
+    });
+    if let Err(e) = record {
+        eprintln!("sandcell serve: recording this daemon's network prefix in {OWNERS_DIR}: {e}");
+    }
+    tokio::task::spawn_blocking(move || {
+        sandcell_runtime::net::reconcile(&|id| {
+            if id.starts_with(&prefix) {
+                return registry().get_by_net(id).is_some();
+            }
+            !daemon_prefix(id).is_some_and(owner_gone)
+        })
+    })
+    .await
+    .map_err(|e| Error::Io {
+        what: "reconciling sandbox networks".into(),
+        source: std::io::Error::other(e),
+    })?
+    .map_err(net_error("reconciling sandbox networks"))
+    .inspect(|_| forget_gone_owners())
+}
+
+/// Removes the owner records of daemons whose data dir is gone (their networks were just
+/// removed by the reconcile).
+fn forget_gone_owners() {
+    let Ok(dir) = std::fs::read_dir(OWNERS_DIR) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        if name.to_str().is_some_and(owner_gone) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Recomputes every sandbox's private-network peers from the memberships and puts the
+/// changed ones in force (both ends of a pair list each other: see sandcell-net's nft.rs).
+pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
+    let _one = REFRESH.lock().await;
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT key_id, name, sandbox_id FROM private_network_members")
+            .fetch_all(db.pool())
+            .await
+            .map_err(Error::db("reading private-network members"))?;
+    let mut by_network: BTreeMap<(String, String), Vec<(String, Ipv4Addr)>> = BTreeMap::new();
+    for (key, name, sandbox) in rows {
+        if let Some(net) = registry().get(&sandbox) {
+            by_network
+                .entry((key, name))
+                .or_default()
+                .push((sandbox, net.network().guest));
+        }
+    }
+    let mut want = PeerMap::new();
+    for members in by_network.values() {
+        for (me, _) in members {
+            let peers = want.entry(me.clone()).or_default();
+            peers.extend(members.iter().filter(|(p, _)| p != me).cloned());
+        }
+    }
+    for peers in want.values_mut() {
+        peers.sort();
+        peers.dedup();
+    }
+    let old = {
+        let mut guard = PEERS.lock().unwrap_or_else(|p| p.into_inner());
+        guard.take().unwrap_or_default()
+    };
+    let mut now = HashMap::new();
+    let mut first: Option<Error> = None;
+    let everyone: std::collections::BTreeSet<&String> = old.keys().chain(want.keys()).collect();
+    for sandbox in everyone {
+        let new = want.get(sandbox).cloned().unwrap_or_default();
+        let Some(net) = registry().get(sandbox) else {
+            continue;
+        };
+        if old.get(sandbox) != Some(&new)
+            && let Err(e) = net.set_peers(&new).await
+        {
+            first.get_or_insert(net_error("setting private-network peers")(e));
+            continue;
+        }
+        if !new.is_empty() {
+            now.insert(sandbox.clone(), new);
+        }
+    }
+    *PEERS.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+    first.map_or(Ok(()), Err)
+}

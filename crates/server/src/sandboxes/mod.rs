@@ -1,0 +1,11 @@
+//! Sandboxes: the control API's sandbox routes ([`api`]), the service that creates, kills,
+//! times out and re-adopts them ([`service`]), their states ([`state`]), their JSON
+//! ([`models`]) and what they consumed ([`metering`]).
+
+pub mod api;
+pub mod metering;
+pub mod models;
+pub mod reaper;
+pub mod reconcile;
+pub mod service;
+pub mod state;

@@ -1,0 +1,202 @@
+//! The JSON of the control API, field for field as E2B's OpenAPI spec (and the generated
+//! clients of its SDKs) name them. Unknown request fields are accepted and ignored, as
+//! E2B's server does (SDKs send fields for features we do not have yet).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// `POST /sandboxes` and `POST /v2/sandboxes`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    /// A template (image) name: `base`, `minimal`, ... (`GET /templates`).
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// Seconds until the sandbox is killed (default 300, at most 86400).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Environment variables of every process started in the sandbox.
+    #[serde(default)]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    /// Require the envd access token (`X-Access-Token`) on sandbox traffic. Default: false
+    /// on `/sandboxes`, true on `/v2/sandboxes` (as E2B).
+    #[serde(default)]
+    pub secure: Option<bool>,
+    /// vCPUs (our extension; E2B takes it from the template). Default 2, at most the
+    /// server's `--max-vcpus`.
+    #[serde(default, rename = "cpuCount")]
+    pub cpu_count: Option<u32>,
+    /// Memory in MiB (our extension; E2B takes it from the template). Default 512, at
+    /// least 128, at most the server's `--max-memory-mib`.
+    #[serde(default, rename = "memoryMB")]
+    pub memory_mb: Option<u32>,
+    /// At the timeout, pause the sandbox (resume it with connect) instead of killing it.
+    #[serde(default)]
+    pub auto_pause: Option<bool>,
+    /// false: nothing out (as `denyOut: ["0.0.0.0/0"]`). Default true.
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    /// E2B's egress rules (`allowOut`, `denyOut`); see networks/api.rs.
+    #[serde(default)]
+    pub network: Option<crate::networks::api::NetworkConfig>,
+    /// Private networks of the key to join (our extension; `POST /networks`).
+    #[serde(default)]
+    pub networks: Option<Vec<String>>,
+}
+
+/// A created or connected sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    /// Deprecated in E2B; always `sandcell`.
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    #[serde(rename = "envdVersion")]
+    pub envd_version: String,
+    #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    #[serde(rename = "trafficAccessToken")]
+    pub traffic_access_token: Option<String>,
+    /// The `--domain` of the daemon: sandbox hosts are `<port>-<sandboxID>.<domain>`.
+    pub domain: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Running,
+    Paused,
+}
+
+/// An item of `GET /sandboxes` and `GET /v2/sandboxes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ListedSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// RFC 3339
+    #[serde(rename = "startedAt")]
+    pub started_at: String,
+    /// RFC 3339: when the sandbox will be killed.
+    #[serde(rename = "endAt")]
+    pub end_at: String,
+    #[serde(rename = "cpuCount")]
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u32,
+    pub state: SandboxState,
+    #[serde(rename = "envdVersion")]
+    pub envd_version: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Lifecycle {
+    #[serde(rename = "autoResume")]
+    pub auto_resume: bool,
+    /// `kill`, or `pause` for a sandbox created with `autoPause`.
+    #[serde(rename = "onTimeout")]
+    pub on_timeout: String,
+}
+
+/// `GET /sandboxes/{sandboxID}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxDetail {
+    #[serde(flatten)]
+    pub listed: ListedSandbox,
+    #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    pub domain: Option<String>,
+    pub lifecycle: Lifecycle,
+    /// `full` for a paused sandbox (memory and files saved), absent while running.
+    #[serde(rename = "pauseMode", skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<String>,
+    /// Our extension: the sandbox this one was forked from.
+    #[serde(rename = "parentID", skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    /// Our extension: the live sandboxes forked from this one, oldest first.
+    #[serde(default)]
+    pub children: Vec<String>,
+}
+
+/// `POST /sandboxes/{sandboxID}/timeout`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct TimeoutRequest {
+    /// Seconds from now (at most 86400); may shorten the sandbox's life.
+    pub timeout: u64,
+}
+
+/// `POST /sandboxes/{sandboxID}/refreshes`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct RefreshRequest {
+    /// Seconds from now to keep the sandbox alive at least (at most 3600).
+    #[serde(default)]
+    pub duration: Option<u64>,
+}
+
+/// `POST /v2/sandboxes/{sandboxID}/connect` (and `/sandboxes/{sandboxID}/connect`).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct ConnectRequest {
+    /// Seconds from now; the sandbox's end is moved later, never earlier.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// Only true (the default) is supported: a paused sandbox resumes from its memory
+    /// snapshot; false on a paused sandbox is refused with 400 (a no-op on a running one).
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// An item of `GET /templates`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Template {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    #[serde(rename = "cpuCount")]
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u32,
+    pub public: bool,
+    pub aliases: Vec<String>,
+    pub names: Vec<String>,
+    #[serde(rename = "createdAt")]
+    pub created_at: String,
+    #[serde(rename = "updatedAt")]
+    pub updated_at: String,
+    #[serde(rename = "createdBy")]
+    pub created_by: Option<String>,
+    #[serde(rename = "lastSpawnedAt")]
+    pub last_spawned_at: Option<String>,
+    #[serde(rename = "spawnCount")]
+    pub spawn_count: u64,
+    #[serde(rename = "buildCount")]
+    pub build_count: u64,
+    #[serde(rename = "envdVersion")]
+    pub envd_version: String,
+    /// `ready`
+    #[serde(rename = "buildStatus")]
+    pub build_status: String,
+}
+
+/// `GET /health`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    /// `gvisor` or `microvm`
+    pub runtime: String,
+    pub version: String,
+}

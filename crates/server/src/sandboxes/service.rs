@@ -1,0 +1,580 @@
+//! Sandbox lifecycle: create, kill, timeouts, unexpected ends, restart re-adoption.
+//!
+//! States and their allowed moves are in `sandboxes/state.rs`; every move is a conditional UPDATE
+//! (`WHERE state IN (...)`) checked against that table, so two paths racing to end a
+//! sandbox (a DELETE and the reaper) do the work once.
+//!
+//! Sandboxes outlive the daemon (the daemon is infrastructure: restarting it must not kill
+//! user sandboxes): they are started with `outlive_owner`, and a restarted daemon adopts
+//! them from the runtime handle stored with their row. `--kill-on-exit` kills them on a
+//! graceful stop instead.
+//!
+//! Crash consistency: the database is written BEFORE each side effect it must survive.
+//! - The `creating` row exists before the runtime makes anything. A crash while creating
+//!   leaves a row without a handle: the next start marks it `error`, and the runtime's
+//!   sweep of unadopted sandboxes removes whatever was made (its owner is dead, nobody
+//!   adopted it).
+//! - `running` and the handle are written in one statement after the start; a crash just
+//!   before it is the case above.
+//! - `killing` is written before the sandbox is destroyed; a crash in between leaves a
+//!   `killing` row with a handle: the next start adopts it and finishes the kill.
+//! - A `running` row whose sandbox ended while no daemon watched (adopt finds it gone) is
+//!   marked `error` and the runtime removes its leftovers.
+
+use crate::http::error::{ApiError, ApiResult, Error};
+use crate::http::metrics::TemplateCreate;
+use crate::sandboxes::models::NewSandbox;
+use crate::store::{Db, SandboxRow, State};
+use crate::util::{now_ms, random_hex, rfc3339};
+use sandcell_runtime::{AGENT_PORT, Dirs, Image, Runtime, Sandbox, SandboxExit, SandboxSpec};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
+pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+pub const MAX_REFRESH_SECS: u64 = 3_600;
+/// Reported when the agent has no `/init` to tell its version (envd's first SDK-compatible
+/// version: the SDKs refuse anything lower).
+pub const FALLBACK_ENVD_VERSION: &str = "0.1.0";
+pub const DEFAULT_VCPUS: u8 = 2;
+pub const DEFAULT_MEMORY_MIB: u32 = 512;
+pub(crate) const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DESTROY_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const INIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The smallest memory a sandbox may ask for.
+pub const MIN_MEMORY_MIB: u32 = 128;
+
+/// Server-wide bounds and behaviour of the lifecycle (from `sandcell serve`'s options).
+#[derive(Debug, Clone)]
+pub struct LifecycleConfig {
+    /// Largest `cpuCount` a create may ask for.
+    pub max_vcpus: u32,
+    /// Largest `memoryMB` a create may ask for.
+    pub max_memory_mib: u32,
+    /// Kill every sandbox when the daemon stops gracefully (default: they keep running and
+    /// the next daemon adopts them).
+    pub kill_on_exit: bool,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            max_vcpus: 8,
+            max_memory_mib: 8192,
+            kill_on_exit: false,
+        }
+    }
+}
+
+/// A sandbox this daemon runs.
+pub struct Live {
+    pub sandbox: Arc<dyn Sandbox>,
+    /// Required on sandbox traffic when set (`secure`).
+    pub access_token: Option<String>,
+}
+
+pub struct Lifecycle {
+    pub(crate) db: Db,
+    pub(crate) runtime: Arc<dyn Runtime>,
+    pub(crate) dirs: Dirs,
+    config: LifecycleConfig,
+    metrics: Arc<crate::http::metrics::Metrics>,
+    pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Template names are plain names under `<data-dir>/images/`, never paths.
+pub fn valid_template_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+pub fn resolve_template(dirs: &Dirs, name: &str) -> ApiResult<Image> {
+    if !valid_template_name(name) {
+        return Err(ApiError::bad_request(format!(
+            "invalid templateID {name:?}: letters, digits, '-', '_' and '.' only"
+        )));
+    }
+    if !dirs.images().join(name).is_dir() {
+        return Err(ApiError::not_found(format!("template '{name}' not found")));
+    }
+    Image::resolve(&dirs.images(), name).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The image's disk size in MiB (its ext4 file), 0 when it has none.
+pub fn disk_mib(image: &Image) -> u32 {
+    image
+        .rootfs_ext4
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| {
+            (m.len() / (1024 * 1024)).min(u64::from(u32::MAX)) as u32
+        })
+}
+
+impl Lifecycle {
+    pub fn new(
+        db: Db,
+        runtime: Arc<dyn Runtime>,
+        dirs: Dirs,
+        config: LifecycleConfig,
+        metrics: Arc<crate::http::metrics::Metrics>,
+    ) -> Lifecycle {
+        Lifecycle {
+            db,
+            runtime,
+            dirs,
+            config,
+            metrics,
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The vCPUs and memory a create asks for (E2B takes them from the template; we also
+    /// accept `cpuCount` and `memoryMB` on create), checked against the server's bounds.
+    pub fn size(&self, cpu_count: Option<u32>, memory_mb: Option<u32>) -> ApiResult<(u8, u32)> {
+        let max_vcpus = self.config.max_vcpus.min(u32::from(u8::MAX));
+        let vcpus = cpu_count.unwrap_or(u32::from(DEFAULT_VCPUS).min(max_vcpus));
+        if vcpus == 0 || vcpus > max_vcpus {
+            return Err(ApiError::bad_request(format!(
+                "cpuCount {vcpus} is out of range: this server allows 1 to {max_vcpus} vCPUs"
+            )));
+        }
+        let max_mib = self.config.max_memory_mib;
+        let memory = memory_mb.unwrap_or(DEFAULT_MEMORY_MIB.min(max_mib));
+        if memory < MIN_MEMORY_MIB || memory > max_mib {
+            return Err(ApiError::bad_request(format!(
+                "memoryMB {memory} is out of range: this server allows {MIN_MEMORY_MIB} to {max_mib} MiB"
+            )));
+        }
+        Ok((vcpus as u8, memory))
+    }
+
+    pub fn runtime_name(&self) -> &'static str {
+        self.runtime.kind().name()
+    }
+
+    pub fn dirs(&self) -> &Dirs {
+        &self.dirs
+    }
+
+    pub fn live(&self, id: &str) -> Option<Arc<Live>> {
+        lock(&self.live).get(id).cloned()
+    }
+
+    /// Creates and starts a sandbox for `key`; returns its row (state running).
+    pub async fn create(
+        self: &Arc<Self>,
+        key: &crate::store::KeyRow,
+        req: NewSandbox,
+        secure_by_default: bool,
+    ) -> ApiResult<SandboxRow> {
+        let begun = std::time::Instant::now();
+        // A named snapshot of the key is a template too (snapshots/).
+        if let Some(snap) = self.snapshot_template(&key.id, &req.template_id).await? {
+            let row = self
+                .create_from_snapshot(key, req, &snap, secure_by_default, None)
+                .await?;
+            self.metrics.observe_create(begun.elapsed());
+            return Ok(row);
+        }
+        // `name:tag` is `name` when the tag names its current build (templates/tags.rs).
+        let req = crate::templates::tags::untag_request(self, req).await?;
+        let net_req = crate::networks::service::check_request(
+            &self.db,
+            &key.id,
+            req.allow_internet_access,
+            req.network.as_ref(),
+            req.networks.as_deref(),
+        )
+        .await?;
+        // An API-built template's `e2b.json` (templates/start.rs), read once for this create.
+        let e2b = crate::templates::start::record(self, &req.template_id);
+        // An API-built template restores the state its build snapshotted (templates/snapshot.rs).
+        let mut template_path = TemplateCreate::Booted;
+        if let Some(snap) = crate::templates::snapshot::usable(self, &req, e2b.as_ref()).await? {
+            let network = Some(crate::snapshots::restore::RestoredNetwork::Request(
+                net_req.clone(),
+            ));
+            match self
+                .create_from_snapshot(key, req.clone(), &snap, secure_by_default, network)
+                .await
+            {
+                Ok(row) => {
+                    self.metrics.observe_create(begun.elapsed());
+                    self.metrics.count_template_create(TemplateCreate::Restored);
+                    return Ok(row);
+                }
+                // The template works without its snapshot: a boot runs the start command.
+                Err(e) if e.status.is_server_error() => {
+                    eprintln!(
+                        "sandcell serve: template {}: restoring snapshot {} failed ({}); \
+                         booting instead",
+                        req.template_id, snap.id, e.message
+                    );
+                    template_path = TemplateCreate::Fallback;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // An API-built template's size when the request names none (templates/start.rs).
+        let (cpu_count, memory_mb) =
+            crate::templates::start::default_size(e2b.as_ref(), req.cpu_count, req.memory_mb);
+        let (vcpus, memory_mib) = self.size(cpu_count, memory_mb)?;
+        let image = resolve_template(&self.dirs, &req.template_id)?;
+        let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
+        if timeout > MAX_TIMEOUT_SECS {
+            return Err(ApiError::bad_request(format!(
+                "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
+            )));
+        }
+        let env = req.env_vars.unwrap_or_default();
+        if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
+            return Err(ApiError::bad_request(format!(
+                "invalid envVars name {bad:?}"
+            )));
+        }
+        // An OCI-made template's Env under the request's (templates/defaults.rs).
+        let env = crate::templates::defaults::merge_env(
+            crate::templates::defaults::load(&self.dirs, &req.template_id).as_ref(),
+            env,
+        );
+        let secure = req.secure.unwrap_or(secure_by_default);
+        let access_token = if secure {
+            Some(random_hex(20).map_err(Error::io("getrandom for an access token"))?)
+        } else {
+            None
+        };
+        let id = sandcell_runtime::new_sandbox_id().map_err(Error::from)?;
+        let row = SandboxRow {
+            id: id.clone(),
+            key_id: key.id.clone(),
+            template_id: req.template_id.clone(),
+            runtime: self.runtime_name().to_string(),
+            state: State::Creating,
+            secure,
+            access_token: access_token.clone(),
+            metadata: req.metadata.unwrap_or_default(),
+            vcpus: u32::from(vcpus),
+            memory_mib,
+            disk_mib: disk_mib(&image),
+            envd_version: String::new(),
+            created_at: now_ms(),
+            started_at: None,
+            end_at: None,
+            ended_at: None,
+            end_reason: None,
+            handle: None,
+        };
+        if !self
+            .db
+            .insert_sandbox_within_limit(&row, key.max_sandboxes)
+            .await?
+        {
+            return Err(ApiError::too_many(format!(
+                "you have reached the maximum number of concurrent sandboxes ({}) for this API key",
+                key.max_sandboxes.unwrap_or(0)
+            )));
+        }
+        if req.auto_pause == Some(true) {
+            self.db
+                .set_sandbox_lifecycle(
+                    &id,
+                    &crate::store::snapshots::LifecycleRow {
+                        auto_pause: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+        }
+        // The network's rules are recorded before the runtime makes it (networks/service.rs).
+        let recorded = match &net_req {
+            Some(n) => crate::networks::service::record(&self.db, &id, &key.id, n).await,
+            None => Ok(()),
+        };
+        let booted = match recorded {
+            Ok(()) => self.boot(&row, image, env.clone()).await,
+            Err(e) => Err(e),
+        };
+        match booted {
+            Ok(sandbox) => {
+                let row = self.finish_create(row, sandbox, &env, timeout).await?;
+                // E2B's startCmd/readyCmd of an API-built template (templates/start.rs).
+                crate::templates::start::after_create(self, &row, e2b.as_ref()).await?;
+                self.metrics.observe_create(begun.elapsed());
+                if e2b.is_some() {
+                    self.metrics.count_template_create(template_path);
+                }
+                Ok(row)
+            }
+            Err(e) => {
+                let _ = self
+                    .db
+                    .transition(
+                        &id,
+                        &[State::Creating],
+                        State::Error,
+                        Some(&e.to_string()),
+                        now_ms(),
+                    )
+                    .await;
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn boot(
+        &self,
+        row: &SandboxRow,
+        image: Image,
+        env: BTreeMap<String, String>,
+    ) -> Result<Arc<dyn Sandbox>, Error> {
+        let mut spec = SandboxSpec::new(row.id.clone(), image);
+        spec.vcpus = u8::try_from(row.vcpus).unwrap_or(DEFAULT_VCPUS);
+        spec.memory_mib = row.memory_mib;
+        // The daemon is infrastructure: its restart must not kill user sandboxes.
+        spec.outlive_owner = true;
+        // Also given to the agent's own environment so that processes inherit them from an
+        // agent without `/init`.
+        spec.env = env;
+        spec.boot_timeout = BOOT_TIMEOUT;
+        spec.network = crate::networks::service::spec_of(&self.db, &row.id).await?;
+        let sandbox: Arc<dyn Sandbox> = Arc::from(self.runtime.create(spec).await?);
+        if let Err(e) = sandbox.start().await {
+            let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+            return Err(e.into());
+        }
+        Ok(sandbox)
+    }
+
+    pub(crate) async fn finish_create(
+        self: &Arc<Self>,
+        mut row: SandboxRow,
+        sandbox: Arc<dyn Sandbox>,
+        env: &BTreeMap<String, String>,
+        timeout: u64,
+    ) -> ApiResult<SandboxRow> {
+        let envd_version = match tokio::time::timeout(
+            INIT_TIMEOUT,
+            init_agent_with(
+                &sandbox,
+                env,
+                row.access_token.as_deref(),
+                crate::templates::defaults::load(&self.dirs, &row.template_id).as_ref(),
+            ),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(ApiError::internal(format!(
+                "sandbox {}: the agent did not answer /init within {INIT_TIMEOUT:?}",
+                row.id
+            ))),
+        };
+        let envd_version = match envd_version {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+                let _ = self
+                    .db
+                    .transition(
+                        &row.id,
+                        &[State::Creating],
+                        State::Error,
+                        Some(&e.message),
+                        now_ms(),
+                    )
+                    .await;
+                return Err(e);
+            }
+        };
+        lock(&self.live).insert(
+            row.id.clone(),
+            Arc::new(Live {
+                sandbox: sandbox.clone(),
+                access_token: row.access_token.clone(),
+            }),
+        );
+        let started = now_ms();
+        let end_at = started + (timeout as i64) * 1000;
+        let handle = sandbox
+            .handle()
+            .and_then(|h| serde_json::to_string(&h).ok());
+        if let Err(e) = crate::networks::service::started(&self.db, &row.id).await {
+            eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
+        }
+        self.db
+            .mark_running(&row, started, end_at, &envd_version, handle.as_deref())
+            .await?;
+        self.watch(row.id.clone(), sandbox);
+        row.state = State::Running;
+        row.started_at = Some(started);
+        row.end_at = Some(end_at);
+        row.envd_version = envd_version;
+        Ok(row)
+    }
+
+    /// Notices a sandbox that ends without being asked to (OOM, crash).
+    pub(crate) fn watch(self: &Arc<Self>, id: String, sandbox: Arc<dyn Sandbox>) {
+        let this = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let exit = sandbox.wait().await;
+            if exit == SandboxExit::Destroyed {
+                return;
+            }
+            let Some(this) = this.upgrade() else { return };
+            let reason = format!("the sandbox ended by itself: {exit}");
+            match this
+                .db
+                .transition(&id, &[State::Running], State::Killing, None, now_ms())
+                .await
+            {
+                Ok(true) => {
+                    lock(&this.live).remove(&id);
+                    let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+                    crate::networks::service::ended(&this.db, &id).await;
+                    let _ = this
+                        .db
+                        .transition(
+                            &id,
+                            &[State::Killing],
+                            State::Error,
+                            Some(&reason),
+                            now_ms(),
+                        )
+                        .await;
+                    this.collect_snapshots().await;
+                    eprintln!("sandcell serve: sandbox {id}: {reason}");
+                }
+                Ok(false) => {}
+                Err(e) => eprintln!("sandcell serve: sandbox {id} ended: {e}"),
+            }
+        });
+    }
+
+    /// Kills running or paused sandbox `id`; false if it was neither (already ending or
+    /// ended). Waits for a pause, resume, snapshot or fork of it to finish first.
+    pub async fn kill(&self, id: &str, reason: &str) -> Result<bool, Error> {
+        let _op = crate::snapshots::pause::op_lock(id).await;
+        if !self
+            .db
+            .transition(
+                id,
+                &[State::Running, State::Paused],
+                State::Killing,
+                None,
+                now_ms(),
+            )
+            .await?
+        {
+            return Ok(false);
+        }
+        let live = lock(&self.live).remove(id);
+        let mut end = (State::Killed, reason.to_string());
+        if let Some(live) = live {
+            match tokio::time::timeout(DESTROY_TIMEOUT, live.sandbox.destroy()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => end = (State::Error, format!("{reason}; removing it failed: {e}")),
+                Err(_) => {
+                    end = (
+                        State::Error,
+                        format!("{reason}; removing it timed out after {DESTROY_TIMEOUT:?}"),
+                    )
+                }
+            }
+        }
+        crate::networks::service::ended(&self.db, id).await;
+        self.db
+            .transition(id, &[State::Killing], end.0, Some(&end.1), now_ms())
+            .await?;
+        // Its snapshot files (a paused one's, the one it was restored from) may be unused now.
+        self.collect_snapshots().await;
+        Ok(true)
+    }
+
+    /// On daemon shutdown: with `kill_on_exit`, kills every sandbox; else leaves them
+    /// running for the next daemon (their metering is flushed).
+    pub async fn shutdown(self: &Arc<Self>) {
+        if !self.config.kill_on_exit {
+            if let Err(e) = self.db.flush_usage(now_ms()).await {
+                eprintln!("sandcell serve: metering: {e}");
+            }
+            return;
+        }
+        let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
+        let mut kills = tokio::task::JoinSet::new();
+        for id in ids {
+            let this = self.clone();
+            kills.spawn(async move {
+                if let Err(e) = this.kill(&id, "the daemon stopped").await {
+                    eprintln!("sandcell serve: stopping sandbox {id}: {e}");
+                }
+            });
+        }
+        while kills.join_next().await.is_some() {}
+    }
+}
+
+/// Hands the agent its env vars and access token (envd's `POST /init`). Returns the envd
+/// version the agent reports; an agent without `/init` (404) gets
+/// [`FALLBACK_ENVD_VERSION`]: its processes still see the env vars (given to the agent's own
+/// environment at boot) and the proxy enforces the token.
+pub(crate) async fn init_agent(
+    sandbox: &Arc<dyn Sandbox>,
+    env: &BTreeMap<String, String>,
+    access_token: Option<&str>,
+) -> ApiResult<String> {
+    init_agent_with(sandbox, env, access_token, None).await
+}
+
+/// [`init_agent`] with a template's defaults (user, working directory) applied.
+pub(crate) async fn init_agent_with(
+    sandbox: &Arc<dyn Sandbox>,
+    env: &BTreeMap<String, String>,
+    access_token: Option<&str>,
+    defaults: Option<&sandcell_proto::image::ImageDefaults>,
+) -> ApiResult<String> {
+    // E2B runs commands as `user` unless a request names another; the agent keeps root for
+    // images that have no such account.
+    let mut body = serde_json::json!({
+        "envVars": env,
+        "timestamp": rfc3339(now_ms()),
+        "defaultUser": "user",
+    });
+    crate::templates::defaults::apply_to_init(&mut body, defaults);
+    if let Some(token) = access_token {
+        body["accessToken"] = serde_json::Value::String(token.to_string());
+    }
+    // Our extensions: who the agent is now (a restore from a snapshot, pause or fork is a
+    // new identity in an old memory image) and fresh entropy for its kernel RNG (no two
+    // restores of one snapshot share RNG state).
+    body["sandcellSandboxId"] = serde_json::Value::String(sandbox.id().to_string());
+    body["sandcellEntropy"] = serde_json::Value::String(
+        random_hex(64).map_err(|e| ApiError::internal(format!("getrandom for /init: {e}")))?,
+    );
+    let (status, headers) =
+        crate::http::proxy::post_json(sandbox, AGENT_PORT, "/init", &body).await?;
+    if status == axum::http::StatusCode::NOT_FOUND {
+        return Ok(FALLBACK_ENVD_VERSION.to_string());
+    }
+    if !status.is_success() {
+        return Err(ApiError::internal(format!(
+            "sandbox {}: the agent answered /init with {status}",
+            sandbox.id()
+        )));
+    }
+    Ok(headers
+        .get("x-envd-version")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() < 32)
+        .unwrap_or(FALLBACK_ENVD_VERSION)
+        .to_string())
+}

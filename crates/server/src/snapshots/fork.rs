@@ -1,0 +1,152 @@
+//! Checkpoints of a running sandbox: named snapshots (`POST /sandboxes/{id}/snapshots`) and
+//! fork (`POST /sandboxes/{id}/fork`: one checkpoint, `count` children restored from it by
+//! restore.rs). See restore.rs's module docs for the semantics of both.
+
+use super::restore::{RestoredNetwork, RestoredSpec, check_timeout};
+use crate::http::error::{ApiError, ApiResult, Error};
+use crate::sandboxes::service::Lifecycle;
+use crate::snapshots::pause::{new_snapshot_id, op_lock};
+use crate::store::snapshots::{SnapshotKind, SnapshotRow};
+use crate::store::{KeyRow, SandboxRow, State};
+use crate::util::now_ms;
+use sandcell_runtime::SnapshotHandle;
+use std::sync::Arc;
+
+/// Most children one fork makes (E2B: 1 to 100; its SDKs allow up to 20).
+pub const MAX_FORK_COUNT: u32 = 100;
+/// A fork's children's timeout when the request gives none (E2B's default).
+pub const DEFAULT_FORK_TIMEOUT_SECS: u64 = 15;
+
+/// Snapshot names: plain names, not ids (`snap-...`), at most 128 characters.
+pub fn valid_snapshot_name(name: &str) -> bool {
+    crate::sandboxes::service::valid_template_name(name) && !name.starts_with("snap-")
+}
+
+impl Lifecycle {
+    /// Checkpoints running sandbox `row` into a new snapshot of `kind`; the sandbox keeps
+    /// running (gvisor: restored in place). 404 when it is not running.
+    pub(crate) async fn checkpoint(
+        &self,
+        row: &SandboxRow,
+        kind: SnapshotKind,
+        name: Option<String>,
+    ) -> ApiResult<(SnapshotRow, SnapshotHandle)> {
+        let id = &row.id;
+        let _op = op_lock(id).await;
+        let current = self.db.sandbox(id).await?;
+        match current.map(|r| r.state) {
+            Some(State::Running) => {}
+            Some(State::Paused) => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id} is paused: resume it first"
+                )));
+            }
+            _ => return Err(ApiError::sandbox_not_found(id)),
+        }
+        let live = self
+            .live(id)
+            .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+        let snap_id = new_snapshot_id()?;
+        let dir = self.snapshot_dir(&snap_id);
+        let mut snap = SnapshotRow {
+            id: snap_id.clone(),
+            key_id: row.key_id.clone(),
+            kind,
+            name,
+            source_id: id.clone(),
+            template_id: row.template_id.clone(),
+            dir: dir.to_string_lossy().into_owned(),
+            handle: None,
+            created_at: now_ms(),
+            deleted_at: None,
+        };
+        // The parent is a user too: it runs on what was restored in place from it.
+        self.db.insert_snapshot(&snap, &[id]).await?;
+        let runtime_kind = match kind {
+            SnapshotKind::Fork => sandcell_runtime::SnapshotKind::Fork,
+            SnapshotKind::Named | SnapshotKind::Pause | SnapshotKind::Template => {
+                sandcell_runtime::SnapshotKind::Full
+            }
+        };
+        let taken = live.sandbox.snapshot(&dir, runtime_kind).await;
+        // Restored in place: a new host process, a new handle for a restarted daemon.
+        let sandbox_handle = live
+            .sandbox
+            .handle()
+            .and_then(|h| serde_json::to_string(&h).ok());
+        self.db.set_handle(id, sandbox_handle.as_deref()).await?;
+        match taken {
+            Ok(handle) => {
+                let json = serde_json::to_string(&handle)
+                    .map_err(|e| ApiError::internal(format!("encoding the snapshot: {e}")))?;
+                self.db.set_snapshot_handle(&snap_id, &json).await?;
+                snap.handle = Some(json);
+                Ok((snap, handle))
+            }
+            Err(e) => {
+                self.db.discard_snapshot(&snap_id, now_ms()).await?;
+                self.collect_snapshots().await;
+                Err(Error::from(e).into())
+            }
+        }
+    }
+
+    /// `POST /sandboxes/{id}/snapshots`.
+    pub async fn snapshot_named(
+        &self,
+        row: &SandboxRow,
+        name: Option<String>,
+    ) -> ApiResult<SnapshotRow> {
+        if let Some(name) = &name {
+            if !valid_snapshot_name(name) {
+                return Err(ApiError::bad_request(format!(
+                    "invalid snapshot name {name:?}: letters, digits, '-', '_' and '.', \
+                     not starting with 'snap-'"
+                )));
+            }
+            if self.dirs.images().join(name).exists() {
+                return Err(ApiError::bad_request(format!(
+                    "snapshot name {name:?} is the name of an installed template"
+                )));
+            }
+        }
+        let (snap, _) = self.checkpoint(row, SnapshotKind::Named, name).await?;
+        // A snapshot of the same name before it is replaced: maybe unused now.
+        self.collect_snapshots().await;
+        Ok(snap)
+    }
+
+    /// `POST /sandboxes/{id}/fork`: one result per child, in order.
+    pub async fn fork(
+        self: &Arc<Self>,
+        key: &KeyRow,
+        parent: &SandboxRow,
+        count: u32,
+        timeout: u64,
+    ) -> ApiResult<Vec<ApiResult<SandboxRow>>> {
+        check_timeout(timeout)?;
+        if !(1..=MAX_FORK_COUNT).contains(&count) {
+            return Err(ApiError::bad_request(format!(
+                "count {count} is out of range: 1 to {MAX_FORK_COUNT}"
+            )));
+        }
+        let (snap, handle) = self.checkpoint(parent, SnapshotKind::Fork, None).await?;
+        let auto_pause = self.db.sandbox_lifecycle(&parent.id).await?.auto_pause;
+        let mut results = Vec::with_capacity(count as usize);
+        // One after the other: the gvisor runtime restores one at a time anyway.
+        for _ in 0..count {
+            let spec = RestoredSpec {
+                template_id: parent.template_id.clone(),
+                metadata: parent.metadata.clone(),
+                env: handle.env.clone(),
+                secure: parent.secure,
+                timeout,
+                auto_pause,
+                parent_id: Some(parent.id.clone()),
+                network: RestoredNetwork::Of(parent.id.clone()),
+            };
+            results.push(self.create_restored(key, spec, &snap, &handle).await);
+        }
+        Ok(results)
+    }
+}

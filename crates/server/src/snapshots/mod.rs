@@ -1,0 +1,7 @@
+//! Pause and resume ([`pause`]), named snapshots and fork ([`fork`]),
+//! creates from a snapshot ([`restore`]), and their routes ([`api`]).
+
+pub mod api;
+pub mod fork;
+pub mod pause;
+pub mod restore;

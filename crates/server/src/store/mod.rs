@@ -1,0 +1,115 @@
+//! The daemon's state in SQLite through sqlx (runtime-checked queries, `$N` placeholders so
+//! that the same SQL runs on PostgreSQL later). Migrations are embedded from
+//! `crates/server/migrations/` and run on open.
+
+pub mod keys;
+pub mod sandboxes;
+pub mod snapshots;
+pub mod usage;
+
+pub use keys::KeyRow;
+pub use sandboxes::SandboxRow;
+pub use usage::UsageInterval;
+
+use crate::http::error::Error;
+use sqlx::SqlitePool;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use std::path::Path;
+use std::time::Duration;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `(version, description, sql)`, in order. Never edit a released one: add a new file.
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "initial",
+        include_str!("../../migrations/0001_initial.sql"),
+    ),
+    (
+        2,
+        "lifecycle metering",
+        include_str!("../../migrations/0002_lifecycle_metering.sql"),
+    ),
+    (
+        3,
+        "snapshots",
+        include_str!("../../migrations/0003_snapshots.sql"),
+    ),
+    (
+        4,
+        "networks",
+        include_str!("../../migrations/0004_networks.sql"),
+    ),
+    (
+        5,
+        "traffic token",
+        include_str!("../../migrations/0005_traffic_token.sql"),
+    ),
+    (
+        6,
+        "template builds",
+        include_str!("../../migrations/0006_template_builds.sql"),
+    ),
+    (
+        7,
+        "template tags",
+        include_str!("../../migrations/0007_template_tags.sql"),
+    ),
+];
+
+pub use crate::sandboxes::state::State;
+
+#[derive(Clone)]
+pub struct Db {
+    pool: SqlitePool,
+}
+
+/// `$from, $from+1, ...` for an `IN (...)` list.
+fn placeholders(from: usize, n: usize) -> String {
+    (from..from + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Db {
+    /// Opens (creating if needed) the database file and brings its schema up to date.
+    pub async fn open(path: &Path) -> Result<Db> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(Error::db(format!("opening {}", path.display())))?;
+        let migrations = MIGRATIONS
+            .iter()
+            .map(|(version, description, sql)| {
+                Migration::new(
+                    *version,
+                    (*description).into(),
+                    MigrationType::Simple,
+                    sqlx::SqlSafeStr::into_sql_str(*sql),
+                    false,
+                )
+            })
+            .collect();
+        Migrator::with_migrations(migrations).run(&pool).await?;
+        Ok(Db { pool })
+    }
+
+    /// The pool, for the modules that keep their own tables (store/snapshots.rs).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}

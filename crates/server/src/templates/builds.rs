@@ -1,0 +1,686 @@
+//! E2B template builds (the routes are in templates/api.rs): an E2B build request (base,
+//! steps, start and ready commands) as Dockerfile text for crates/image's template builder,
+//! the build run on a blocking thread with the gVisor [`GvisorRunner`], and its state and
+//! logs: in memory while the daemon runs, in SQLite (migration 6) once it ends, so that
+//! `GET .../status` still answers after a restart (a build the restart cut short is
+//! `error`, reason `interrupted`).
+//!
+//! The request and its mapping to a Dockerfile: templates/plan.rs.
+
+use crate::App;
+use crate::http::error::Error;
+use crate::store::Db;
+use crate::templates::plan::{BuildStart, Plan, registry_auth};
+use crate::templates::runner::GvisorRunner;
+use crate::templates::snapshot::{self, TakeError};
+use crate::util::now_ms;
+use sandcell_image::Limits;
+use sandcell_image::registry::PullOptions;
+use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
+
+/// Log entries kept per build (later output is dropped, with a note).
+const MAX_LOG_ENTRIES: usize = 20_000;
+/// A longer output line is cut.
+const MAX_LINE_BYTES: usize = 4096;
+/// How many of the last log entries an error's `reason` carries.
+const REASON_LOG_ENTRIES: usize = 20;
+/// E2B's name of what comes after the steps.
+pub const FINALIZE_STEP: &str = "finalize";
+/// Where `startCmd`/`readyCmd` are kept in the built image's directory.
+pub const E2B_FILE: &str = "e2b.json";
+/// The RUN sandboxes' size when `POST /v3/templates` gave none, and the largest.
+const DEFAULT_BUILD_MEMORY_MIB: u32 = 1024;
+const MAX_BUILD_MEMORY_MIB: u32 = 8192;
+const DEFAULT_BUILD_VCPUS: u8 = 2;
+const MAX_BUILD_VCPUS: u32 = 8;
+
+/// Registries `fromImage` is pulled from over plain HTTP (`sandcell serve
+/// --insecure-registry`).
+static INSECURE_REGISTRIES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+pub fn set_insecure_registries(hosts: Vec<String>) {
+    let _ = INSECURE_REGISTRIES.set(hosts);
+}
+
+/// `waiting` (made, not started), `building`, `ready`, `error` (E2B's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Waiting => "waiting",
+            Status::Building => "building",
+            Status::Ready => "ready",
+            Status::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Status {
+        match s {
+            "waiting" => Status::Waiting,
+            "building" => Status::Building,
+            "ready" => Status::Ready,
+            _ => Status::Error,
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Ready | Status::Error)
+    }
+}
+
+/// `debug < info < warn < error`.
+pub fn level_rank(level: &str) -> u8 {
+    match level {
+        "debug" => 0,
+        "info" => 1,
+        "warn" => 2,
+        _ => 3,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    pub timestamp_ms: i64,
+    pub level: &'static str,
+    pub message: String,
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Reason {
+    pub message: String,
+    pub step: Option<String>,
+}
+
+/// A build's state as the status route shows it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub template_id: String,
+    pub key_id: String,
+    pub status: Status,
+    pub logs: Vec<LogEntry>,
+    pub reason: Option<Reason>,
+}
+
+#[derive(Debug)]
+struct Progress {
+    status: Status,
+    logs: Vec<LogEntry>,
+    reason: Option<Reason>,
+    /// The E2B step running now.
+    step: Option<String>,
+    /// Output not ended by a newline yet.
+    partial: Vec<u8>,
+}
+
+/// A build of this daemon's lifetime.
+#[derive(Debug)]
+pub struct Build {
+    pub build_id: String,
+    pub template_id: String,
+    pub key_id: String,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u32>,
+    progress: Mutex<Progress>,
+}
+
+impl Build {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
+        // A panic while holding it leaves plain data: still usable.
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn status(&self) -> Status {
+        self.lock().status
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let p = self.lock();
+        Snapshot {
+            template_id: self.template_id.clone(),
+            key_id: self.key_id.clone(),
+            status: p.status,
+            logs: p.logs.clone(),
+            reason: p.reason.clone(),
+        }
+    }
+
+    fn push(p: &mut Progress, level: &'static str, message: String) {
+        if p.logs.len() >= MAX_LOG_ENTRIES {
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LINE_BYTES {
+            let mut cut = MAX_LINE_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        if p.logs.len() + 1 == MAX_LOG_ENTRIES {
+            message = format!(
+                "(log limit of {MAX_LOG_ENTRIES} entries reached; later output is dropped)"
+            );
+        }
+        let step = p.step.clone();
+        p.logs.push(LogEntry {
+            timestamp_ms: now_ms(),
+            level,
+            message,
+            step,
+        });
+    }
+
+    pub fn log(&self, level: &'static str, message: impl Into<String>) {
+        let mut p = self.lock();
+        Build::flush_partial(&mut p);
+        Build::push(&mut p, level, message.into());
+    }
+
+    fn flush_partial(p: &mut Progress) {
+        if !p.partial.is_empty() {
+            let line = String::from_utf8_lossy(&std::mem::take(&mut p.partial)).into_owned();
+            Build::push(p, "info", line);
+        }
+    }
+
+    fn output(&self, bytes: &[u8]) {
+        let mut p = self.lock();
+        p.partial.extend_from_slice(bytes);
+        while let Some(nl) = p.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = p.partial.drain(..=nl).collect();
+            let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+            Build::push(&mut p, "info", text.trim_end_matches('\r').to_string());
+        }
+        if p.partial.len() > MAX_LINE_BYTES {
+            Build::flush_partial(&mut p);
+        }
+    }
+
+    fn set_step(&self, step: Option<String>) {
+        let mut p = self.lock();
+        Build::flush_partial(&mut p);
+        p.step = step;
+    }
+
+    fn set_status(&self, status: Status, reason: Option<Reason>) {
+        let mut p = self.lock();
+        Build::flush_partial(&mut p);
+        p.status = status;
+        if reason.is_some() {
+            p.reason = reason;
+        }
+    }
+}
+
+/// The builds of this daemon's lifetime, by build id.
+static BUILDS: LazyLock<Mutex<HashMap<String, Arc<Build>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// One build at a time: they share the layer cache and the CPUs (the others wait).
+static TURN: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
+
+fn builds() -> std::sync::MutexGuard<'static, HashMap<String, Arc<Build>>> {
+    BUILDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn find(build_id: &str) -> Option<Arc<Build>> {
+    builds().get(build_id).cloned()
+}
+
+/// A build of `template_id` not ended yet, if any.
+pub fn active_for(template_id: &str) -> Option<Arc<Build>> {
+    builds()
+        .values()
+        .find(|b| b.template_id == template_id && !b.status().is_final())
+        .cloned()
+}
+
+/// A new build (status `waiting`), recorded.
+pub async fn create(
+    db: &Db,
+    build_id: String,
+    template_id: String,
+    key_id: String,
+    cpu_count: Option<u32>,
+    memory_mb: Option<u32>,
+) -> Result<Arc<Build>, Error> {
+    sqlx::query(
+        "INSERT INTO template_builds (build_id, template_id, key_id, status, cpu_count, \
+         memory_mb, created_at) VALUES ($1, $2, $3, 'waiting', $4, $5, $6)",
+    )
+    .bind(&build_id)
+    .bind(&template_id)
+    .bind(&key_id)
+    .bind(cpu_count.map(i64::from))
+    .bind(memory_mb.map(i64::from))
+    .bind(now_ms())
+    .execute(db.pool())
+    .await
+    .map_err(Error::db("recording a template build"))?;
+    let build = Arc::new(Build {
+        build_id: build_id.clone(),
+        template_id,
+        key_id,
+        cpu_count,
+        memory_mb,
+        progress: Mutex::new(Progress {
+            status: Status::Waiting,
+            logs: Vec::new(),
+            reason: None,
+            step: None,
+            partial: Vec::new(),
+        }),
+    });
+    builds().insert(build_id, build.clone());
+    Ok(build)
+}
+
+/// At start: builds a previous daemon left unfinished are `error: interrupted`.
+pub async fn mark_interrupted(db: &Db) -> Result<u64, Error> {
+    let done = sqlx::query(
+        "UPDATE template_builds SET status = 'error', reason = 'interrupted', \
+         finished_at = $1 WHERE status IN ('waiting', 'building')",
+    )
+    .bind(now_ms())
+    .execute(db.pool())
+    .await
+    .map_err(Error::db("marking interrupted template builds"))?;
+    Ok(done.rows_affected())
+}
+
+/// A build of an earlier daemon, from the database.
+pub async fn load(db: &Db, build_id: &str) -> Result<Option<Snapshot>, Error> {
+    let Some(row) = sqlx::query(
+        "SELECT template_id, key_id, status, reason, reason_step FROM template_builds \
+         WHERE build_id = $1",
+    )
+    .bind(build_id)
+    .fetch_optional(db.pool())
+    .await
+    .map_err(Error::db("reading a template build"))?
+    else {
+        return Ok(None);
+    };
+    let logs = sqlx::query(
+        "SELECT timestamp_ms, level, message, step FROM template_build_logs \
+         WHERE build_id = $1 ORDER BY seq",
+    )
+    .bind(build_id)
+    .fetch_all(db.pool())
+    .await
+    .map_err(Error::db("reading a template build's logs"))?;
+    let level = |s: String| -> &'static str {
+        match s.as_str() {
+            "debug" => "debug",
+            "info" => "info",
+            "warn" => "warn",
+            _ => "error",
+        }
+    };
+    let reason: Option<String> = row.get("reason");
+    Ok(Some(Snapshot {
+        template_id: row.get("template_id"),
+        key_id: row.get("key_id"),
+        status: Status::parse(&row.get::<String, _>("status")),
+        logs: logs
+            .into_iter()
+            .map(|r| LogEntry {
+                timestamp_ms: r.get("timestamp_ms"),
+                level: level(r.get("level")),
+                message: r.get("message"),
+                step: r.get("step"),
+            })
+            .collect(),
+        reason: reason.map(|message| Reason {
+            message,
+            step: row.get("reason_step"),
+        }),
+    }))
+}
+
+async fn record_status(db: &Db, build: &Build) -> Result<(), Error> {
+    let snap = build.snapshot();
+    let mut tx = db
+        .pool()
+        .begin()
+        .await
+        .map_err(Error::db("starting a transaction"))?;
+    sqlx::query(
+        "UPDATE template_builds SET status = $2, reason = $3, reason_step = $4, \
+         finished_at = $5 WHERE build_id = $1",
+    )
+    .bind(&build.build_id)
+    .bind(snap.status.as_str())
+    .bind(snap.reason.as_ref().map(|r| r.message.clone()))
+    .bind(snap.reason.as_ref().and_then(|r| r.step.clone()))
+    .bind(snap.status.is_final().then(now_ms))
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("updating a template build"))?;
+    if snap.status.is_final() {
+        for (seq, e) in snap.logs.iter().enumerate() {
+            sqlx::query(
+                "INSERT OR REPLACE INTO template_build_logs \
+                 (build_id, seq, timestamp_ms, level, message, step) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(&build.build_id)
+            .bind(seq as i64)
+            .bind(e.timestamp_ms)
+            .bind(e.level)
+            .bind(&e.message)
+            .bind(&e.step)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("writing a template build's logs"))?;
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(Error::db("committing a template build"))
+}
+
+/// Where the caller's uploaded COPY archives are extracted (`<hash>/`): the build context.
+pub fn files_dir(data: &Path, key_id: &str) -> PathBuf {
+    data.join("cache/e2b-files").join(key_id)
+}
+
+/// Build events as log entries, each with the E2B step it belongs to.
+struct ApiLog {
+    build: Arc<Build>,
+    steps: Vec<String>,
+}
+
+impl BuildLog for ApiLog {
+    fn event(&self, event: BuildEvent) {
+        match event {
+            BuildEvent::Step {
+                number,
+                total,
+                text,
+            } => {
+                let step = number
+                    .checked_sub(1)
+                    .and_then(|i| self.steps.get(i))
+                    .cloned();
+                self.build.set_step(step);
+                self.build.log("info", format!("[{number}/{total}] {text}"));
+            }
+            BuildEvent::Cached => self.build.log("info", "CACHED"),
+            BuildEvent::Output(bytes) => self.build.output(&bytes),
+            BuildEvent::Note(note) => self.build.log("info", note),
+            BuildEvent::Exporting { layers } => {
+                self.build.set_step(Some(FINALIZE_STEP.into()));
+                self.build
+                    .log("info", format!("exporting {layers} layers to the template"));
+            }
+        }
+    }
+}
+
+/// `images/<name>/e2b.json`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct E2bRecord {
+    pub build_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+    /// The size of sandboxes created from it when the create names none
+    /// (`POST /v3/templates`'s `cpuCount` and `memoryMB`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_count: Option<u32>,
+    #[serde(default, rename = "memoryMB", skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u32>,
+    /// The template's memory snapshot, once taken (templates/snapshot.rs).
+    #[serde(
+        default,
+        rename = "snapshotID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub snapshot_id: Option<String>,
+}
+
+/// Runs the build in the background; its status and logs tell how it went. `false`: it
+/// was started already (only a `waiting` build starts, once).
+pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> bool {
+    {
+        let mut p = build.lock();
+        if p.status != Status::Waiting {
+            return false;
+        }
+        p.status = Status::Building;
+    }
+    build.log(
+        "info",
+        format!(
+            "building template {} ({} steps)",
+            build.template_id,
+            req.steps.len()
+        ),
+    );
+    tokio::spawn(async move {
+        let _ = record_status(&app.db, &build).await;
+        let result = run(&app, &build, plan, &req).await;
+        match result {
+            Ok(()) => {
+                build.set_step(None);
+                build.log("info", format!("template {} is ready", build.template_id));
+                build.set_status(Status::Ready, None);
+            }
+            Err((message, step)) => {
+                build.log("error", format!("build failed: {message}"));
+                build.set_status(Status::Error, Some(Reason { message, step }));
+            }
+        }
+        match record_status(&app.db, &build).await {
+            // Recorded: the status route reads it from the database from now on.
+            Ok(()) => {
+                builds().remove(&build.build_id);
+            }
+            Err(e) => eprintln!("sandcell serve: template build {}: {e}", build.build_id),
+        }
+    });
+    true
+}
+
+async fn run(
+    app: &App,
+    build: &Arc<Build>,
+    plan: Plan,
+    req: &BuildStart,
+) -> Result<(), (String, Option<String>)> {
+    let _turn = TURN.lock().await;
+    let dirs = app.lifecycle.dirs().clone();
+    // The daemon's registry: build sandboxes take from its warm pool too.
+    let runtime = sandcell_runtime::gvisor::GvisorRuntime::new(
+        dirs.clone(),
+        crate::networks::service::registry(),
+    )
+    .await
+    .map_err(|e| (format!("RUN steps need the gvisor runtime: {e}"), None))?;
+    let runner = GvisorRunner {
+        runtime: Arc::new(runtime),
+        handle: tokio::runtime::Handle::current(),
+        memory_mib: build.memory_mb.map_or(DEFAULT_BUILD_MEMORY_MIB, |m| {
+            m.clamp(128, MAX_BUILD_MEMORY_MIB)
+        }),
+        vcpus: build.cpu_count.map_or(DEFAULT_BUILD_VCPUS, |c| {
+            u8::try_from(c.clamp(1, MAX_BUILD_VCPUS)).unwrap_or(DEFAULT_BUILD_VCPUS)
+        }),
+        data_dir: dirs.data.clone(),
+        pull: PullOptions {
+            auth: registry_auth(req).map_err(|e| (e, None))?,
+            insecure_registries: INSECURE_REGISTRIES.get().cloned().unwrap_or_default(),
+            ..PullOptions::default()
+        },
+        // The daemon's network settings (pool, DNS); none under `serve --no-network`.
+        network: crate::networks::service::settings().map(|s| sandcell_runtime::NetworkSpec {
+            egress: sandcell_runtime::net::EgressSpec::default(),
+            config: s.config.clone(),
+        }),
+    };
+    let context = files_dir(&dirs.data, &build.key_id);
+    std::fs::create_dir_all(&context)
+        .map_err(|e| (format!("creating {}: {e}", context.display()), None))?;
+    let existing = dirs.images().join(&build.template_id);
+    let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);
+    let request = TemplateBuild {
+        data_dir: dirs.data.clone(),
+        name: build.template_id.clone(),
+        dockerfile: sandcell_image::dockerfile::parse(&plan.dockerfile)
+            .map_err(|e| (e.to_string(), None))?,
+        // Stable across builds: it is part of what an unchanged rebuild is recognised by
+        // (the image crate then keeps the image instead of exporting it again).
+        dockerfile_path: PathBuf::from(format!("e2b-template:{}", build.template_id)),
+        context,
+        build_args: Default::default(),
+        agent: None,
+        // A template of that name built before is replaced (POST /v3/templates refused
+        // other kinds of images).
+        force: template::read_record(&existing).is_some(),
+        no_cache: plan.no_cache,
+        limits: Limits::default(),
+    };
+    let log = ApiLog {
+        build: build.clone(),
+        steps: plan.steps.clone(),
+    };
+    let outcome = tokio::task::spawn_blocking(move || template::build(&request, &runner, &log))
+        .await
+        .map_err(|e| (format!("the build thread failed: {e}"), None))?;
+    let step = || build.lock().step.clone();
+    let built = outcome.map_err(|e| match e {
+        // Its output is in the log already.
+        sandcell_image::Error::StepFailed {
+            step: text, code, ..
+        } => (format!("{text}: exit status {code}"), step()),
+        other => (other.to_string(), step()),
+    })?;
+    let mut record = E2bRecord {
+        build_id: build.build_id.clone(),
+        start_cmd: req.start_cmd.clone(),
+        ready_cmd: req.ready_cmd.clone(),
+        cpu_count: build.cpu_count,
+        memory_mb: build.memory_mb,
+        snapshot_id: None,
+    };
+    let lifecycle = &app.lifecycle;
+    // The image was kept (unchanged) and so is everything the snapshot was taken with: the
+    // snapshot still is the template's state.
+    if let Some(prev) = previous.as_ref().filter(|_| built.export_skipped)
+        && let Some(id) = prev.snapshot_id.as_deref()
+        && prev.start_cmd == record.start_cmd
+        && prev.ready_cmd == record.ready_cmd
+        && prev.cpu_count == record.cpu_count
+        && prev.memory_mb == record.memory_mb
+        && snapshot::is_current(lifecycle, id).await
+    {
+        record.snapshot_id = Some(id.to_string());
+        snapshot::record_in(lifecycle, &build.template_id, &record)
+            .map_err(|e| (e.to_string(), step()))?;
+        build.log(
+            "info",
+            format!("memory snapshot {id} kept: the template did not change"),
+        );
+        return Ok(());
+    }
+    snapshot::record_in(lifecycle, &build.template_id, &record)
+        .map_err(|e| (e.to_string(), step()))?;
+    // The previous build's snapshot restores the previous image: retired either way.
+    if let Some(old) = previous.and_then(|p| p.snapshot_id) {
+        snapshot::retire(lifecycle, &old).await;
+    }
+    // E2B semantics: the template is its state once the start command runs and the ready
+    // command succeeded, so creates restore it (templates/snapshot.rs).
+    build.set_step(Some("snapshot".into()));
+    build.log(
+        "info",
+        match (&req.start_cmd, &req.ready_cmd) {
+            (None, None) => "taking the template's memory snapshot".to_string(),
+            (start, ready) => format!(
+                "taking the template's memory snapshot once the start command ({}) runs and \
+                 the ready command ({}) succeeds",
+                start.as_deref().unwrap_or("none"),
+                ready.as_deref().unwrap_or("none")
+            ),
+        },
+    );
+    let key = app
+        .db
+        .key_by_id(&build.key_id)
+        .await
+        .map_err(|e| (e.to_string(), step()))?
+        .ok_or_else(|| (format!("API key {} is gone", build.key_id), step()))?;
+    match snapshot::take(lifecycle, &key, &build.template_id, &build.build_id).await {
+        Ok(snapshot_id) => {
+            build.log("info", format!("memory snapshot {snapshot_id} taken"));
+            record.snapshot_id = Some(snapshot_id);
+            snapshot::record_in(lifecycle, &build.template_id, &record)
+                .map_err(|e| (e.to_string(), step()))?;
+        }
+        Err(TakeError::Template(message)) => return Err((message, step())),
+        Err(TakeError::NoSnapshot(message)) => build.log(
+            "warn",
+            format!(
+                "no memory snapshot ({message}): sandboxes from this template boot and run \
+                 its start command"
+            ),
+        ),
+    }
+    Ok(())
+}
+
+/// Prunes the template build caches of `data` (layers no template uses, uploaded COPY
+/// archives) older than `days`, an hour after the start and then daily. A prune never runs
+/// during a build (the cache lock: sandcell_image::template::prune); it is tried again an
+/// hour later then.
+pub async fn prune_caches_daily(data: PathBuf, days: u32) {
+    use sandcell_image::template::prune::{PruneError, PruneOptions, prune};
+    const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+    let mut wait = HOUR;
+    loop {
+        tokio::time::sleep(wait).await;
+        let dir = data.clone();
+        let options = PruneOptions {
+            older_than_days: days,
+            dry_run: false,
+        };
+        let result = tokio::task::spawn_blocking(move || prune(&dir, &options)).await;
+        wait = HOUR * 24;
+        match result {
+            Ok(Ok(p)) if p.layers.is_empty() && p.uploads.is_empty() => {}
+            Ok(Ok(p)) => eprintln!(
+                "sandcell serve: pruned {} template layer(s) and {} upload(s) older than {days} \
+                 days ({} bytes)",
+                p.layers.len(),
+                p.uploads.len(),
+                p.bytes
+            ),
+            Ok(Err(PruneError::Busy { .. })) => wait = HOUR,
+            Ok(Err(e)) => eprintln!("sandcell serve: pruning the template caches: {e}"),
+            Err(e) => eprintln!("sandcell serve: pruning the template caches: {e}"),
+        }
+    }
+}
+
+/// The last entries of a log, for an error's `reason`.
+pub fn reason_entries(logs: &[LogEntry]) -> &[LogEntry] {
+    &logs[logs.len().saturating_sub(REASON_LOG_ENTRIES)..]
+}

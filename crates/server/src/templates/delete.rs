@@ -1,0 +1,117 @@
+//! `DELETE /templates/{templateID}`: a built template (or a named snapshot, which is a
+//! template of its key), refused while something uses it.
+
+use crate::App;
+use crate::http::error::{ApiError, ApiResult, ErrorBody};
+use crate::http::extract::Caller;
+use crate::snapshots::api::delete_snapshot_named;
+use crate::store::State as DbState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use std::sync::Arc;
+
+/// Deletes a template: a named snapshot (what the SDKs' `delete_snapshot` calls), or a
+/// template built from a Dockerfile or through the template API (its image directory has a
+/// `template.json`). A built template is refused (409) while it is being built or while a
+/// sandbox (running or paused) or a snapshot still needs it. Installed images (`base`,
+/// `minimal`: no `template.json`) cannot be deleted through the API (400). The build's
+/// uploaded COPY archives (`cache/e2b-files/`) and cached layers are kept: the next builds
+/// reuse them.
+#[utoipa::path(delete, path = "/templates/{templateID}", tag = "templates",
+    security(("ApiKeyAuth" = [])), params(("templateID" = String, Path)),
+    responses((status = 204, description = "Deleted"),
+        (status = 400, description = "An installed image", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "A sandbox, snapshot or build uses it", body = ErrorBody),
+        (status = 500, body = ErrorBody)))]
+pub async fn delete_template(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    if delete_snapshot_named(&app, &caller, &id).await? {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let name = id.strip_suffix(":default").unwrap_or(&id).to_string();
+    let dir = app.lifecycle.dirs().images().join(&name);
+    if !crate::sandboxes::service::valid_template_name(&name) || !dir.is_dir() {
+        return Err(ApiError::not_found(format!("template '{id}' not found")));
+    }
+    if sandcell_image::template::read_record(&dir).is_none() {
+        return Err(ApiError::bad_request(format!(
+            "template '{name}' is an installed image, not a built template: remove it \
+             from the server's data dir (or with `sandcell image rm`)"
+        )));
+    }
+    if crate::templates::builds::active_for(&name).is_some() {
+        return Err(ApiError::conflict(format!(
+            "template '{name}' is being built: wait for that build to end"
+        )));
+    }
+    let users = template_users(&app, &name).await?;
+    if !users.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "template '{name}' is in use by {}",
+            users.join(", ")
+        )));
+    }
+    let snapshot =
+        crate::templates::start::record(&app.lifecycle, &name).and_then(|r| r.snapshot_id);
+    let data = app.lifecycle.dirs().data.clone();
+    let removed = tokio::task::spawn_blocking(move || sandcell_image::store::remove(&data, &name))
+        .await
+        .map_err(|e| ApiError::internal(format!("removing template '{id}': {e}")))?;
+    match removed {
+        Ok(()) => {
+            if let Some(snapshot) = snapshot {
+                crate::templates::snapshot::retire(&app.lifecycle, &snapshot).await;
+            }
+            let name = id.strip_suffix(":default").unwrap_or(&id);
+            crate::templates::tags::forget(&app.db, name).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Err(sandcell_image::Error::NotFound(_)) => {
+            Err(ApiError::not_found(format!("template '{id}' not found")))
+        }
+        Err(e @ sandcell_image::Error::InUse { .. }) => Err(ApiError::conflict(e.to_string())),
+        Err(e) => Err(ApiError::internal(format!("removing template '{id}': {e}"))),
+    }
+}
+
+/// The live sandboxes and the snapshots (of every key) that need the image `name`: those
+/// created from it, and through the snapshots taken of them, those restored from those
+/// snapshots (a restore needs the image its snapshot was taken over).
+async fn template_users(app: &App, name: &str) -> ApiResult<Vec<String>> {
+    let snapshots: Vec<(String, Option<String>, String)> =
+        // A template's own snapshot is part of it, not a user (templates/snapshot.rs).
+        sqlx::query_as("SELECT id, name, template_id FROM snapshots WHERE kind != 'template'")
+            .fetch_all(app.db.pool())
+            .await
+            .map_err(|e| ApiError::internal(format!("listing snapshots: {e}")))?;
+    // The template ids that lead back to `name`: itself and its snapshots' ids and names.
+    let mut ids = std::collections::BTreeSet::from([name.to_string()]);
+    let mut users = Vec::new();
+    loop {
+        let before = ids.len();
+        let reached: Vec<String> = snapshots
+            .iter()
+            .filter(|s| ids.contains(&s.2))
+            .flat_map(|(snap, snap_name, _)| std::iter::once(snap).chain(snap_name))
+            .cloned()
+            .collect();
+        ids.extend(reached);
+        if ids.len() == before {
+            break;
+        }
+    }
+    for (snap, _, template) in &snapshots {
+        if ids.contains(template) {
+            users.push(format!("snapshot {snap}"));
+        }
+    }
+    let live = app.db.sandboxes_in(None, &DbState::LIVE).await?;
+    for row in live.iter().filter(|r| ids.contains(&r.template_id)) {
+        users.push(format!("sandbox {} ({})", row.id, row.state.as_str()));
+    }
+    Ok(users)
+}

@@ -1,0 +1,214 @@
+//! The [`StepRunner`] of Dockerfile and E2B template builds: each RUN step in a fresh gVisor
+//! sandbox whose root's writes land in the step's host layer (`SandboxSpec::host_layer`),
+//! FROM images pulled from registries. Used by `sandcell template build` and by the
+//! daemon's E2B template API (templates/api.rs).
+//!
+//! RUN steps have a network unless [`GvisorRunner::network`] is `None` (`sandcell template
+//! build --network none`, a daemon started with `--no-network`): `apt-get install` and `pip
+//! install` are what Dockerfile builds are for. The runtime writes the sandbox's
+//! `/etc/resolv.conf` (our DNS server on the gateway) into the step's upper layer; it is
+//! removed from the layer afterwards unless the step changed it (see [`RuntimeResolvConf`]).
+
+use sandcell_agent::client::{OutputKind, decode_data};
+use sandcell_image::registry::PullOptions;
+use sandcell_image::template::{RunRequest, StepRunner};
+use sandcell_image::{NoProgress, ResolvedImage};
+use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
+use sandcell_runtime::gvisor::GvisorRuntime;
+use sandcell_runtime::{
+    AGENT_PORT, HostLayer, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client,
+    new_sandbox_id,
+};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// RUN steps in gVisor sandboxes; FROM pulls from registries.
+pub struct GvisorRunner {
+    pub runtime: Arc<GvisorRuntime>,
+    /// The runtime the blocking build thread enters for each step.
+    pub handle: tokio::runtime::Handle,
+    /// Memory and vCPUs of each RUN sandbox.
+    pub memory_mib: u32,
+    pub vcpus: u8,
+    /// Where pulled blobs are cached (`<data-dir>/cache/blobs`).
+    pub data_dir: PathBuf,
+    pub pull: PullOptions,
+    /// The network of each RUN sandbox (`None`: loopback only). Not part of the step cache
+    /// key (as in Docker).
+    pub network: Option<NetworkSpec>,
+}
+
+/// Where the runtime writes a networked sandbox's resolver, relative to its root.
+const RESOLV_CONF: &str = "etc/resolv.conf";
+
+/// What the runtime wrote as a RUN sandbox's `/etc/resolv.conf` in the step's upper layer,
+/// read before the step runs. If the file is byte-for-byte the same after the step, the
+/// step did not write it (or wrote the same text, which we cannot tell apart and treat
+/// alike) and it is dropped from the layer, so the image keeps its own resolv.conf (or
+/// none); a step that changed or removed it keeps its result.
+struct RuntimeResolvConf(Option<Vec<u8>>);
+
+impl RuntimeResolvConf {
+    fn read(upper: &Path) -> RuntimeResolvConf {
+        RuntimeResolvConf(std::fs::read(upper.join(RESOLV_CONF)).ok())
+    }
+
+    /// After the sandbox is gone (its overlay unmounted).
+    fn drop_if_unchanged(&self, upper: &Path) -> Result<(), String> {
+        let Some(written) = &self.0 else {
+            return Ok(());
+        };
+        let path = upper.join(RESOLV_CONF);
+        let is_file = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        if is_file && std::fs::read(&path).is_ok_and(|now| &now == written) {
+            sandcell_image::template::drop_runtime_file(upper, Path::new(RESOLV_CONF))
+                .map_err(|e| format!("removing the runtime's resolv.conf from the layer: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl StepRunner for GvisorRunner {
+    fn run(&self, request: &RunRequest, output: &mut dyn FnMut(&[u8])) -> Result<i32, String> {
+        self.handle.block_on(self.run_step(request, output))
+    }
+
+    fn pull(&self, reference: &str) -> sandcell_image::Result<ResolvedImage> {
+        let cache = sandcell_image::cache::BlobCache::in_data_dir(&self.data_dir);
+        self.handle.block_on(sandcell_image::registry::pull(
+            reference,
+            &cache,
+            &self.pull,
+            &NoProgress,
+        ))
+    }
+}
+
+impl GvisorRunner {
+    async fn run_step(
+        &self,
+        request: &RunRequest,
+        output: &mut dyn FnMut(&[u8]),
+    ) -> Result<i32, String> {
+        let id = new_sandbox_id().map_err(|e| e.to_string())?;
+        let image = Image {
+            name: format!("build step {id}"),
+            rootfs_dir: Some(request.base.clone()),
+            rootfs_ext4: None,
+        };
+        let mut spec = SandboxSpec::new(id, image);
+        spec.memory_mib = self.memory_mib;
+        spec.vcpus = self.vcpus;
+        spec.boot_timeout = Duration::from_secs(60);
+        spec.network = self.network.clone();
+        spec.host_layer = Some(HostLayer {
+            lowers: request.lowers.clone(),
+            upper: request.upper.clone(),
+            work: request.work.clone(),
+        });
+        let sandbox: Arc<dyn Sandbox> = match self.runtime.create(spec).await {
+            Ok(sb) => Arc::from(sb),
+            Err(e) => return Err(e.to_string()),
+        };
+        // Written at create (through the overlay, into the upper layer).
+        let resolv = RuntimeResolvConf::read(&request.upper);
+        let result = run_in(&sandbox, request, output).await;
+        // The layer is read once the sandbox (and its mount) is gone.
+        if let Err(e) = sandbox.destroy().await {
+            return Err(format!("removing build sandbox {}: {e}", sandbox.id()));
+        }
+        resolv.drop_if_unchanged(&request.upper)?;
+        result
+    }
+}
+
+async fn run_in(
+    sandbox: &Arc<dyn Sandbox>,
+    request: &RunRequest,
+    output: &mut dyn FnMut(&[u8]),
+) -> Result<i32, String> {
+    sandbox.start().await.map_err(|e| e.to_string())?;
+    if let Some(user) = request.user.as_deref() {
+        set_default_user(sandbox, user).await?;
+    }
+    let (cmd, args) = request
+        .argv
+        .split_first()
+        .ok_or_else(|| "an empty command".to_string())?;
+    let client = agent_client(sandbox.clone());
+    let start = StartRequest {
+        process: ProcessConfig {
+            cmd: cmd.clone(),
+            args: args.to_vec(),
+            envs: request.env.clone(),
+            cwd: request.cwd.clone(),
+        },
+        stdin: Some(false),
+        tag: None,
+    };
+    let mut stream = client
+        .start(&start)
+        .await
+        .map_err(|e| format!("starting {cmd:?}: {e}"))?;
+    while let Some(message) = stream.next().await {
+        match message.map_err(|e| format!("{cmd:?}: {e}"))?.event {
+            Event::Data(data) => match decode_data(&data) {
+                Ok((OutputKind::Stderr | OutputKind::Stdout, bytes)) => output(&bytes),
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            },
+            Event::End(end) => {
+                if let Some(error) = end.error.as_deref().filter(|e| !e.is_empty()) {
+                    output(format!("sandcell: {cmd}: {error}\n").as_bytes());
+                }
+                return Ok(end.shell_status());
+            }
+            _ => {}
+        }
+    }
+    Err(format!(
+        "{cmd:?}: the agent's stream ended without an exit status"
+    ))
+}
+
+/// `POST /init {"defaultUser": ...}`: the agent runs the step's processes as USER (a name
+/// from the image's /etc/passwd; the part before `:`).
+async fn set_default_user(sandbox: &Arc<dyn Sandbox>, user: &str) -> Result<(), String> {
+    let name = user.split(':').next().unwrap_or(user);
+    if name.is_empty() || name == "root" || name == "0" {
+        return Ok(());
+    }
+    let body = serde_json::json!({ "defaultUser": name }).to_string();
+    let mut stream = sandbox
+        .connect(AGENT_PORT)
+        .await
+        .map_err(|e| format!("connecting to the agent: {e}"))?;
+    let head = format!(
+        "POST /init HTTP/1.1\r\nHost: sandcell-agent\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let io = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        let mut reply = Vec::new();
+        (&mut stream)
+            .take(64 * 1024)
+            .read_to_end(&mut reply)
+            .await?;
+        Ok::<_, std::io::Error>(reply)
+    };
+    let reply = tokio::time::timeout(Duration::from_secs(10), io)
+        .await
+        .map_err(|_| "POST /init: no answer within 10 s".to_string())?
+        .map_err(|e| format!("POST /init: {e}"))?;
+    let status = String::from_utf8_lossy(&reply);
+    let line = status.lines().next().unwrap_or("");
+    if line.split(' ').nth(1).is_some_and(|c| c.starts_with('2')) {
+        Ok(())
+    } else {
+        Err(format!("POST /init (USER {user}): {line}"))
+    }
+}

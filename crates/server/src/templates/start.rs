@@ -1,0 +1,213 @@
+//! What a template built through the template API (`images/<name>/e2b.json`,
+//! templates/builds.rs) gives the sandboxes created from it: its `cpuCount`/`memoryMB` as
+//! their default size, and E2B's `startCmd` and `readyCmd`: when a sandbox is created from it, the
+//! start command is launched in the background (`/bin/sh -c`, as the template's default
+//! user, in its working directory) and the ready command is run until it exits 0; only then
+//! does the create answer. A ready command that never succeeds within [`READY_TIMEOUT`]
+//! fails the create (the sandbox is killed).
+//!
+//! E2B runs them once at build time and snapshots the result, so that creates restore a
+//! running start command; here they run at each create (sandboxes restored from snapshots
+//! or forks already have it running and skip this).
+
+use crate::http::error::{ApiError, ApiResult};
+use crate::sandboxes::service::Lifecycle;
+use crate::store::SandboxRow;
+use crate::templates::builds::{E2B_FILE, E2bRecord};
+use axum::http::header;
+use http_body_util::BodyExt;
+use sandcell_proto::agent::{
+    ACCESS_TOKEN_HEADER, CONNECT_JSON, Event, ProcessConfig, ProcessEvent, START_PATH,
+    StartRequest, envelope,
+};
+use sandcell_runtime::{AGENT_PORT, Sandbox};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the ready command gets to succeed.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Between two runs of the ready command.
+const READY_INTERVAL: Duration = Duration::from_millis(300);
+/// Largest `e2b.json` read.
+const MAX_RECORD_BYTES: u64 = 1 << 20;
+/// Largest event message read from the agent.
+const MAX_ENVELOPE: usize = 1 << 20;
+
+/// `e2b.json` of the template, if it was built through the template API.
+pub fn record(lifecycle: &Lifecycle, template: &str) -> Option<E2bRecord> {
+    use std::io::Read;
+    if !crate::sandboxes::service::valid_template_name(template) {
+        return None;
+    }
+    let path = lifecycle.dirs().images().join(template).join(E2B_FILE);
+    let mut bytes = Vec::new();
+    std::fs::File::open(&path)
+        .ok()?
+        .take(MAX_RECORD_BYTES)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// A create's `cpuCount` and `memoryMB`, else those the template (`rec`) was built with.
+pub fn default_size(
+    rec: Option<&E2bRecord>,
+    cpu_count: Option<u32>,
+    memory_mb: Option<u32>,
+) -> (Option<u32>, Option<u32>) {
+    match rec {
+        Some(rec) => (cpu_count.or(rec.cpu_count), memory_mb.or(rec.memory_mb)),
+        None => (cpu_count, memory_mb),
+    }
+}
+
+fn shell(cmd: &str, tag: &str) -> StartRequest {
+    StartRequest {
+        process: ProcessConfig {
+            cmd: "/bin/sh".into(),
+            args: vec!["-c".into(), cmd.to_string()],
+            envs: Default::default(),
+            cwd: None,
+        },
+        stdin: Some(false),
+        tag: Some(tag.to_string()),
+    }
+}
+
+/// Runs the start and ready commands of the new sandbox `row`'s template (`rec`); on failure
+/// it is killed and the create fails with the reason.
+pub async fn after_create(
+    lifecycle: &Arc<Lifecycle>,
+    row: &SandboxRow,
+    rec: Option<&E2bRecord>,
+) -> ApiResult<()> {
+    let Some(rec) = rec else {
+        return Ok(());
+    };
+    if rec.start_cmd.is_none() && rec.ready_cmd.is_none() {
+        return Ok(());
+    }
+    let Some(live) = lifecycle.live(&row.id) else {
+        return Err(ApiError::internal(format!(
+            "sandbox {}: gone before its start command ran",
+            row.id
+        )));
+    };
+    let result = run(&live.sandbox, live.access_token.as_deref(), rec).await;
+    if let Err(problem) = result {
+        let message = format!(
+            "sandbox {} of template {}: {problem}",
+            row.id, row.template_id
+        );
+        let _ = lifecycle.kill(&row.id, &message).await;
+        return Err(ApiError::internal(message));
+    }
+    Ok(())
+}
+
+/// The agent's `Start` of `/bin/sh -c cmd` (with the sandbox's access token), as a stream
+/// of events.
+struct Process {
+    body: axum::body::Body,
+    decoder: envelope::Decoder,
+    what: String,
+}
+
+impl Process {
+    async fn start(
+        sandbox: &Arc<dyn Sandbox>,
+        token: Option<&str>,
+        cmd: &str,
+        tag: &str,
+    ) -> Result<Process, String> {
+        let what = format!("{tag} {cmd:?}");
+        let json = serde_json::to_vec(&shell(cmd, tag)).map_err(|e| format!("{what}: {e}"))?;
+        let body = envelope::encode(0, &json);
+        let mut req = axum::http::Request::builder()
+            .method("POST")
+            .uri(START_PATH)
+            .header(header::HOST, "localhost")
+            .header(header::CONTENT_TYPE, CONNECT_JSON)
+            .header(header::CONTENT_LENGTH, body.len());
+        if let Some(token) = token {
+            req = req.header(ACCESS_TOKEN_HEADER, token);
+        }
+        let req = req
+            .body(axum::body::Body::from(body))
+            .map_err(|e| format!("{what}: {e}"))?;
+        let resp = crate::http::proxy::forward(sandbox, AGENT_PORT, req)
+            .await
+            .map_err(|e| format!("{what}: {}", e.message))?;
+        if !resp.status().is_success() {
+            return Err(format!("{what}: the agent answered {}", resp.status()));
+        }
+        Ok(Process {
+            body: resp.into_body(),
+            decoder: envelope::Decoder::new(MAX_ENVELOPE),
+            what,
+        })
+    }
+
+    /// The next event; `None` at the end of the stream.
+    async fn next(&mut self) -> Result<Option<Event>, String> {
+        loop {
+            match self.decoder.next() {
+                Ok(Some(env)) if env.is_end() => return Ok(None),
+                Ok(Some(env)) => {
+                    let ev: ProcessEvent = serde_json::from_slice(&env.message)
+                        .map_err(|e| format!("{}: {e}", self.what))?;
+                    return Ok(Some(ev.event));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("{}: {e}", self.what)),
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.decoder.push(&data);
+                    }
+                }
+                Some(Err(e)) => return Err(format!("{}: {e}", self.what)),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+async fn run(
+    sandbox: &Arc<dyn Sandbox>,
+    token: Option<&str>,
+    rec: &E2bRecord,
+) -> Result<(), String> {
+    if let Some(cmd) = &rec.start_cmd {
+        let mut process = Process::start(sandbox, token, cmd, "startCmd").await?;
+        // Started once the agent says so; the stream is then let go (the process runs on).
+        match process.next().await? {
+            Some(Event::Start(_)) => {}
+            _ => return Err(format!("startCmd {cmd:?}: the agent did not start it")),
+        }
+    }
+    let Some(ready) = &rec.ready_cmd else {
+        return Ok(());
+    };
+    let begun = Instant::now();
+    loop {
+        let mut process = Process::start(sandbox, token, ready, "readyCmd").await?;
+        let mut status = None;
+        while let Some(event) = process.next().await? {
+            if let Event::End(end) = event {
+                status = Some(end.shell_status());
+            }
+        }
+        if status == Some(0) {
+            return Ok(());
+        }
+        if begun.elapsed() > READY_TIMEOUT {
+            return Err(format!(
+                "readyCmd {ready:?} did not succeed within {READY_TIMEOUT:?} (last exit status \
+                 {status:?})"
+            ));
+        }
+        tokio::time::sleep(READY_INTERVAL).await;
+    }
+}

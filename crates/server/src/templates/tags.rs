@@ -1,0 +1,402 @@
+//! E2B template tags, so that the stock SDKs' `Template.assign_tags`, `remove_tags` and
+//! `get_tags` and creates from `name:tag` work:
+//!
+//! - `POST /templates/tags {target: "name[:tag]", tags}` → 201 `{tags, buildID}`: the tags
+//!   now name the build `target` names (`default` when it has no tag);
+//! - `DELETE /templates/tags {name, tags}` → 204;
+//! - `GET /templates/{templateID}/tags` → 200 `[{tag, buildID, createdAt}]`.
+//!
+//! A tag names one build of a template built through the template API (templates/api.rs).
+//! A build asks for `default`, its name's tag and `POST /v3/templates`'s `tags`; it takes
+//! them when it is recorded ready (triggers of migration 7, the same statement), from
+//! whichever build had them. The tag routes only answer for the caller's own templates (the
+//! key that made the template's current build); another key's are 404, as build statuses
+//! are (templates/api.rs).
+//!
+//! A create (`POST /sandboxes`) from `name:tag` ([`untag_request`]) is open to every key, as
+//! creates from `name` are. Limitation: only a template's latest build is kept on disk
+//! (`images/<name>/`, a rebuild replaces it), so a create works from a tag that names the
+//! current build; a tag left on a replaced build is 404, saying so. `name:default` of an
+//! installed image (not API-built) is that image.
+//!
+//! Not implemented: E2B's `.../tags/count`, `/exists`, `/groups` and `/{tag}/assignments`
+//! (no SDK function calls them).
+
+use crate::App;
+use crate::http::error::{ApiError, ApiResult, Error, ErrorBody};
+use crate::http::extract::{ApiJson, Caller};
+use crate::sandboxes::models::NewSandbox;
+use crate::sandboxes::service::Lifecycle;
+use crate::util::{now_ms, rfc3339};
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use sandcell_image::valid_name;
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// The tag every successful build takes, and the one a name without a tag means.
+pub const DEFAULT_TAG: &str = "default";
+/// Most tags one request may name.
+const MAX_TAGS: usize = 64;
+
+/// E2B's `AssignTemplateTagsRequest`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct AssignTags {
+    /// `name:tag` (or `name`, meaning `name:default`): the build to tag.
+    pub target: String,
+    pub tags: Vec<String>,
+}
+
+/// E2B's `AssignedTemplateTags`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AssignedTags {
+    pub tags: Vec<String>,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+}
+
+/// E2B's `DeleteTemplateTagsRequest`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct RemoveTags {
+    /// The template's name (no tag).
+    pub name: String,
+    pub tags: Vec<String>,
+}
+
+/// E2B's `TemplateTag`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TemplateTag {
+    pub tag: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    /// When the tag was assigned (RFC 3339).
+    #[serde(rename = "createdAt")]
+    pub created_at: String,
+}
+
+/// A tag: as a template name, lowercase letters, digits, '-', '_' and '.', at most 128.
+pub fn valid_tag(tag: &str) -> bool {
+    valid_name(tag)
+}
+
+fn check_name(name: &str) -> ApiResult<()> {
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "template name {name:?}: lowercase letters, digits, '-', '_' and '.', at most 128"
+        )))
+    }
+}
+
+/// `tags` checked (400 if empty, too many or malformed) and without repeats, in order.
+pub fn check_tags(tags: &[String]) -> ApiResult<Vec<String>> {
+    if tags.is_empty() {
+        return Err(ApiError::bad_request("tags: at least one tag is required"));
+    }
+    if tags.len() > MAX_TAGS {
+        return Err(ApiError::bad_request(format!(
+            "tags: at most {MAX_TAGS} at once"
+        )));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(tags.len());
+    for tag in tags {
+        if !valid_tag(tag) {
+            return Err(ApiError::bad_request(format!(
+                "tag {tag:?}: lowercase letters, digits, '-', '_' and '.', at most 128"
+            )));
+        }
+        if !out.contains(tag) {
+            out.push(tag.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// `name[:tag]` as (name, tag), the tag `default` when there is none; 400 if malformed.
+pub fn split_target(target: &str) -> ApiResult<(&str, &str)> {
+    let (name, tag) = target.split_once(':').unwrap_or((target, DEFAULT_TAG));
+    check_name(name)?;
+    if !valid_tag(tag) {
+        return Err(ApiError::bad_request(format!(
+            "{target:?}: the tag after ':' must be lowercase letters, digits, '-', '_' and '.'"
+        )));
+    }
+    Ok((name, tag))
+}
+
+/// Records the tags build `build_id` asks for; it takes them when it is ready (migration 7).
+pub async fn request(db: &crate::store::Db, build_id: &str, tags: &[String]) -> Result<(), Error> {
+    let mut tx = db
+        .pool()
+        .begin()
+        .await
+        .map_err(Error::db("starting a transaction"))?;
+    for tag in tags {
+        sqlx::query("INSERT OR IGNORE INTO template_build_tags (build_id, tag) VALUES ($1, $2)")
+            .bind(build_id)
+            .bind(tag)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(format!("recording the tags of build {build_id}")))?;
+    }
+    tx.commit()
+        .await
+        .map_err(Error::db(format!("recording the tags of build {build_id}")))
+}
+
+/// Drops the tags of a deleted template (snapshots/api.rs `delete_template`).
+pub async fn forget(db: &crate::store::Db, template: &str) -> Result<(), Error> {
+    sqlx::query("DELETE FROM template_tags WHERE template_id = $1")
+        .bind(template)
+        .execute(db.pool())
+        .await
+        .map_err(Error::db(format!(
+            "deleting the tags of template {template}"
+        )))?;
+    Ok(())
+}
+
+/// The build `tag` of `template` names, if any.
+async fn tagged_build(
+    db: &crate::store::Db,
+    template: &str,
+    tag: &str,
+) -> Result<Option<String>, Error> {
+    sqlx::query("SELECT build_id FROM template_tags WHERE template_id = $1 AND tag = $2")
+        .bind(template)
+        .bind(tag)
+        .fetch_optional(db.pool())
+        .await
+        .map(|row| row.map(|r| r.get("build_id")))
+        .map_err(Error::db(format!(
+            "reading tag {tag} of template {template}"
+        )))
+}
+
+/// The id of the build `images/<name>/` holds, if the template was built through the API.
+fn current_build(lifecycle: &Lifecycle, name: &str) -> Option<String> {
+    crate::templates::start::record(lifecycle, name).map(|r| r.build_id)
+}
+
+/// `name`'s current build, when the template exists and the caller made that build; 404
+/// otherwise (unknown, an installed image, or another key's).
+async fn owned_template(app: &App, caller: &Caller, name: &str) -> ApiResult<String> {
+    check_name(name)?;
+    let not_found = || ApiError::not_found(format!("template '{name}' not found"));
+    let build = current_build(&app.lifecycle, name).ok_or_else(not_found)?;
+    let owner: Option<String> =
+        sqlx::query("SELECT key_id FROM template_builds WHERE build_id = $1")
+            .bind(&build)
+            .fetch_optional(app.db.pool())
+            .await
+            .map_err(Error::db(format!("reading build {build}")))?
+            .map(|r| r.get("key_id"));
+    if owner.as_deref() != Some(caller.0.id.as_str()) {
+        return Err(not_found());
+    }
+    Ok(build)
+}
+
+/// Tags the build `target` names with `tags` (moving them from other builds).
+#[utoipa::path(post, path = "/templates/tags", tag = "templates", security(("ApiKeyAuth" = [])),
+    request_body = AssignTags,
+    responses((status = 201, body = AssignedTags),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, description = "No such template of the caller's, or no such tag",
+            body = ErrorBody),
+        (status = 500, body = ErrorBody)))]
+pub async fn assign_tags(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<AssignTags>,
+) -> ApiResult<(StatusCode, Json<AssignedTags>)> {
+    let (name, tag) = split_target(&req.target)?;
+    let tags = check_tags(&req.tags)?;
+    owned_template(&app, &caller, name).await?;
+    let build_id = tagged_build(&app.db, name, tag)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("template '{name}' has no tag '{tag}'")))?;
+    let now = now_ms();
+    let mut tx = app
+        .db
+        .pool()
+        .begin()
+        .await
+        .map_err(Error::db("starting a transaction"))?;
+    for t in &tags {
+        sqlx::query(
+            "INSERT OR REPLACE INTO template_tags (template_id, tag, build_id, assigned_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(name)
+        .bind(t)
+        .bind(&build_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(format!("tagging template {name}")))?;
+    }
+    tx.commit()
+        .await
+        .map_err(Error::db(format!("tagging template {name}")))?;
+    Ok((StatusCode::CREATED, Json(AssignedTags { tags, build_id })))
+}
+
+/// Removes tags from a template; 404 (and nothing removed) if one of them is not there.
+#[utoipa::path(delete, path = "/templates/tags", tag = "templates", security(("ApiKeyAuth" = [])),
+    request_body = RemoveTags,
+    responses((status = 204, description = "Removed"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, description = "No such template of the caller's, or no such tag",
+            body = ErrorBody),
+        (status = 500, body = ErrorBody)))]
+pub async fn remove_tags(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<RemoveTags>,
+) -> ApiResult<StatusCode> {
+    check_name(&req.name)?;
+    let tags = check_tags(&req.tags)?;
+    owned_template(&app, &caller, &req.name).await?;
+    let mut tx = app
+        .db
+        .pool()
+        .begin()
+        .await
+        .map_err(Error::db("starting a transaction"))?;
+    for tag in &tags {
+        let done = sqlx::query("DELETE FROM template_tags WHERE template_id = $1 AND tag = $2")
+            .bind(&req.name)
+            .bind(tag)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(format!("removing tags of template {}", req.name)))?;
+        if done.rows_affected() == 0 {
+            // Dropping the transaction rolls back the tags removed so far.
+            return Err(ApiError::not_found(format!(
+                "template '{}' has no tag '{tag}'",
+                req.name
+            )));
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(Error::db(format!("removing tags of template {}", req.name)))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A template's tags, each with the build it names (a replaced build's too).
+#[utoipa::path(get, path = "/templates/{templateID}/tags", tag = "templates",
+    security(("ApiKeyAuth" = [])), params(("templateID" = String, Path)),
+    responses((status = 200, body = Vec<TemplateTag>),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
+pub async fn list_tags(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(template_id): Path<String>,
+) -> ApiResult<Json<Vec<TemplateTag>>> {
+    owned_template(&app, &caller, &template_id).await?;
+    let rows = sqlx::query(
+        "SELECT tag, build_id, assigned_at FROM template_tags WHERE template_id = $1 \
+         ORDER BY assigned_at, tag",
+    )
+    .bind(&template_id)
+    .fetch_all(app.db.pool())
+    .await
+    .map_err(Error::db(format!(
+        "listing the tags of template {template_id}"
+    )))?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| TemplateTag {
+                tag: r.get("tag"),
+                build_id: r.get("build_id"),
+                created_at: rfc3339(r.get("assigned_at")),
+            })
+            .collect(),
+    ))
+}
+
+/// The template a create's `name:tag` names, as `name`: 404 when the tag is unknown or names
+/// a build a later one replaced (only the latest is on disk). A `templateID` without ':' is
+/// returned as it is.
+pub async fn untag(lifecycle: &Lifecycle, template_id: &str) -> ApiResult<String> {
+    if !template_id.contains(':') {
+        return Ok(template_id.to_string());
+    }
+    let (name, tag) = split_target(template_id)?;
+    let Some(current) = current_build(lifecycle, name) else {
+        // Not API-built: an installed image has one version, its `default`.
+        if tag == DEFAULT_TAG && lifecycle.dirs().images().join(name).is_dir() {
+            return Ok(name.to_string());
+        }
+        return Err(ApiError::not_found(format!(
+            "template '{template_id}' not found"
+        )));
+    };
+    let tagged = tagged_build(&lifecycle.db, name, tag)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("template '{name}' has no tag '{tag}'")))?;
+    if tagged != current {
+        return Err(ApiError::not_found(format!(
+            "template '{template_id}' names build {tagged}, which a later build ({current}) \
+             replaced: this server keeps only a template's latest build; build it again or \
+             tag the current one"
+        )));
+    }
+    Ok(name.to_string())
+}
+
+/// `req` with its `templateID` untagged ([`untag`]), for `Lifecycle::create`.
+pub async fn untag_request(lifecycle: &Lifecycle, mut req: NewSandbox) -> ApiResult<NewSandbox> {
+    req.template_id = untag(lifecycle, &req.template_id).await?;
+    Ok(req)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_tags_are_checked() {
+        assert_eq!(split_target("web").unwrap(), ("web", "default"));
+        assert_eq!(split_target("web:v1.2").unwrap(), ("web", "v1.2"));
+        for bad in [
+            "web:",
+            "Web:v1",
+            ":v1",
+            "web:V1",
+            "web:a:b",
+            "web:has space",
+        ] {
+            let e = split_target(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+        let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            check_tags(&tags(&["b", "a", "b"])).unwrap(),
+            tags(&["b", "a"])
+        );
+        assert!(check_tags(&[]).is_err());
+        assert!(check_tags(&tags(&["ok", "Not OK"])).is_err());
+        assert!(check_tags(&vec!["t".to_string(); MAX_TAGS + 1]).is_err());
+    }
+
+    #[test]
+    fn the_routes_are_in_the_openapi_description() {
+        let (_, api) = crate::routes();
+        let tags = &api.paths.paths["/templates/tags"];
+        assert!(tags.post.is_some() && tags.delete.is_some());
+        assert!(
+            api.paths.paths["/templates/{templateID}/tags"]
+                .get
+                .is_some()
+        );
+    }
+}
