@@ -147,12 +147,17 @@ fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
     s.parse()
 }
 
-/// What the handlers share.
+/// What the handlers share: everything one daemon keeps in memory (two daemons in one
+/// process share nothing), built in [`run`].
 pub struct App {
     pub db: Db,
     pub lifecycle: Arc<Lifecycle>,
     pub config: Config,
     pub metrics: Arc<metrics::Metrics>,
+    /// Template builds of this daemon's lifetime.
+    pub builds: templates::builds::Builds,
+    /// Upload URLs handed out for template builds' COPY archives.
+    pub uploads: templates::api::UploadGrants,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -197,18 +202,19 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             file.display()
         );
     }
-    templates::builds::set_insecure_registries(args.insecure_registries.clone());
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         eprintln!(
             "sandcell serve: {interrupted} template build(s) of the previous daemon were interrupted"
         );
     }
-    if let Some(settings) = net_settings(&dirs, &args)? {
-        networks::service::configure(settings);
-    }
+    // One registry for the daemon's networks: its runtimes make them there, [`Networks`]
+    // finds them there.
     let nets = sandcell_runtime::net::NetRegistry::new();
-    networks::service::set_registry(nets.clone());
+    let networks = Arc::new(networks::service::Networks::new(
+        net_settings(&dirs, &args)?,
+        nets.clone(),
+    ));
     let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let lifecycle = Arc::new(Lifecycle::new(
@@ -221,6 +227,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             kill_on_exit: args.kill_on_exit,
         },
         metrics.clone(),
+        networks.clone(),
     ));
     let (adopted, lost) = lifecycle.reconcile().await?;
     if !adopted.is_empty() {
@@ -238,7 +245,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         );
     }
     // After reconcile, which removes this daemon's unused networks, prepared ones too.
-    networks::service::start_pool()?;
+    networks.start_pool()?;
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
     if args.template_cache_days > 0 {
         tokio::spawn(templates::builds::prune_caches_daily(
@@ -253,6 +260,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             domain: args.domain.clone(),
         },
         metrics,
+        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
+        uploads: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -283,7 +292,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
     lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;
-    networks::service::shutdown().await;
+    networks.shutdown().await;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
     db.close().await;

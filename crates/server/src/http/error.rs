@@ -202,6 +202,19 @@ impl From<Error> for ApiError {
     }
 }
 
+impl From<crate::networks::service::NetworkError> for ApiError {
+    fn from(e: crate::networks::service::NetworkError) -> ApiError {
+        use crate::networks::service::NetworkError;
+        match e {
+            NetworkError::NetworksOff | NetworkError::Rules(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            NetworkError::UnknownNetwork(_) => ApiError::not_found(e.to_string()),
+            NetworkError::Internal(e) => e.into(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body(None))).into_response();

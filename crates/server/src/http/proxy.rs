@@ -108,7 +108,7 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
     if target.port != sandcell_runtime::AGENT_PORT
         && let Some(net) = live.sandbox.network()
     {
-        if let Some(token) = crate::networks::service::traffic_token(&target.sandbox_id) {
+        if let Some(token) = app.lifecycle.networks.traffic_token(&target.sandbox_id) {
             let given = req
                 .headers()
                 .get(TRAFFIC_TOKEN_HEADER)

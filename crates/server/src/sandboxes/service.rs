@@ -81,6 +81,10 @@ pub struct Lifecycle {
     config: LifecycleConfig,
     metrics: Arc<crate::http::metrics::Metrics>,
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
+    /// The daemon's side of the sandboxes' networks.
+    pub networks: Arc<crate::networks::service::Networks>,
+    /// One pause, resume, snapshot, fork or kill per sandbox at a time.
+    pub(crate) ops: crate::snapshots::pause::OpLocks,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -127,6 +131,7 @@ impl Lifecycle {
         dirs: Dirs,
         config: LifecycleConfig,
         metrics: Arc<crate::http::metrics::Metrics>,
+        networks: Arc<crate::networks::service::Networks>,
     ) -> Lifecycle {
         Lifecycle {
             db,
@@ -135,7 +140,15 @@ impl Lifecycle {
             config,
             metrics,
             live: Mutex::new(HashMap::new()),
+            networks,
+            ops: Default::default(),
         }
+    }
+
+    /// The network of sandbox `id` if this daemon runs it and it has one (through the
+    /// runtime's [`Sandbox::network`]).
+    pub fn network_of(&self, id: &str) -> Option<sandcell_runtime::net::SandboxNet> {
+        self.live(id).and_then(|l| l.sandbox.network())
     }
 
     /// The vCPUs and memory a create asks for (E2B takes them from the template; we also
@@ -188,14 +201,16 @@ impl Lifecycle {
         }
         // `name:tag` is `name` when the tag names its current build (templates/tags.rs).
         let req = crate::templates::tags::untag_request(self, req).await?;
-        let net_req = crate::networks::service::check_request(
-            &self.db,
-            &key.id,
-            req.allow_internet_access,
-            req.network.as_ref(),
-            req.networks.as_deref(),
-        )
-        .await?;
+        let net_req = self
+            .networks
+            .check_request(
+                &self.db,
+                &key.id,
+                req.allow_internet_access,
+                req.network.as_ref(),
+                req.networks.as_deref(),
+            )
+            .await?;
         // An API-built template's `e2b.json` (templates/start.rs), read once for this create.
         let e2b = crate::templates::start::record(self, &req.template_id);
         // An API-built template restores the state its build snapshotted (templates/snapshot.rs).
@@ -297,7 +312,7 @@ impl Lifecycle {
         }
         // The network's rules are recorded before the runtime makes it (networks/service.rs).
         let recorded = match &net_req {
-            Some(n) => crate::networks::service::record(&self.db, &id, &key.id, n).await,
+            Some(n) => self.networks.record(&self.db, &id, &key.id, n).await,
             None => Ok(()),
         };
         let booted = match recorded {
@@ -346,7 +361,7 @@ impl Lifecycle {
         // agent without `/init`.
         spec.env = env;
         spec.boot_timeout = BOOT_TIMEOUT;
-        spec.network = crate::networks::service::spec_of(&self.db, &row.id).await?;
+        spec.network = self.networks.spec_of(&self.db, &row.id).await?;
         let sandbox: Arc<dyn Sandbox> = Arc::from(self.runtime.create(spec).await?);
         if let Err(e) = sandbox.start().await {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
@@ -408,7 +423,11 @@ impl Lifecycle {
         let handle = sandbox
             .handle()
             .and_then(|h| serde_json::to_string(&h).ok());
-        if let Err(e) = crate::networks::service::started(&self.db, &row.id).await {
+        if let Err(e) = self
+            .networks
+            .started(&self.db, &row.id, sandbox.network())
+            .await
+        {
             eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
         }
         self.db
@@ -440,7 +459,7 @@ impl Lifecycle {
                 Ok(true) => {
                     lock(&this.live).remove(&id);
                     let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
-                    crate::networks::service::ended(&this.db, &id).await;
+                    this.networks.ended(&this.db, &id).await;
                     let _ = this
                         .db
                         .transition(
@@ -463,7 +482,7 @@ impl Lifecycle {
     /// Kills running or paused sandbox `id`; false if it was neither (already ending or
     /// ended). Waits for a pause, resume, snapshot or fork of it to finish first.
     pub async fn kill(&self, id: &str, reason: &str) -> Result<bool, Error> {
-        let _op = crate::snapshots::pause::op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         if !self
             .db
             .transition(
@@ -491,7 +510,7 @@ impl Lifecycle {
                 }
             }
         }
-        crate::networks::service::ended(&self.db, id).await;
+        self.networks.ended(&self.db, id).await;
         self.db
             .transition(id, &[State::Killing], end.0, Some(&end.1), now_ms())
             .await?;

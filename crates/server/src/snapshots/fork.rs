@@ -5,7 +5,7 @@
 use super::restore::{RestoredNetwork, RestoredSpec, check_timeout};
 use crate::http::error::{ApiError, ApiResult, Error};
 use crate::sandboxes::service::Lifecycle;
-use crate::snapshots::pause::{new_snapshot_id, op_lock};
+use crate::snapshots::pause::new_snapshot_id;
 use crate::store::snapshots::{SnapshotKind, SnapshotRow};
 use crate::store::{KeyRow, SandboxRow, State};
 use crate::util::now_ms;
@@ -32,7 +32,7 @@ impl Lifecycle {
         name: Option<String>,
     ) -> ApiResult<(SnapshotRow, SnapshotHandle)> {
         let id = &row.id;
-        let _op = op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         let current = self.db.sandbox(id).await?;
         match current.map(|r| r.state) {
             Some(State::Running) => {}

@@ -15,7 +15,7 @@
 //! snapshot (paused) or not (error, or running if the sandbox survived); a `resuming` row
 //! goes back to `paused` (the restore's leftovers are swept as nobody adopted them).
 //!
-//! One operation at a time per sandbox ([`op_lock`]): pause, resume, snapshot, fork, kill.
+//! One operation at a time per sandbox ([`OpLocks::lock`]): pause, resume, snapshot, fork, kill.
 
 use crate::http::error::{ApiError, ApiResult, Error};
 use crate::sandboxes::service::{DESTROY_TIMEOUT, INIT_TIMEOUT, Lifecycle, Live, init_agent, lock};
@@ -24,21 +24,28 @@ use crate::store::{SandboxRow, State};
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{RestoreSpec, Sandbox, SandboxStatus, SnapshotHandle};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
-type OpLocks = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
-static OPS: LazyLock<OpLocks> = LazyLock::new(|| Mutex::new(HashMap::new()));
+type OpMap = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// One lock per sandbox for its pauses, resumes, snapshots, forks and kills (one daemon's:
+/// [`Lifecycle`] owns it).
+#[derive(Default)]
+pub struct OpLocks {
+    ops: Arc<OpMap>,
+}
 
 /// Held while one pause, resume, snapshot, fork or kill of sandbox `id` runs.
 pub struct OpGuard {
     id: String,
+    ops: Arc<OpMap>,
     _guard: tokio::sync::OwnedMutexGuard<()>,
 }
 
 impl Drop for OpGuard {
     fn drop(&mut self) {
         // The map only keeps entries someone holds or waits for.
-        let mut ops = lock(&OPS);
+        let mut ops = lock(&self.ops);
         if let Some(m) = ops.get(&self.id)
             && Arc::strong_count(m) <= 2
         {
@@ -47,14 +54,18 @@ impl Drop for OpGuard {
     }
 }
 
-pub async fn op_lock(id: &str) -> OpGuard {
-    let m = lock(&OPS)
-        .entry(id.to_string())
-        .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-        .clone();
-    OpGuard {
-        id: id.to_string(),
-        _guard: m.lock_owned().await,
+impl OpLocks {
+    /// Waits until no other operation of sandbox `id` runs.
+    pub async fn lock(&self, id: &str) -> OpGuard {
+        let m = lock(&self.ops)
+            .entry(id.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        OpGuard {
+            id: id.to_string(),
+            ops: self.ops.clone(),
+            _guard: m.lock_owned().await,
+        }
     }
 }
 
@@ -85,7 +96,7 @@ impl Lifecycle {
     /// Pauses running sandbox `id` into a snapshot on disk. 409 when it is paused or being
     /// paused already, 404 when it is not running.
     pub async fn pause(&self, id: &str) -> ApiResult<()> {
-        let _op = op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         let now = now_ms();
         if !self
             .db
@@ -145,7 +156,7 @@ impl Lifecycle {
                     .await?;
                 // Its host network goes with its processes (a resume makes a new one from
                 // the same rules; it leaves its private networks).
-                crate::networks::service::ended(&self.db, id).await;
+                self.networks.ended(&self.db, id).await;
                 // It no longer runs on the snapshot it was restored from, if any.
                 self.db.drop_snapshot_users(id, Some(&snap_id)).await?;
                 self.collect_snapshots().await;
@@ -216,7 +227,7 @@ impl Lifecycle {
     /// Resumes paused sandbox `id` (waiting for a pause in progress) with its end
     /// `timeout_secs` from now; a running one only has its end extended.
     pub async fn resume(self: &Arc<Self>, id: &str, timeout_secs: u64) -> ApiResult<Resumed> {
-        let _op = op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         let now = now_ms();
         let end_at = now + (timeout_secs as i64) * 1000;
         let row = self
@@ -268,7 +279,7 @@ impl Lifecycle {
         self.db
             .mark_running_again(&row, State::Resuming, now, end_at, handle.as_deref())
             .await?;
-        if let Err(e) = crate::networks::service::started(&self.db, id).await {
+        if let Err(e) = self.networks.started(&self.db, id, sandbox.network()).await {
             eprintln!("sandcell serve: sandbox {id}: its network: {e}");
         }
         self.watch(id.to_string(), sandbox);
@@ -342,7 +353,7 @@ impl Lifecycle {
         id: &str,
     ) -> Result<Arc<dyn Sandbox>, Error> {
         let mut spec = RestoreSpec::new(id.to_string());
-        spec.network = crate::networks::service::spec_of(&self.db, id).await?;
+        spec.network = self.networks.spec_of(&self.db, id).await?;
         spec.boot_timeout = crate::sandboxes::service::BOOT_TIMEOUT;
         // The daemon is infrastructure: its restart must not kill user sandboxes.
         spec.outlive_owner = true;

@@ -166,7 +166,7 @@ impl Lifecycle {
                 }
             }
             RestoredNetwork::Request(Some(net)) => {
-                crate::networks::service::record(&self.db, &id, &key.id, net).await?;
+                self.networks.record(&self.db, &id, &key.id, net).await?;
             }
             RestoredNetwork::Request(None) => {}
         }
