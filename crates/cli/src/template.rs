@@ -22,10 +22,10 @@
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild, TemplateRecord};
 use sandcell_image::{Limits, store};
+use sandcell_runtime::build_steps::GvisorRunner;
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::net::EgressSpec;
 use sandcell_runtime::{Dirs, NetworkSpec};
-use sandcell_server::templates::runner::GvisorRunner;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;

@@ -30,7 +30,7 @@ pub use keys::cli::{KeysCommand, keys};
 
 use http::error::Error;
 use http::metrics;
-use sandboxes::service::Lifecycle;
+use sandboxes::service::SandboxService;
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::microvm::MicrovmRuntime;
 use sandcell_runtime::select::{self, RuntimeChoice};
@@ -151,7 +151,7 @@ fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
 /// process share nothing), built in [`run`].
 pub struct App {
     pub db: Db,
-    pub lifecycle: Arc<Lifecycle>,
+    pub lifecycle: Arc<SandboxService>,
     pub config: Config,
     pub metrics: Arc<metrics::Metrics>,
     /// Template builds of this daemon's lifetime.
@@ -217,11 +217,11 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     ));
     let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let lifecycle = Arc::new(Lifecycle::new(
+    let lifecycle = Arc::new(SandboxService::new(
         db.clone(),
         runtime,
         dirs.clone(),
-        sandboxes::service::LifecycleConfig {
+        sandboxes::service::SandboxServiceConfig {
             max_vcpus: args.max_vcpus,
             max_memory_mib: args.max_memory_mib,
             kill_on_exit: args.kill_on_exit,

@@ -9,9 +9,9 @@
 //! The host reaches the agent through the VMM's hybrid vsock socket ([`vsock`]). Stopping is
 //! polite first (the agent powers the VM off), then firm (control `Shutdown`), then SIGKILL.
 
+mod boot_snapshot;
 mod network;
 mod sandbox;
-mod template_snapshot;
 pub mod vsock;
 mod warm_pool;
 
@@ -94,7 +94,7 @@ pub struct MicrovmRuntime {
 
 /// Template snapshots and the warm VMM pool their restores use.
 struct Templates {
-    store: std::sync::Arc<template_snapshot::TemplateSnapshots>,
+    store: std::sync::Arc<boot_snapshot::TemplateSnapshots>,
     pool: std::sync::Arc<warm_pool::WarmPool>,
 }
 
@@ -124,12 +124,12 @@ impl MicrovmRuntime {
 
     /// Creates of sandboxes without a network restore a template snapshot (made on the
     /// first create of each image, kernel, memory and vCPUs) into one of `pool_size` idle
-    /// pre-started VMMs instead of booting (template_snapshot.rs, warm_pool.rs). Their
+    /// pre-started VMMs instead of booting (boot_snapshot.rs, warm_pool.rs). Their
     /// environment then comes only from the agent's `/init`, which the caller must send
     /// (the daemon does); `pool_size` 0 turns it off.
     pub fn with_template_snapshots(mut self, pool_size: usize) -> MicrovmRuntime {
         self.templates = (pool_size > 0).then(|| Templates {
-            store: std::sync::Arc::new(template_snapshot::TemplateSnapshots::new(
+            store: std::sync::Arc::new(boot_snapshot::TemplateSnapshots::new(
                 &self.dirs, &self.vmm,
             )),
             pool: warm_pool::WarmPool::new(&self.dirs, &self.vmm, pool_size),
@@ -266,7 +266,7 @@ impl Runtime for MicrovmRuntime {
             (None, Some(t)) => sandbox.set_template_plan(sandbox::TemplatePlan {
                 store: t.store.clone(),
                 pool: t.pool.clone(),
-                key: template_snapshot::TemplateKey {
+                key: boot_snapshot::TemplateKey {
                     rootfs: spec.image.rootfs_ext4.clone().unwrap_or_default(),
                     kernel: config.kernel.clone(),
                     vmm: self.vmm.clone(),

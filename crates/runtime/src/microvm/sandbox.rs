@@ -6,8 +6,8 @@ use super::{CONTROL_TIMEOUT, MAX_CONTROL_LINE, Paths, RT, network, remove_files,
 #[path = "snapshot.rs"]
 mod snapshot;
 // Also a child module: a create from a template snapshot starts this sandbox's VMM.
-#[path = "template_start.rs"]
-mod template_start;
+#[path = "boot_snapshot_restore.rs"]
+mod boot_snapshot_restore;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, last_line, log_tail, open_log};
 use crate::{
@@ -15,6 +15,7 @@ use crate::{
     SandboxHandle, SandboxSpec, SandboxStatus,
 };
 use async_trait::async_trait;
+pub(super) use boot_snapshot_restore::{POOL_MARK, TemplatePlan};
 use sandcell_proto::vmm::{ControlRequest, ControlResponse, ExitStatus, VmState};
 pub(super) use snapshot::restore_new;
 use std::os::unix::process::ExitStatusExt;
@@ -22,7 +23,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-pub(super) use template_start::{POOL_MARK, TemplatePlan};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 pub struct MicrovmSandbox {
@@ -55,7 +55,7 @@ pub struct MicrovmSandbox {
     /// re-adopted, so whether its VM has a net device is unknown to snapshots.
     adopted_net: bool,
     /// Set when the first start restores a template snapshot into a pooled VMM instead of
-    /// booting (template_start.rs).
+    /// booting (boot_snapshot_restore.rs).
     template: Mutex<Option<TemplatePlan>>,
 }
 
@@ -172,7 +172,7 @@ impl MicrovmSandbox {
         *self.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
     }
 
-    /// Makes the first start restore a template snapshot (see template_start.rs).
+    /// Makes the first start restore a template snapshot (see boot_snapshot_restore.rs).
     pub(super) fn set_template_plan(&self, plan: TemplatePlan) {
         *self.template.lock().unwrap_or_else(|p| p.into_inner()) = Some(plan);
     }
@@ -308,9 +308,9 @@ impl Sandbox for MicrovmSandbox {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(plan) = plan {
-            match template_start::start(self, plan).await {
-                template_start::Outcome::Started(result) => return result,
-                template_start::Outcome::ColdBoot(why) => eprintln!(
+            match boot_snapshot_restore::start(self, plan).await {
+                boot_snapshot_restore::Outcome::Started(result) => return result,
+                boot_snapshot_restore::Outcome::ColdBoot(why) => eprintln!(
                     "sandcell: microvm sandbox {}: booting cold: the template snapshot path \
                      failed: {why}",
                     self.id

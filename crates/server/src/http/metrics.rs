@@ -9,7 +9,7 @@
 //!   pattern (`/sandboxes/{sandboxID}`), `envd-proxy` for sandbox traffic, `unmatched`
 //!   for unknown paths (counter);
 //! - `sandcell_template_creates_total{path}`: successful creates from an API-built
-//!   template by how they were made (templates/snapshot.rs): `restored` (its memory
+//!   template by how they were made (templates/memory_snapshot.rs): `restored` (its memory
 //!   snapshot), `fallback` (the restore failed: booted), `booted` (no usable snapshot, or
 //!   another size) (counter).
 //!

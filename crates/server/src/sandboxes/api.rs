@@ -5,8 +5,8 @@ use crate::App;
 use crate::http::error::{ApiError, ApiResult, ErrorBody};
 use crate::http::extract::{ApiJson, Caller, OptionalJson};
 use crate::sandboxes::models::{
-    ConnectRequest, Lifecycle, ListedSandbox, NewSandbox, RefreshRequest, Sandbox, SandboxDetail,
-    SandboxState, TimeoutRequest,
+    ConnectRequest, LifecycleInfo, ListedSandbox, NewSandbox, RefreshRequest, Sandbox,
+    SandboxDetail, SandboxState, TimeoutRequest,
 };
 use crate::sandboxes::service::{MAX_REFRESH_SECS, MAX_TIMEOUT_SECS};
 use crate::store::{SandboxRow, State as DbState};
@@ -335,7 +335,7 @@ pub async fn get_sandbox(
         listed,
         envd_access_token: row.access_token.clone(),
         domain: app.config.domain.clone(),
-        lifecycle: Lifecycle {
+        lifecycle: LifecycleInfo {
             auto_resume: false,
             on_timeout: if life.auto_pause { "pause" } else { "kill" }.into(),
         },

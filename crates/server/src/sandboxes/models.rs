@@ -102,7 +102,8 @@ pub struct ListedSandbox {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct Lifecycle {
+#[schema(as = SandboxService)]
+pub struct LifecycleInfo {
     #[serde(rename = "autoResume")]
     pub auto_resume: bool,
     /// `kill`, or `pause` for a sandbox created with `autoPause`.
@@ -118,7 +119,7 @@ pub struct SandboxDetail {
     #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
     pub domain: Option<String>,
-    pub lifecycle: Lifecycle,
+    pub lifecycle: LifecycleInfo,
     /// `full` for a paused sandbox (memory and files saved), absent while running.
     #[serde(rename = "pauseMode", skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<String>,

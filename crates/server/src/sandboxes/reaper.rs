@@ -1,7 +1,7 @@
 //! The reaper: kills (or pauses, with `autoPause`) sandboxes past their timeout or whose key
 //! was revoked, and flushes the metering of running ones.
 
-use crate::sandboxes::service::Lifecycle;
+use crate::sandboxes::service::SandboxService;
 use crate::util::now_ms;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 /// How often the reaper looks for sandboxes to end.
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
 
-impl Lifecycle {
+impl SandboxService {
     /// Kills sandboxes past their timeout (or whose key was revoked), forever.
     pub async fn reap_forever(self: Arc<Self>) {
         let mut tick = tokio::time::interval(REAP_INTERVAL);

@@ -2,13 +2,13 @@
 //! (see service.rs's crash-consistency notes for why each case is safe).
 
 use crate::http::error::Error;
-use crate::sandboxes::service::{DESTROY_TIMEOUT, Lifecycle, Live, lock};
+use crate::sandboxes::service::{DESTROY_TIMEOUT, Live, SandboxService, lock};
 use crate::store::State;
 use crate::util::{now_ms, rfc3339};
 use sandcell_runtime::{Sandbox, SandboxHandle};
 use std::sync::Arc;
 
-impl Lifecycle {
+impl SandboxService {
     /// At start: takes over the sandboxes the previous daemon left running (adopting them
     /// through their stored handle), finishes interrupted kills, marks the rest `error`
     /// and removes every leftover nobody adopted. Returns (adopted, lost) ids.
@@ -119,7 +119,7 @@ impl Lifecycle {
             eprintln!("sandcell serve: restoring private-network peers: {e}");
         }
         // Template snapshots of templates rebuilt or removed without the daemon.
-        crate::templates::snapshot::retire_orphans(self).await;
+        crate::templates::memory_snapshot::retire_orphans(self).await;
         self.collect_snapshots().await;
         self.remove_orphan_snapshot_dirs().await;
         self.db.flush_usage(now_ms()).await?;

@@ -47,7 +47,7 @@ pub const MIN_MEMORY_MIB: u32 = 128;
 
 /// Server-wide bounds and behaviour of the lifecycle (from `sandcell serve`'s options).
 #[derive(Debug, Clone)]
-pub struct LifecycleConfig {
+pub struct SandboxServiceConfig {
     /// Largest `cpuCount` a create may ask for.
     pub max_vcpus: u32,
     /// Largest `memoryMB` a create may ask for.
@@ -57,9 +57,9 @@ pub struct LifecycleConfig {
     pub kill_on_exit: bool,
 }
 
-impl Default for LifecycleConfig {
+impl Default for SandboxServiceConfig {
     fn default() -> Self {
-        LifecycleConfig {
+        SandboxServiceConfig {
             max_vcpus: 8,
             max_memory_mib: 8192,
             kill_on_exit: false,
@@ -74,11 +74,11 @@ pub struct Live {
     pub access_token: Option<String>,
 }
 
-pub struct Lifecycle {
+pub struct SandboxService {
     pub(crate) db: Db,
     pub(crate) runtime: Arc<dyn Runtime>,
     pub(crate) dirs: Dirs,
-    config: LifecycleConfig,
+    config: SandboxServiceConfig,
     metrics: Arc<crate::http::metrics::Metrics>,
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
     /// The daemon's side of the sandboxes' networks.
@@ -124,16 +124,16 @@ pub fn disk_mib(image: &Image) -> u32 {
         })
 }
 
-impl Lifecycle {
+impl SandboxService {
     pub fn new(
         db: Db,
         runtime: Arc<dyn Runtime>,
         dirs: Dirs,
-        config: LifecycleConfig,
+        config: SandboxServiceConfig,
         metrics: Arc<crate::http::metrics::Metrics>,
         networks: Arc<crate::networks::service::Networks>,
-    ) -> Lifecycle {
-        Lifecycle {
+    ) -> SandboxService {
+        SandboxService {
             db,
             runtime,
             dirs,
@@ -213,9 +213,11 @@ impl Lifecycle {
             .await?;
         // An API-built template's `e2b.json` (templates/start.rs), read once for this create.
         let e2b = crate::templates::start::record(self, &req.template_id);
-        // An API-built template restores the state its build snapshotted (templates/snapshot.rs).
+        // An API-built template restores the state its build snapshotted (templates/memory_snapshot.rs).
         let mut template_path = TemplateCreate::Booted;
-        if let Some(snap) = crate::templates::snapshot::usable(self, &req, e2b.as_ref()).await? {
+        if let Some(snap) =
+            crate::templates::memory_snapshot::usable(self, &req, e2b.as_ref()).await?
+        {
             let network = Some(crate::snapshots::restore::RestoredNetwork::Request(
                 net_req.clone(),
             ));

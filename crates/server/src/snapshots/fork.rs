@@ -4,9 +4,9 @@
 
 use super::restore::{RestoredNetwork, RestoredSpec, check_timeout};
 use crate::http::error::{ApiError, ApiResult, Error};
-use crate::sandboxes::service::Lifecycle;
+use crate::sandboxes::service::SandboxService;
 use crate::snapshots::pause::new_snapshot_id;
-use crate::store::snapshots::{SnapshotKind, SnapshotRow};
+use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::store::{KeyRow, SandboxRow, State};
 use crate::util::now_ms;
 use sandcell_runtime::SnapshotHandle;
@@ -22,13 +22,13 @@ pub fn valid_snapshot_name(name: &str) -> bool {
     crate::sandboxes::service::valid_template_name(name) && !name.starts_with("snap-")
 }
 
-impl Lifecycle {
+impl SandboxService {
     /// Checkpoints running sandbox `row` into a new snapshot of `kind`; the sandbox keeps
     /// running (gvisor: restored in place). 404 when it is not running.
     pub(crate) async fn checkpoint(
         &self,
         row: &SandboxRow,
-        kind: SnapshotKind,
+        kind: SnapshotPurpose,
         name: Option<String>,
     ) -> ApiResult<(SnapshotRow, SnapshotHandle)> {
         let id = &row.id;
@@ -63,8 +63,8 @@ impl Lifecycle {
         // The parent is a user too: it runs on what was restored in place from it.
         self.db.insert_snapshot(&snap, &[id]).await?;
         let runtime_kind = match kind {
-            SnapshotKind::Fork => sandcell_runtime::SnapshotKind::Fork,
-            SnapshotKind::Named | SnapshotKind::Pause | SnapshotKind::Template => {
+            SnapshotPurpose::Fork => sandcell_runtime::SnapshotKind::Fork,
+            SnapshotPurpose::Named | SnapshotPurpose::Pause | SnapshotPurpose::Template => {
                 sandcell_runtime::SnapshotKind::Full
             }
         };
@@ -110,7 +110,7 @@ impl Lifecycle {
                 )));
             }
         }
-        let (snap, _) = self.checkpoint(row, SnapshotKind::Named, name).await?;
+        let (snap, _) = self.checkpoint(row, SnapshotPurpose::Named, name).await?;
         // A snapshot of the same name before it is replaced: maybe unused now.
         self.collect_snapshots().await;
         Ok(snap)
@@ -130,7 +130,7 @@ impl Lifecycle {
                 "count {count} is out of range: 1 to {MAX_FORK_COUNT}"
             )));
         }
-        let (snap, handle) = self.checkpoint(parent, SnapshotKind::Fork, None).await?;
+        let (snap, handle) = self.checkpoint(parent, SnapshotPurpose::Fork, None).await?;
         let auto_pause = self.db.sandbox_lifecycle(&parent.id).await?.auto_pause;
         let mut results = Vec::with_capacity(count as usize);
         // One after the other: the gvisor runtime restores one at a time anyway.

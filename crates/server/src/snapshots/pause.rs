@@ -18,8 +18,10 @@
 //! One operation at a time per sandbox ([`OpLocks::lock`]): pause, resume, snapshot, fork, kill.
 
 use crate::http::error::{ApiError, ApiResult, Error};
-use crate::sandboxes::service::{DESTROY_TIMEOUT, INIT_TIMEOUT, Lifecycle, Live, init_agent, lock};
-use crate::store::snapshots::{SnapshotKind, SnapshotRow};
+use crate::sandboxes::service::{
+    DESTROY_TIMEOUT, INIT_TIMEOUT, Live, SandboxService, init_agent, lock,
+};
+use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::store::{SandboxRow, State};
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{RestoreSpec, Sandbox, SandboxStatus, SnapshotHandle};
@@ -88,7 +90,7 @@ pub enum Resumed {
     WasRunning(SandboxRow),
 }
 
-impl Lifecycle {
+impl SandboxService {
     pub(crate) fn snapshot_dir(&self, snapshot_id: &str) -> std::path::PathBuf {
         self.dirs.data.join("snapshots").join(snapshot_id)
     }
@@ -123,7 +125,7 @@ impl Lifecycle {
                 &SnapshotRow {
                     id: snap_id.clone(),
                     key_id: row.key_id.clone(),
-                    kind: SnapshotKind::Pause,
+                    kind: SnapshotPurpose::Pause,
                     name: None,
                     source_id: id.to_string(),
                     template_id: row.template_id.clone(),

@@ -16,7 +16,7 @@
 
 use crate::http::error::{ApiError, ApiResult, Error};
 use crate::sandboxes::models::NewSandbox;
-use crate::sandboxes::service::{DEFAULT_TIMEOUT_SECS, Lifecycle, MAX_TIMEOUT_SECS, disk_mib};
+use crate::sandboxes::service::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS, SandboxService, disk_mib};
 use crate::snapshots::pause::{merged_env, parse_handle};
 use crate::store::snapshots::{LifecycleRow, SnapshotRow};
 use crate::store::{KeyRow, SandboxRow, State};
@@ -56,7 +56,7 @@ pub(super) fn check_timeout(timeout: u64) -> ApiResult<()> {
     Ok(())
 }
 
-impl Lifecycle {
+impl SandboxService {
     /// The key's named snapshot that `template` names: its id or name, E2B's `:default`
     /// tag allowed.
     pub(crate) async fn snapshot_template(

@@ -15,7 +15,7 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What a snapshot is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SnapshotKind {
+pub enum SnapshotPurpose {
     /// The state of a paused sandbox.
     Pause,
     /// `POST /sandboxes/{id}/snapshots`: usable as a template until deleted.
@@ -23,26 +23,26 @@ pub enum SnapshotKind {
     /// What the children of one fork were restored from.
     Fork,
     /// An API-built template's state once its start command runs and its ready command
-    /// succeeded (templates/snapshot.rs): kept until the template is rebuilt or deleted.
+    /// succeeded (templates/memory_snapshot.rs): kept until the template is rebuilt or deleted.
     Template,
 }
 
-impl SnapshotKind {
+impl SnapshotPurpose {
     pub fn as_str(self) -> &'static str {
         match self {
-            SnapshotKind::Pause => "pause",
-            SnapshotKind::Named => "named",
-            SnapshotKind::Fork => "fork",
-            SnapshotKind::Template => "template",
+            SnapshotPurpose::Pause => "pause",
+            SnapshotPurpose::Named => "named",
+            SnapshotPurpose::Fork => "fork",
+            SnapshotPurpose::Template => "template",
         }
     }
 
-    fn parse(s: &str) -> Option<SnapshotKind> {
+    fn parse(s: &str) -> Option<SnapshotPurpose> {
         [
-            SnapshotKind::Pause,
-            SnapshotKind::Named,
-            SnapshotKind::Fork,
-            SnapshotKind::Template,
+            SnapshotPurpose::Pause,
+            SnapshotPurpose::Named,
+            SnapshotPurpose::Fork,
+            SnapshotPurpose::Template,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -53,7 +53,7 @@ impl SnapshotKind {
 pub struct SnapshotRow {
     pub id: String,
     pub key_id: String,
-    pub kind: SnapshotKind,
+    pub kind: SnapshotPurpose,
     pub name: Option<String>,
     pub source_id: String,
     pub template_id: String,
@@ -72,7 +72,7 @@ fn from_row(row: &SqliteRow) -> Result<SnapshotRow, sqlx::Error> {
     Ok(SnapshotRow {
         id: row.try_get("id")?,
         key_id: row.try_get("key_id")?,
-        kind: SnapshotKind::parse(&kind).ok_or_else(|| sqlx::Error::ColumnDecode {
+        kind: SnapshotPurpose::parse(&kind).ok_or_else(|| sqlx::Error::ColumnDecode {
             index: "kind".into(),
             source: format!("unknown snapshot kind {kind:?}").into(),
         })?,

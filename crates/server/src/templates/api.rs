@@ -20,7 +20,7 @@
 use crate::App;
 use crate::http::error::{ApiError, ApiResult, ErrorBody};
 use crate::http::extract::{ApiJson, Caller};
-use crate::templates::builds::{self as builds, LogEntry, Snapshot, Status};
+use crate::templates::builds::{self as builds, BuildReport, LogEntry, Status};
 use crate::templates::plan::{self as plan, BuildStart};
 use crate::templates::tags;
 use crate::util::{random_hex, rfc3339};
@@ -562,9 +562,9 @@ async fn find_build(
     caller: &Caller,
     template_id: &str,
     build_id: &str,
-) -> ApiResult<Snapshot> {
-    let snap: Option<Snapshot> = match app.builds.find(build_id) {
-        Some(b) => Some(b.snapshot()),
+) -> ApiResult<BuildReport> {
+    let snap: Option<BuildReport> = match app.builds.find(build_id) {
+        Some(b) => Some(b.report()),
         None => builds::load(&app.db, build_id).await?,
     };
     snap.filter(|s| s.template_id == template_id && s.key_id == caller.0.id)

@@ -10,13 +10,13 @@
 use crate::App;
 use crate::http::error::Error;
 use crate::store::Db;
+use crate::templates::memory_snapshot::{self, TakeError};
 use crate::templates::plan::{BuildStart, Plan, registry_auth};
-use crate::templates::runner::GvisorRunner;
-use crate::templates::snapshot::{self, TakeError};
 use crate::util::now_ms;
 use sandcell_image::Limits;
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
+use sandcell_runtime::build_steps::GvisorRunner;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use std::collections::HashMap;
@@ -99,7 +99,7 @@ pub struct Reason {
 
 /// A build's state as the status route shows it.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub struct BuildReport {
     pub template_id: String,
     pub key_id: String,
     pub status: Status,
@@ -139,9 +139,9 @@ impl Build {
         self.lock().status
     }
 
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn report(&self) -> BuildReport {
         let p = self.lock();
-        Snapshot {
+        BuildReport {
             template_id: self.template_id.clone(),
             key_id: self.key_id.clone(),
             status: p.status,
@@ -313,7 +313,7 @@ pub async fn mark_interrupted(db: &Db) -> Result<u64, Error> {
 }
 
 /// A build of an earlier daemon, from the database.
-pub async fn load(db: &Db, build_id: &str) -> Result<Option<Snapshot>, Error> {
+pub async fn load(db: &Db, build_id: &str) -> Result<Option<BuildReport>, Error> {
     let Some(row) = sqlx::query(
         "SELECT template_id, key_id, status, reason, reason_step FROM template_builds \
          WHERE build_id = $1",
@@ -342,7 +342,7 @@ pub async fn load(db: &Db, build_id: &str) -> Result<Option<Snapshot>, Error> {
         }
     };
     let reason: Option<String> = row.get("reason");
-    Ok(Some(Snapshot {
+    Ok(Some(BuildReport {
         template_id: row.get("template_id"),
         key_id: row.get("key_id"),
         status: Status::parse(&row.get::<String, _>("status")),
@@ -363,7 +363,7 @@ pub async fn load(db: &Db, build_id: &str) -> Result<Option<Snapshot>, Error> {
 }
 
 async fn record_status(db: &Db, build: &Build) -> Result<(), Error> {
-    let snap = build.snapshot();
+    let snap = build.report();
     let mut tx = db
         .pool()
         .begin()
@@ -457,7 +457,7 @@ pub struct E2bRecord {
     pub cpu_count: Option<u32>,
     #[serde(default, rename = "memoryMB", skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u32>,
-    /// The template's memory snapshot, once taken (templates/snapshot.rs).
+    /// The template's memory snapshot, once taken (templates/memory_snapshot.rs).
     #[serde(
         default,
         rename = "snapshotID",
@@ -603,10 +603,10 @@ async fn run(
         && prev.ready_cmd == record.ready_cmd
         && prev.cpu_count == record.cpu_count
         && prev.memory_mb == record.memory_mb
-        && snapshot::is_current(lifecycle, id).await
+        && memory_snapshot::is_current(lifecycle, id).await
     {
         record.snapshot_id = Some(id.to_string());
-        snapshot::record_in(lifecycle, &build.template_id, &record)
+        memory_snapshot::record_in(lifecycle, &build.template_id, &record)
             .map_err(|e| (e.to_string(), step()))?;
         build.log(
             "info",
@@ -614,14 +614,14 @@ async fn run(
         );
         return Ok(());
     }
-    snapshot::record_in(lifecycle, &build.template_id, &record)
+    memory_snapshot::record_in(lifecycle, &build.template_id, &record)
         .map_err(|e| (e.to_string(), step()))?;
     // The previous build's snapshot restores the previous image: retired either way.
     if let Some(old) = previous.and_then(|p| p.snapshot_id) {
-        snapshot::retire(lifecycle, &old).await;
+        memory_snapshot::retire(lifecycle, &old).await;
     }
     // E2B semantics: the template is its state once the start command runs and the ready
-    // command succeeded, so creates restore it (templates/snapshot.rs).
+    // command succeeded, so creates restore it (templates/memory_snapshot.rs).
     build.set_step(Some("snapshot".into()));
     build.log(
         "info",
@@ -641,11 +641,11 @@ async fn run(
         .await
         .map_err(|e| (e.to_string(), step()))?
         .ok_or_else(|| (format!("API key {} is gone", build.key_id), step()))?;
-    match snapshot::take(lifecycle, &key, &build.template_id, &build.build_id).await {
+    match memory_snapshot::take(lifecycle, &key, &build.template_id, &build.build_id).await {
         Ok(snapshot_id) => {
             build.log("info", format!("memory snapshot {snapshot_id} taken"));
             record.snapshot_id = Some(snapshot_id);
-            snapshot::record_in(lifecycle, &build.template_id, &record)
+            memory_snapshot::record_in(lifecycle, &build.template_id, &record)
                 .map_err(|e| (e.to_string(), step()))?;
         }
         Err(TakeError::Template(message)) => return Err((message, step())),

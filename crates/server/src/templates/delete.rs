@@ -64,7 +64,7 @@ pub async fn delete_template(
     match removed {
         Ok(()) => {
             if let Some(snapshot) = snapshot {
-                crate::templates::snapshot::retire(&app.lifecycle, &snapshot).await;
+                crate::templates::memory_snapshot::retire(&app.lifecycle, &snapshot).await;
             }
             let name = id.strip_suffix(":default").unwrap_or(&id);
             crate::templates::tags::forget(&app.db, name).await?;
@@ -83,7 +83,7 @@ pub async fn delete_template(
 /// snapshots (a restore needs the image its snapshot was taken over).
 async fn template_users(app: &App, name: &str) -> ApiResult<Vec<String>> {
     let snapshots: Vec<(String, Option<String>, String)> =
-        // A template's own snapshot is part of it, not a user (templates/snapshot.rs).
+        // A template's own snapshot is part of it, not a user (templates/memory_snapshot.rs).
         sqlx::query_as("SELECT id, name, template_id FROM snapshots WHERE kind != 'template'")
             .fetch_all(app.db.pool())
             .await

@@ -1,15 +1,14 @@
 //! Templates: E2B template builds through the API ([`api`], [`builds`], [`plan`]), their
-//! tags ([`tags`]), memory snapshots ([`snapshot`]) and start/ready commands ([`start`]),
-//! the defaults an OCI image carries ([`defaults`]), and the Dockerfile step runner
-//! ([`runner`]).
+//! tags ([`tags`]), memory snapshots ([`memory_snapshot`]) and start/ready commands ([`start`]),
+//! and the defaults an OCI image carries ([`defaults`]). The Dockerfile step runner the
+//! builds use is `sandcell_runtime::build_steps`, next to the runtime it drives.
 
 pub mod api;
 pub mod builds;
 pub mod defaults;
 pub mod delete;
 pub mod list;
+pub mod memory_snapshot;
 pub mod plan;
-pub mod runner;
-pub mod snapshot;
 pub mod start;
 pub mod tags;

@@ -21,7 +21,7 @@
 //! any other `fromImage` is pulled by the daemon (`fromImageRegistry` `registry` credentials as basic
 //! auth; `sandcell serve --insecure-registry HOST` for plain HTTP).
 //! `startCmd`/`readyCmd` are kept in `images/<name>/e2b.json`; the build runs them once and
-//! snapshots the result (templates/snapshot.rs).
+//! snapshots the result (templates/memory_snapshot.rs).
 
 use sandcell_image::registry::Auth;
 use sandcell_image::valid_name;

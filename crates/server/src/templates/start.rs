@@ -11,7 +11,7 @@
 //! or forks already have it running and skip this).
 
 use crate::http::error::{ApiError, ApiResult};
-use crate::sandboxes::service::Lifecycle;
+use crate::sandboxes::service::SandboxService;
 use crate::store::SandboxRow;
 use crate::templates::builds::{E2B_FILE, E2bRecord};
 use axum::http::header;
@@ -34,7 +34,7 @@ const MAX_RECORD_BYTES: u64 = 1 << 20;
 const MAX_ENVELOPE: usize = 1 << 20;
 
 /// `e2b.json` of the template, if it was built through the template API.
-pub fn record(lifecycle: &Lifecycle, template: &str) -> Option<E2bRecord> {
+pub fn record(lifecycle: &SandboxService, template: &str) -> Option<E2bRecord> {
     use std::io::Read;
     if !crate::sandboxes::service::valid_template_name(template) {
         return None;
@@ -77,7 +77,7 @@ fn shell(cmd: &str, tag: &str) -> StartRequest {
 /// Runs the start and ready commands of the new sandbox `row`'s template (`rec`); on failure
 /// it is killed and the create fails with the reason.
 pub async fn after_create(
-    lifecycle: &Arc<Lifecycle>,
+    lifecycle: &Arc<SandboxService>,
     row: &SandboxRow,
     rec: Option<&E2bRecord>,
 ) -> ApiResult<()> {

@@ -26,7 +26,7 @@ use crate::App;
 use crate::http::error::{ApiError, ApiResult, Error, ErrorBody};
 use crate::http::extract::{ApiJson, Caller};
 use crate::sandboxes::models::NewSandbox;
-use crate::sandboxes::service::Lifecycle;
+use crate::sandboxes::service::SandboxService;
 use crate::util::{now_ms, rfc3339};
 use axum::Json;
 use axum::extract::{Path, State};
@@ -178,7 +178,7 @@ async fn tagged_build(
 }
 
 /// The id of the build `images/<name>/` holds, if the template was built through the API.
-fn current_build(lifecycle: &Lifecycle, name: &str) -> Option<String> {
+fn current_build(lifecycle: &SandboxService, name: &str) -> Option<String> {
     crate::templates::start::record(lifecycle, name).map(|r| r.build_id)
 }
 
@@ -325,7 +325,7 @@ pub async fn list_tags(
 /// The template a create's `name:tag` names, as `name`: 404 when the tag is unknown or names
 /// a build a later one replaced (only the latest is on disk). A `templateID` without ':' is
 /// returned as it is.
-pub async fn untag(lifecycle: &Lifecycle, template_id: &str) -> ApiResult<String> {
+pub async fn untag(lifecycle: &SandboxService, template_id: &str) -> ApiResult<String> {
     if !template_id.contains(':') {
         return Ok(template_id.to_string());
     }
@@ -352,8 +352,11 @@ pub async fn untag(lifecycle: &Lifecycle, template_id: &str) -> ApiResult<String
     Ok(name.to_string())
 }
 
-/// `req` with its `templateID` untagged ([`untag`]), for `Lifecycle::create`.
-pub async fn untag_request(lifecycle: &Lifecycle, mut req: NewSandbox) -> ApiResult<NewSandbox> {
+/// `req` with its `templateID` untagged ([`untag`]), for `SandboxService::create`.
+pub async fn untag_request(
+    lifecycle: &SandboxService,
+    mut req: NewSandbox,
+) -> ApiResult<NewSandbox> {
     req.template_id = untag(lifecycle, &req.template_id).await?;
     Ok(req)
 }

@@ -1,7 +1,9 @@
 //! The [`StepRunner`] of Dockerfile and E2B template builds: each RUN step in a fresh gVisor
 //! sandbox whose root's writes land in the step's host layer (`SandboxSpec::host_layer`),
 //! FROM images pulled from registries. Used by `sandcell template build` and by the
-//! daemon's E2B template API (templates/api.rs).
+//! daemon's E2B template API (crates/server templates/builds.rs). It lives here, next to
+//! the runtime it drives, so that building a template needs the runtime and the image
+//! crate, not the daemon.
 //!
 //! RUN steps have a network unless [`GvisorRunner::network`] is `None` (`sandcell template
 //! build --network none`, a daemon started with `--no-network`): `apt-get install` and `pip
@@ -9,16 +11,16 @@
 //! `/etc/resolv.conf` (our DNS server on the gateway) into the step's upper layer; it is
 //! removed from the layer afterwards unless the step changed it (see [`RuntimeResolvConf`]).
 
+use crate::gvisor::GvisorRuntime;
+use crate::{
+    AGENT_PORT, HostLayer, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client,
+    new_sandbox_id,
+};
 use sandcell_agent::client::{OutputKind, decode_data};
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{RunRequest, StepRunner};
 use sandcell_image::{NoProgress, ResolvedImage};
 use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
-use sandcell_runtime::gvisor::GvisorRuntime;
-use sandcell_runtime::{
-    AGENT_PORT, HostLayer, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client,
-    new_sandbox_id,
-};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

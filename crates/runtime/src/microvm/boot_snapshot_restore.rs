@@ -1,5 +1,5 @@
 //! The first start of a sandbox created from a template snapshot
-//! ([`super::super::template_snapshot`]): take an idle VMM from the warm pool, move its
+//! ([`super::super::boot_snapshot`]): take an idle VMM from the warm pool, move its
 //! control socket and log to the sandbox's paths, and send it `restore` with the sandbox's
 //! own vsock socket, serial log and new empty disk top over the snapshot's frozen layers.
 //! The VMM then is this sandbox's, like a cold-booted one (stop, snapshot, adopt).
@@ -7,7 +7,7 @@
 //! Until the pooled VMM has accepted the restore nothing is lost by giving up: the caller
 //! boots cold (one log line). After that, a failure is the start's failure.
 
-use super::super::template_snapshot::{TemplateKey, TemplateSnapshots};
+use super::super::boot_snapshot::{TemplateKey, TemplateSnapshots};
 use super::super::warm_pool::{PooledVmm, WarmPool};
 use super::snapshot::lock;
 use super::*;

@@ -21,9 +21,9 @@
 
 use crate::http::error::{ApiResult, Error};
 use crate::sandboxes::models::NewSandbox;
-use crate::sandboxes::service::Lifecycle;
+use crate::sandboxes::service::SandboxService;
 use crate::store::KeyRow;
-use crate::store::snapshots::{SnapshotKind, SnapshotRow};
+use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::templates::builds::{E2B_FILE, E2bRecord};
 use crate::util::now_ms;
 use std::collections::BTreeMap;
@@ -47,7 +47,7 @@ pub enum TakeError {
 /// Boots template `template` for `key`, runs its start and ready commands and snapshots it;
 /// the snapshot's id. `build_id` goes into the sandbox's metadata.
 pub async fn take(
-    lifecycle: &Arc<Lifecycle>,
+    lifecycle: &Arc<SandboxService>,
     key: &KeyRow,
     template: &str,
     build_id: &str,
@@ -77,7 +77,7 @@ pub async fn take(
         .await
         .map_err(|e| TakeError::Template(e.message))?;
     let taken = lifecycle
-        .checkpoint(&row, SnapshotKind::Template, None)
+        .checkpoint(&row, SnapshotPurpose::Template, None)
         .await;
     // The build sandbox is done either way; the snapshot does not need it.
     if let Err(e) = lifecycle.kill(&row.id, "template snapshot taken").await {
@@ -95,7 +95,7 @@ pub async fn take(
 /// The template snapshot a create restores: that of `rec`, the `e2b.json` of the
 /// API-built template `req` names, if it has a current one and `req` asks for no other size.
 pub async fn usable(
-    lifecycle: &Lifecycle,
+    lifecycle: &SandboxService,
     req: &NewSandbox,
     rec: Option<&E2bRecord>,
 ) -> ApiResult<Option<SnapshotRow>> {
@@ -113,16 +113,16 @@ pub async fn usable(
 
 /// A template snapshot not retired, with its files written.
 fn is_live_template(snap: &SnapshotRow) -> bool {
-    snap.kind == SnapshotKind::Template && snap.deleted_at.is_none() && snap.handle.is_some()
+    snap.kind == SnapshotPurpose::Template && snap.deleted_at.is_none() && snap.handle.is_some()
 }
 
 /// Whether `id` is a template snapshot not retired, with its files written.
-pub async fn is_current(lifecycle: &Lifecycle, id: &str) -> bool {
+pub async fn is_current(lifecycle: &SandboxService, id: &str) -> bool {
     matches!(lifecycle.db.snapshot(id).await, Ok(Some(snap)) if is_live_template(&snap))
 }
 
 /// Writes the snapshot id into the template's `e2b.json`.
-pub fn record_in(lifecycle: &Lifecycle, template: &str, rec: &E2bRecord) -> Result<(), Error> {
+pub fn record_in(lifecycle: &SandboxService, template: &str, rec: &E2bRecord) -> Result<(), Error> {
     let path = lifecycle.dirs().images().join(template).join(E2B_FILE);
     let bytes = serde_json::to_vec_pretty(rec).map_err(|e| Error::Io {
         what: format!("encoding {}", path.display()),
@@ -133,7 +133,7 @@ pub fn record_in(lifecycle: &Lifecycle, template: &str, rec: &E2bRecord) -> Resu
 
 /// The template's snapshot is no longer its own (rebuilt or deleted): its files go once no
 /// sandbox restored from it runs.
-pub async fn retire(lifecycle: &Lifecycle, snapshot_id: &str) {
+pub async fn retire(lifecycle: &SandboxService, snapshot_id: &str) {
     if let Err(e) = lifecycle
         .db
         .retire_template_snapshot(snapshot_id, now_ms())
@@ -147,7 +147,7 @@ pub async fn retire(lifecycle: &Lifecycle, snapshot_id: &str) {
 /// Retires the template snapshots whose template no longer names them: rebuilt or removed
 /// with `sandcell template build|rm` while the daemon was down, or a build cut off between
 /// its snapshot and its `e2b.json`. Collected by the caller.
-pub async fn retire_orphans(lifecycle: &Lifecycle) {
+pub async fn retire_orphans(lifecycle: &SandboxService) {
     let snapshots = match lifecycle.db.template_snapshots().await {
         Ok(s) => s,
         Err(e) => {
