@@ -202,6 +202,23 @@ impl From<Error> for ApiError {
     }
 }
 
+impl From<crate::sandboxes::error::SandboxError> for ApiError {
+    fn from(e: crate::sandboxes::error::SandboxError) -> ApiError {
+        use crate::sandboxes::error::SandboxError;
+        match e {
+            SandboxError::Invalid(m) => ApiError::bad_request(m),
+            SandboxError::TemplateNotFound(_) => ApiError::not_found(e.to_string()),
+            SandboxError::LimitReached { .. } => ApiError::too_many(e.to_string()),
+            SandboxError::Network(e) => e.into(),
+            SandboxError::Host(e) => e.into(),
+            SandboxError::Agent { answer } | SandboxError::Api(answer) => answer,
+            SandboxError::TemplateUnreadable(m)
+            | SandboxError::Snapshot(m)
+            | SandboxError::Restore(m) => ApiError::internal(m),
+        }
+    }
+}
+
 impl From<crate::networks::service::NetworkError> for ApiError {
     fn from(e: crate::networks::service::NetworkError) -> ApiError {
         use crate::networks::service::NetworkError;

@@ -23,6 +23,7 @@
 
 use crate::http::error::{ApiError, ApiResult, Error};
 use crate::http::metrics::TemplateCreate;
+use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::models::NewSandbox;
 use crate::store::{Db, SandboxRow, State};
 use crate::util::{now_ms, random_hex, rfc3339};
@@ -101,16 +102,17 @@ pub fn valid_template_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-pub fn resolve_template(dirs: &Dirs, name: &str) -> ApiResult<Image> {
+pub fn resolve_template(dirs: &Dirs, name: &str) -> Result<Image, SandboxError> {
     if !valid_template_name(name) {
-        return Err(ApiError::bad_request(format!(
+        return Err(SandboxError::Invalid(format!(
             "invalid templateID {name:?}: letters, digits, '-', '_' and '.' only"
         )));
     }
     if !dirs.images().join(name).is_dir() {
-        return Err(ApiError::not_found(format!("template '{name}' not found")));
+        return Err(SandboxError::TemplateNotFound(name.to_string()));
     }
-    Image::resolve(&dirs.images(), name).map_err(|e| ApiError::internal(e.to_string()))
+    Image::resolve(&dirs.images(), name)
+        .map_err(|e| SandboxError::TemplateUnreadable(e.to_string()))
 }
 
 /// The image's disk size in MiB (its ext4 file), 0 when it has none.
@@ -153,18 +155,22 @@ impl SandboxService {
 
     /// The vCPUs and memory a create asks for (E2B takes them from the template; we also
     /// accept `cpuCount` and `memoryMB` on create), checked against the server's bounds.
-    pub fn size(&self, cpu_count: Option<u32>, memory_mb: Option<u32>) -> ApiResult<(u8, u32)> {
+    pub fn size(
+        &self,
+        cpu_count: Option<u32>,
+        memory_mb: Option<u32>,
+    ) -> Result<(u8, u32), SandboxError> {
         let max_vcpus = self.config.max_vcpus.min(u32::from(u8::MAX));
         let vcpus = cpu_count.unwrap_or(u32::from(DEFAULT_VCPUS).min(max_vcpus));
         if vcpus == 0 || vcpus > max_vcpus {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "cpuCount {vcpus} is out of range: this server allows 1 to {max_vcpus} vCPUs"
             )));
         }
         let max_mib = self.config.max_memory_mib;
         let memory = memory_mb.unwrap_or(DEFAULT_MEMORY_MIB.min(max_mib));
         if memory < MIN_MEMORY_MIB || memory > max_mib {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "memoryMB {memory} is out of range: this server allows {MIN_MEMORY_MIB} to {max_mib} MiB"
             )));
         }
@@ -189,7 +195,7 @@ impl SandboxService {
         key: &crate::store::KeyRow,
         req: NewSandbox,
         secure_by_default: bool,
-    ) -> ApiResult<SandboxRow> {
+    ) -> Result<SandboxRow, SandboxError> {
         let begun = std::time::Instant::now();
         // A named snapshot of the key is a template too (snapshots/).
         if let Some(snap) = self.snapshot_template(&key.id, &req.template_id).await? {
@@ -231,11 +237,11 @@ impl SandboxService {
                     return Ok(row);
                 }
                 // The template works without its snapshot: a boot runs the start command.
-                Err(e) if e.status.is_server_error() => {
+                Err(e) if e.falls_back_to_boot() => {
                     eprintln!(
-                        "sandcell serve: template {}: restoring snapshot {} failed ({}); \
+                        "sandcell serve: template {}: restoring snapshot {} failed ({e}); \
                          booting instead",
-                        req.template_id, snap.id, e.message
+                        req.template_id, snap.id
                     );
                     template_path = TemplateCreate::Fallback;
                 }
@@ -249,13 +255,13 @@ impl SandboxService {
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         if timeout > MAX_TIMEOUT_SECS {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
             )));
         }
         let env = req.env_vars.unwrap_or_default();
         if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "invalid envVars name {bad:?}"
             )));
         }
@@ -296,10 +302,9 @@ impl SandboxService {
             .insert_sandbox_within_limit(&row, key.max_sandboxes)
             .await?
         {
-            return Err(ApiError::too_many(format!(
-                "you have reached the maximum number of concurrent sandboxes ({}) for this API key",
-                key.max_sandboxes.unwrap_or(0)
-            )));
+            return Err(SandboxError::LimitReached {
+                limit: key.max_sandboxes.unwrap_or(0),
+            });
         }
         if req.auto_pause == Some(true) {
             self.db
@@ -378,7 +383,7 @@ impl SandboxService {
         sandbox: Arc<dyn Sandbox>,
         env: &BTreeMap<String, String>,
         timeout: u64,
-    ) -> ApiResult<SandboxRow> {
+    ) -> Result<SandboxRow, SandboxError> {
         let envd_version = match tokio::time::timeout(
             INIT_TIMEOUT,
             init_agent_with(
@@ -410,7 +415,7 @@ impl SandboxService {
                         now_ms(),
                     )
                     .await;
-                return Err(e);
+                return Err(SandboxError::Agent { answer: e });
             }
         };
         lock(&self.live).insert(

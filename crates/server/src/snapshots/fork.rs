@@ -145,7 +145,11 @@ impl SandboxService {
                 parent_id: Some(parent.id.clone()),
                 network: RestoredNetwork::Of(parent.id.clone()),
             };
-            results.push(self.create_restored(key, spec, &snap, &handle).await);
+            results.push(
+                self.create_restored(key, spec, &snap, &handle)
+                    .await
+                    .map_err(ApiError::from),
+            );
         }
         Ok(results)
     }

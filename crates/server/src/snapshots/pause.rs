@@ -18,6 +18,7 @@
 //! One operation at a time per sandbox ([`OpLocks::lock`]): pause, resume, snapshot, fork, kill.
 
 use crate::http::error::{ApiError, ApiResult, Error};
+use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::{
     DESTROY_TIMEOUT, INIT_TIMEOUT, Live, SandboxService, init_agent, lock,
 };
@@ -264,7 +265,7 @@ impl SandboxService {
                     .db
                     .transition(id, &[State::Resuming], State::Paused, None, now_ms())
                     .await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         let handle = sandbox
@@ -302,7 +303,7 @@ impl SandboxService {
         id: &str,
         env: &BTreeMap<String, String>,
         access_token: Option<&str>,
-    ) -> ApiResult<Arc<dyn Sandbox>> {
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
         let mut attempt = 1;
         loop {
             let sandbox = match self.restore(snapshot, id).await {
@@ -320,7 +321,7 @@ impl SandboxService {
             };
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
             if attempt >= RESTORE_ATTEMPTS {
-                return Err(ApiError::internal(format!(
+                return Err(SandboxError::Restore(format!(
                     "sandbox {id}: {problem} (restore attempt {attempt} of {RESTORE_ATTEMPTS})"
                 )));
             }
@@ -343,7 +344,7 @@ impl SandboxService {
             .snapshot(&snap_id)
             .await?
             .ok_or_else(|| missing("its snapshot is gone"))?;
-        parse_handle(&snap)
+        Ok(parse_handle(&snap)?)
     }
 
     /// A new running sandbox `id` restored from `snapshot` (its agent not yet told who it
@@ -557,13 +558,13 @@ async fn init_restored(
 }
 
 /// The runtime handle stored with a snapshot row.
-pub(crate) fn parse_handle(snap: &SnapshotRow) -> ApiResult<SnapshotHandle> {
-    let json = snap
-        .handle
-        .as_deref()
-        .ok_or_else(|| ApiError::internal(format!("snapshot {} was never completed", snap.id)))?;
-    serde_json::from_str(json)
-        .map_err(|e| ApiError::internal(format!("snapshot {}: unreadable handle: {e}", snap.id)))
+pub(crate) fn parse_handle(snap: &SnapshotRow) -> Result<SnapshotHandle, SandboxError> {
+    let json = snap.handle.as_deref().ok_or_else(|| {
+        SandboxError::Snapshot(format!("snapshot {} was never completed", snap.id))
+    })?;
+    serde_json::from_str(json).map_err(|e| {
+        SandboxError::Snapshot(format!("snapshot {}: unreadable handle: {e}", snap.id))
+    })
 }
 
 /// The env a restored sandbox's processes get (the snapshot's, with
