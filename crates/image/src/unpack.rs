@@ -82,6 +82,30 @@ struct LayerCtx<'a> {
     stats: LayerStats,
 }
 
+/// The entry being applied, for its errors: its layer and its path as the tar has it.
+struct EntryAt<'a> {
+    layer: &'a str,
+    shown: String,
+}
+
+impl EntryAt<'_> {
+    fn bad(&self, problem: String) -> Error {
+        Error::BadEntry {
+            layer: self.layer.into(),
+            path: self.shown.clone(),
+            problem,
+        }
+    }
+
+    fn unsafe_path(&self, problem: &'static str) -> Error {
+        Error::UnsafePath {
+            layer: self.layer.into(),
+            path: self.shown.clone(),
+            problem,
+        }
+    }
+}
+
 impl Unpacker {
     /// Unpacks into `root` (created if missing; normally empty).
     pub fn new(root: &Path, limits: Limits) -> Result<Unpacker> {
@@ -270,51 +294,37 @@ impl Unpacker {
         }
     }
 
+    /// Applies one tar entry of a layer: checks its path and limits, then a whiteout
+    /// removes, anything else is created (replacing what an earlier layer had there).
     fn apply_entry<R: Read>(
         &mut self,
         mut entry: tar::Entry<'_, R>,
         ctx: &mut LayerCtx<'_>,
     ) -> Result<()> {
         let raw_path = entry.path_bytes().into_owned();
-        let shown = String::from_utf8_lossy(&raw_path).into_owned();
-        let layer = ctx.name;
-        self.entries += 1;
-        ctx.stats.entries += 1;
-        if self.entries > self.limits.max_entries {
-            return Err(Error::TooLarge {
-                layer: layer.into(),
-                what: "the number of entries".into(),
-                limit: self.limits.max_entries,
-                unit: "entries",
-            });
-        }
-        let unsafe_path = |problem| Error::UnsafePath {
-            layer: layer.into(),
-            path: shown.clone(),
-            problem,
+        let at = EntryAt {
+            layer: ctx.name,
+            shown: String::from_utf8_lossy(&raw_path).into_owned(),
         };
-        let mut components = normalize(&raw_path).map_err(unsafe_path)?;
+        self.count_entry(ctx)?;
+        let mut components = normalize(&raw_path).map_err(|p| at.unsafe_path(p))?;
         let header = entry.header();
         let kind = header.entry_type();
         let size = header.size().unwrap_or(0);
-        let (major, minor) = (
+        let device = (
             header.device_major().ok().flatten().unwrap_or(0),
             header.device_minor().ok().flatten().unwrap_or(0),
         );
         if size > self.limits.max_file_bytes {
             return Err(Error::TooLarge {
-                layer: layer.into(),
-                what: format!("file {shown:?}"),
+                layer: at.layer.into(),
+                what: format!("file {:?}", at.shown),
                 limit: self.limits.max_file_bytes,
                 unit: "bytes",
             });
         }
-        let bad = |problem: String| Error::BadEntry {
-            layer: layer.into(),
-            path: shown.clone(),
-            problem,
-        };
-        let meta = entry_meta(&mut entry).map_err(|e| bad(format!("reading its header: {e}")))?;
+        let meta =
+            entry_meta(&mut entry).map_err(|e| at.bad(format!("reading its header: {e}")))?;
 
         let Some(name) = components.pop() else {
             // "./": the root directory itself.
@@ -329,152 +339,230 @@ impl Unpacker {
                 self.set_owner_and_xattrs(Path::new(""), &meta, ctx)?;
                 return Ok(());
             }
-            return Err(bad("the root can only be a directory".into()));
+            return Err(at.bad("the root can only be a directory".into()));
         };
 
         // Whiteouts: never created, they remove.
         let name_str = name.to_string_lossy();
         if let Some(target) = name_str.strip_prefix(WHITEOUT_PREFIX) {
-            ctx.stats.whiteouts += 1;
-            let Some(parent) = self.resolve_dir(&components, false, layer, &shown)? else {
-                return Ok(()); // nothing below to hide
-            };
-            if name_str == OPAQUE_MARKER {
-                return self.make_opaque(&parent, ctx);
-            }
-            if target.starts_with(WHITEOUT_PREFIX) {
-                return Ok(()); // aufs metadata (.wh..wh.plnk and such)
-            }
-            if target.is_empty() || target == "." || target == ".." {
-                return Err(unsafe_path("a whiteout of no name, '.' or '..'"));
-            }
-            let rel = parent.join(target);
-            if !ctx.created.contains(&rel) {
-                self.remove_existing(&rel)?;
-            }
-            return Ok(());
+            return self.apply_whiteout(&components, &name_str, target, ctx, &at);
         }
 
         let parent = self
-            .resolve_dir(&components, true, layer, &shown)?
-            .ok_or_else(|| bad("its directory could not be made".into()))?;
+            .resolve_dir(&components, true, at.layer, &at.shown)?
+            .ok_or_else(|| at.bad("its directory could not be made".into()))?;
         let rel = parent.join(&name);
         let host = self.root.join(&rel);
         ctx.created.insert(rel.clone());
 
         use tar::EntryType as T;
         match kind {
-            T::Directory => {
-                let existing = fs::symlink_metadata(&host);
-                if !matches!(existing, Ok(ref m) if m.is_dir()) {
-                    self.remove_existing(&rel)?;
-                    fs::create_dir(&host).map_err(Error::io("creating directory", &host))?;
-                }
-                self.dirs.insert(
-                    rel.clone(),
-                    DirMeta {
-                        mode: meta.mode,
-                        mtime: meta.mtime,
-                    },
-                );
-                self.set_owner_and_xattrs(&rel, &meta, ctx)?;
-            }
+            T::Directory => self.create_dir(&rel, &host, &meta, ctx),
             T::Regular | T::Continuous | T::GNUSparse => {
-                self.remove_existing(&rel)?;
-                let mut file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(&host)
-                    .map_err(Error::io("creating file", &host))?;
-                io::copy(&mut entry, &mut file).map_err(|e| {
-                    if is_over_limit(&e) {
-                        self.read_error(layer, e)
-                    } else {
-                        bad(format!("writing {}: {e}", host.display()))
-                    }
-                })?;
-                // Owner first: chown clears setuid/setgid, so the mode comes after it.
-                self.set_owner_and_xattrs(&rel, &meta, ctx)?;
-                file.set_permissions(fs::Permissions::from_mode(meta.mode))
-                    .map_err(Error::io("setting the mode of", &host))?;
-                let t = std::time::UNIX_EPOCH
-                    + std::time::Duration::from_secs(meta.mtime.max(0) as u64);
-                file.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t))
-                    .map_err(Error::io("setting the mtime of", &host))?;
+                self.create_file(&mut entry, &rel, &host, &meta, ctx, &at)
             }
-            T::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| bad("a symlink without a target".into()))?
-                    .into_owned();
-                self.remove_existing(&rel)?;
-                std::os::unix::fs::symlink(OsStr::from_bytes(&target), &host)
-                    .map_err(Error::io("creating symlink", &host))?;
-                self.set_owner_and_xattrs(&rel, &meta, ctx)?;
-                set_mtime_nofollow(&host, meta.mtime)
-                    .map_err(Error::io("setting the mtime of", &host))?;
-            }
-            T::Link => {
-                let raw_target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| bad("a hard link without a target".into()))?
-                    .into_owned();
-                let mut target = normalize(&raw_target).map_err(unsafe_path)?;
-                let target_name = target
-                    .pop()
-                    .ok_or_else(|| bad("a hard link to the root".into()))?;
-                let target_dir = self
-                    .resolve_dir(&target, false, layer, &shown)?
-                    .ok_or_else(|| bad("its hard link target does not exist".into()))?;
-                let target_host = self.root.join(target_dir.join(&target_name));
-                match fs::symlink_metadata(&target_host) {
-                    Ok(m) if m.is_dir() => return Err(bad("a hard link to a directory".into())),
-                    Ok(_) => {}
-                    Err(e) => {
-                        return Err(bad(format!(
-                            "its hard link target {}: {e}",
-                            target_host.display()
-                        )));
-                    }
-                }
-                if target_host != host {
-                    self.remove_existing(&rel)?;
-                    // linkat without AT_SYMLINK_FOLLOW: a symlink target is linked itself.
-                    fs::hard_link(&target_host, &host)
-                        .map_err(Error::io("creating hard link", &host))?;
-                }
-            }
+            T::Symlink => self.create_symlink(&entry, &rel, &host, &meta, ctx, &at),
+            T::Link => self.create_hard_link(&entry, &rel, &host, &at),
             T::Char | T::Block | T::Fifo => {
-                self.remove_existing(&rel)?;
                 let file_type = match kind {
                     T::Char => libc::S_IFCHR,
                     T::Block => libc::S_IFBLK,
                     _ => libc::S_IFIFO,
                 };
-                match mknod(
-                    &host,
-                    file_type | (meta.mode & 0o7777),
-                    libc::makedev(major, minor),
-                ) {
-                    Ok(()) => {
-                        self.set_owner_and_xattrs(&rel, &meta, ctx)?;
-                        fs::set_permissions(&host, fs::Permissions::from_mode(meta.mode))
-                            .map_err(Error::io("setting the mode of", &host))?;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !self.privileged => {
-                        self.notes
-                            .push(format!("{shown}: device node not created without root"));
-                    }
-                    Err(e) => return Err(Error::io("creating device node", &host)(e)),
-                }
+                let node = (file_type, libc::makedev(device.0, device.1));
+                self.create_device(node, &rel, &host, &meta, ctx, &at)
             }
             // PAX and GNU long-name headers are consumed by the tar reader; anything else
             // has no meaning in a root filesystem.
-            other => return Err(bad(format!("unsupported entry type {other:?}"))),
+            other => Err(at.bad(format!("unsupported entry type {other:?}"))),
+        }
+    }
+
+    /// Counts an entry against the image's entry limit.
+    fn count_entry(&mut self, ctx: &mut LayerCtx<'_>) -> Result<()> {
+        self.entries += 1;
+        ctx.stats.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(Error::TooLarge {
+                layer: ctx.name.into(),
+                what: "the number of entries".into(),
+                limit: self.limits.max_entries,
+                unit: "entries",
+            });
         }
         Ok(())
+    }
+
+    /// A whiteout `name` (`.wh.<target>`) in directory `components`: removes what earlier
+    /// layers have there (`.wh..wh..opq`: all of the directory's content).
+    fn apply_whiteout(
+        &mut self,
+        components: &[OsString],
+        name: &str,
+        target: &str,
+        ctx: &mut LayerCtx<'_>,
+        at: &EntryAt<'_>,
+    ) -> Result<()> {
+        ctx.stats.whiteouts += 1;
+        let Some(parent) = self.resolve_dir(components, false, at.layer, &at.shown)? else {
+            return Ok(()); // nothing below to hide
+        };
+        if name == OPAQUE_MARKER {
+            return self.make_opaque(&parent, ctx);
+        }
+        if target.starts_with(WHITEOUT_PREFIX) {
+            return Ok(()); // aufs metadata (.wh..wh.plnk and such)
+        }
+        if target.is_empty() || target == "." || target == ".." {
+            return Err(at.unsafe_path("a whiteout of no name, '.' or '..'"));
+        }
+        let rel = parent.join(target);
+        if !ctx.created.contains(&rel) {
+            self.remove_existing(&rel)?;
+        }
+        Ok(())
+    }
+
+    fn create_dir(
+        &mut self,
+        rel: &Path,
+        host: &Path,
+        meta: &Meta,
+        ctx: &LayerCtx<'_>,
+    ) -> Result<()> {
+        let existing = fs::symlink_metadata(host);
+        if !matches!(existing, Ok(ref m) if m.is_dir()) {
+            self.remove_existing(rel)?;
+            fs::create_dir(host).map_err(Error::io("creating directory", host))?;
+        }
+        self.dirs.insert(
+            rel.to_path_buf(),
+            DirMeta {
+                mode: meta.mode,
+                mtime: meta.mtime,
+            },
+        );
+        self.set_owner_and_xattrs(rel, meta, ctx)
+    }
+
+    fn create_file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        rel: &Path,
+        host: &Path,
+        meta: &Meta,
+        ctx: &LayerCtx<'_>,
+        at: &EntryAt<'_>,
+    ) -> Result<()> {
+        self.remove_existing(rel)?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(host)
+            .map_err(Error::io("creating file", host))?;
+        io::copy(entry, &mut file).map_err(|e| {
+            if is_over_limit(&e) {
+                self.read_error(at.layer, e)
+            } else {
+                at.bad(format!("writing {}: {e}", host.display()))
+            }
+        })?;
+        // Owner first: chown clears setuid/setgid, so the mode comes after it.
+        self.set_owner_and_xattrs(rel, meta, ctx)?;
+        file.set_permissions(fs::Permissions::from_mode(meta.mode))
+            .map_err(Error::io("setting the mode of", host))?;
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(meta.mtime.max(0) as u64);
+        file.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t))
+            .map_err(Error::io("setting the mtime of", host))
+    }
+
+    fn create_symlink<R: Read>(
+        &mut self,
+        entry: &tar::Entry<'_, R>,
+        rel: &Path,
+        host: &Path,
+        meta: &Meta,
+        ctx: &LayerCtx<'_>,
+        at: &EntryAt<'_>,
+    ) -> Result<()> {
+        let target = entry
+            .link_name_bytes()
+            .ok_or_else(|| at.bad("a symlink without a target".into()))?
+            .into_owned();
+        self.remove_existing(rel)?;
+        std::os::unix::fs::symlink(OsStr::from_bytes(&target), host)
+            .map_err(Error::io("creating symlink", host))?;
+        self.set_owner_and_xattrs(rel, meta, ctx)?;
+        set_mtime_nofollow(host, meta.mtime).map_err(Error::io("setting the mtime of", host))
+    }
+
+    /// A hard link to an entry of this or an earlier layer (never to a directory).
+    fn create_hard_link<R: Read>(
+        &mut self,
+        entry: &tar::Entry<'_, R>,
+        rel: &Path,
+        host: &Path,
+        at: &EntryAt<'_>,
+    ) -> Result<()> {
+        let raw_target = entry
+            .link_name_bytes()
+            .ok_or_else(|| at.bad("a hard link without a target".into()))?
+            .into_owned();
+        let mut target = normalize(&raw_target).map_err(|p| at.unsafe_path(p))?;
+        let target_name = target
+            .pop()
+            .ok_or_else(|| at.bad("a hard link to the root".into()))?;
+        let target_dir = self
+            .resolve_dir(&target, false, at.layer, &at.shown)?
+            .ok_or_else(|| at.bad("its hard link target does not exist".into()))?;
+        let target_host = self.root.join(target_dir.join(&target_name));
+        match fs::symlink_metadata(&target_host) {
+            Ok(m) if m.is_dir() => return Err(at.bad("a hard link to a directory".into())),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(at.bad(format!(
+                    "its hard link target {}: {e}",
+                    target_host.display()
+                )));
+            }
+        }
+        if target_host != host {
+            self.remove_existing(rel)?;
+            // linkat without AT_SYMLINK_FOLLOW: a symlink target is linked itself.
+            fs::hard_link(&target_host, host).map_err(Error::io("creating hard link", host))?;
+        }
+        Ok(())
+    }
+
+    /// A character or block device or a FIFO; without root, device nodes are skipped (a
+    /// note says which).
+    fn create_device(
+        &mut self,
+        (file_type, dev): (libc::mode_t, libc::dev_t),
+        rel: &Path,
+        host: &Path,
+        meta: &Meta,
+        ctx: &LayerCtx<'_>,
+        at: &EntryAt<'_>,
+    ) -> Result<()> {
+        self.remove_existing(rel)?;
+        match mknod(host, file_type | (meta.mode & 0o7777), dev) {
+            Ok(()) => {
+                self.set_owner_and_xattrs(rel, meta, ctx)?;
+                fs::set_permissions(host, fs::Permissions::from_mode(meta.mode))
+                    .map_err(Error::io("setting the mode of", host))
+            }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !self.privileged => {
+                self.notes.push(format!(
+                    "{}: device node not created without root",
+                    at.shown
+                ));
+                Ok(())
+            }
+            Err(e) => Err(Error::io("creating device node", host)(e)),
+        }
     }
 
     /// The directory `components` name, relative to the root, with every symlink on the

@@ -260,13 +260,8 @@ pub fn build(
     log: &dyn BuildLog,
 ) -> Result<TemplateRecord> {
     let started = Instant::now();
-    if !valid_name(&req.name) {
-        return Err(Error::InvalidName(req.name.clone()));
-    }
     let images = req.data_dir.join("images");
-    if images.join(&req.name).exists() && !req.force {
-        return Err(Error::Exists(req.name.clone()));
-    }
+    check_destination(req, &images)?;
     // Held for the whole build: a prune (any process) waits for it (prune.rs).
     let _cache_lock = prune::CacheLock::shared(&req.data_dir).map_err(|e| Error::Io {
         what: "locking the build cache",
@@ -274,123 +269,11 @@ pub fn build(
         source: std::io::Error::other(e.to_string()),
     })?;
     let file = &req.dockerfile;
-    let agent = match &req.agent {
-        Some(p) => p.clone(),
-        None => store::find_agent(&req.data_dir)?,
-    };
-    image_build::check_agent(&agent)?;
-    let ignore = match std::fs::read_to_string(req.context.join(".dockerignore")) {
-        Ok(text) => Ignore::parse(&text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ignore::default(),
-        Err(e) => return Err(Error::io("reading", req.context.join(".dockerignore"))(e)),
-    };
-    let layers_dir = req.data_dir.join("cache/layers");
-    std::fs::create_dir_all(&layers_dir).map_err(Error::io("creating", &layers_dir))?;
-    sweep_abandoned(&layers_dir);
-    let mut b = Builder {
-        req,
-        runner,
-        log,
-        file,
-        layers_dir,
-        ignore,
-        agent,
-        stages: Vec::new(),
-        current: 0,
-        records: Vec::new(),
-        global: BTreeMap::new(),
-        number: 0,
-        total: 0,
-    };
-    b.global_args()?;
-    let needed = needed::needed_stages(file, &b.global)?;
-    b.total = file
-        .stages
-        .iter()
-        .zip(&needed)
-        .filter(|(_, n)| **n)
-        .map(|(s, _)| 1 + s.steps.len())
-        .sum();
-    for (stage, needed) in file.stages.iter().zip(needed) {
-        if !needed {
-            b.log.event(BuildEvent::Note(format!(
-                "skipping stage {} ({}, {} steps): the final stage does not need it",
-                stage.index,
-                stage.name.as_deref().unwrap_or("unnamed"),
-                1 + stage.steps.len()
-            )));
-            b.stages.push(None);
-            continue;
-        }
-        let state = b.stage(stage)?;
-        b.stages.push(Some(state));
-    }
-    let last = b
-        .stages
-        .last()
-        .cloned()
-        .flatten()
-        .ok_or_else(|| dockerfile::ParseError {
-            line: 0,
-            problem: "no stage".into(),
-        })?;
-    let mut record = TemplateRecord {
-        name: req.name.clone(),
-        kind: "dockerfile".into(),
-        dockerfile: req.dockerfile_path.clone(),
-        context: req.context.clone(),
-        base: last.base_source.clone(),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        layers: last
-            .layers
-            .iter()
-            .filter_map(|l| {
-                l.parent()?
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-            })
-            .collect(),
-        labels: last.labels.clone(),
-        exposed_ports: last.expose.clone(),
-        built_steps: b
-            .records
-            .iter()
-            .filter(|r| r.layer.is_some() && !r.cached)
-            .count(),
-        cached_steps: b.records.iter().filter(|r| r.cached).count(),
-        steps: std::mem::take(&mut b.records),
-        ext4_bytes: 0,
-        seconds: 0.0,
-        fingerprint: String::new(),
-        export_skipped: false,
-    };
-    let agent_digest =
-        Digest::of(&std::fs::read(&b.agent).map_err(Error::io("reading the agent", &b.agent))?);
-    record.fingerprint = key_of(&[
-        &last.key,
-        &serde_json::to_string(&defaults_of(&last, req)).unwrap_or_default(),
-        agent_digest.as_str(),
-    ]);
-    let dest = images.join(&req.name);
-    let previous = read_record(&dest).filter(|p| {
-        !req.no_cache
-            && p.fingerprint == record.fingerprint
-            && dest.join("rootfs").is_dir()
-            && dest.join("rootfs.ext4").is_file()
-    });
-    match previous {
-        Some(p) => {
-            b.log.event(BuildEvent::Note(format!(
-                "{} is up to date (same layers, config and agent): kept",
-                req.name
-            )));
-            record.ext4_bytes = p.ext4_bytes;
-            record.export_skipped = true;
-        }
-        None => record.ext4_bytes = b.export(&last, &record)?,
-    }
+    let mut b = Builder::new(req, runner, log, file)?;
+    let last = b.build_stages()?;
+    let mut record = b.record_of(&last);
+    record.fingerprint = fingerprint(&b.agent, &last, req)?;
+    b.export_unless_unchanged(&last, &images.join(&req.name), &mut record)?;
     record.seconds = started.elapsed().as_secs_f64();
     // The final record (with the size and time) replaces the one written with the image.
     let path = images.join(&req.name).join(TEMPLATE_FILE);
@@ -398,6 +281,171 @@ pub fn build(
         let _ = std::fs::write(&path, json);
     }
     Ok(record)
+}
+
+/// The template's name is valid and, unless forced, not taken under `images`.
+fn check_destination(req: &TemplateBuild, images: &Path) -> Result<()> {
+    if !valid_name(&req.name) {
+        return Err(Error::InvalidName(req.name.clone()));
+    }
+    if images.join(&req.name).exists() && !req.force {
+        return Err(Error::Exists(req.name.clone()));
+    }
+    Ok(())
+}
+
+/// What an unchanged rebuild is recognised by: the last stage's layers, the image's
+/// defaults and the agent.
+fn fingerprint(agent: &Path, last: &StageState, req: &TemplateBuild) -> Result<String> {
+    let agent_digest =
+        Digest::of(&std::fs::read(agent).map_err(Error::io("reading the agent", agent))?);
+    Ok(key_of(&[
+        &last.key,
+        &serde_json::to_string(&defaults_of(last, req)).unwrap_or_default(),
+        agent_digest.as_str(),
+    ]))
+}
+
+impl<'a> Builder<'a> {
+    /// A builder of `file`: the agent found and checked, `.dockerignore` read, the layer
+    /// cache ready (abandoned layers of dead builds swept).
+    fn new(
+        req: &'a TemplateBuild,
+        runner: &'a dyn StepRunner,
+        log: &'a dyn BuildLog,
+        file: &'a Dockerfile,
+    ) -> Result<Builder<'a>> {
+        let agent = match &req.agent {
+            Some(p) => p.clone(),
+            None => store::find_agent(&req.data_dir)?,
+        };
+        image_build::check_agent(&agent)?;
+        let ignore = match std::fs::read_to_string(req.context.join(".dockerignore")) {
+            Ok(text) => Ignore::parse(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ignore::default(),
+            Err(e) => return Err(Error::io("reading", req.context.join(".dockerignore"))(e)),
+        };
+        let layers_dir = req.data_dir.join("cache/layers");
+        std::fs::create_dir_all(&layers_dir).map_err(Error::io("creating", &layers_dir))?;
+        sweep_abandoned(&layers_dir);
+        Ok(Builder {
+            req,
+            runner,
+            log,
+            file,
+            layers_dir,
+            ignore,
+            agent,
+            stages: Vec::new(),
+            current: 0,
+            records: Vec::new(),
+            global: BTreeMap::new(),
+            number: 0,
+            total: 0,
+        })
+    }
+
+    /// Builds the stages the last one needs (the others are skipped, with a note); the
+    /// last stage's state.
+    fn build_stages(&mut self) -> Result<StageState> {
+        let file = self.file;
+        self.global_args()?;
+        let needed = needed::needed_stages(file, &self.global)?;
+        self.total = file
+            .stages
+            .iter()
+            .zip(&needed)
+            .filter(|(_, n)| **n)
+            .map(|(s, _)| 1 + s.steps.len())
+            .sum();
+        for (stage, needed) in file.stages.iter().zip(needed) {
+            if !needed {
+                self.log.event(BuildEvent::Note(format!(
+                    "skipping stage {} ({}, {} steps): the final stage does not need it",
+                    stage.index,
+                    stage.name.as_deref().unwrap_or("unnamed"),
+                    1 + stage.steps.len()
+                )));
+                self.stages.push(None);
+                continue;
+            }
+            let state = self.stage(stage)?;
+            self.stages.push(Some(state));
+        }
+        self.stages.last().cloned().flatten().ok_or_else(|| {
+            dockerfile::ParseError {
+                line: 0,
+                problem: "no stage".into(),
+            }
+            .into()
+        })
+    }
+
+    /// The build's record (its steps taken from the builder), without the image's size,
+    /// the build time and the fingerprint.
+    fn record_of(&mut self, last: &StageState) -> TemplateRecord {
+        let req = self.req;
+        TemplateRecord {
+            name: req.name.clone(),
+            kind: "dockerfile".into(),
+            dockerfile: req.dockerfile_path.clone(),
+            context: req.context.clone(),
+            base: last.base_source.clone(),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            layers: last
+                .layers
+                .iter()
+                .filter_map(|l| {
+                    l.parent()?
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                })
+                .collect(),
+            labels: last.labels.clone(),
+            exposed_ports: last.expose.clone(),
+            built_steps: self
+                .records
+                .iter()
+                .filter(|r| r.layer.is_some() && !r.cached)
+                .count(),
+            cached_steps: self.records.iter().filter(|r| r.cached).count(),
+            steps: std::mem::take(&mut self.records),
+            ext4_bytes: 0,
+            seconds: 0.0,
+            fingerprint: String::new(),
+            export_skipped: false,
+        }
+    }
+
+    /// Exports the image to `dest`, unless the one there has the same fingerprint (and
+    /// `--no-cache` was not asked for): then it is kept (`export_skipped`).
+    fn export_unless_unchanged(
+        &self,
+        last: &StageState,
+        dest: &Path,
+        record: &mut TemplateRecord,
+    ) -> Result<()> {
+        let previous = read_record(dest).filter(|p| {
+            !self.req.no_cache
+                && p.fingerprint == record.fingerprint
+                && dest.join("rootfs").is_dir()
+                && dest.join("rootfs.ext4").is_file()
+        });
+        match previous {
+            Some(p) => {
+                self.log.event(BuildEvent::Note(format!(
+                    "{} is up to date (same layers, config and agent): kept",
+                    self.req.name
+                )));
+                record.ext4_bytes = p.ext4_bytes;
+                record.export_skipped = true;
+            }
+            None => record.ext4_bytes = self.export(last, record)?,
+        }
+        Ok(())
+    }
 }
 
 /// `template.json` of an image directory, if it was built from a Dockerfile.

@@ -119,6 +119,38 @@ async fn checkpoint_to(
     dest: &Path,
     kind: SnapshotKind,
 ) -> Result<SnapshotHandle> {
+    let pid = check_checkpointable(sb)?;
+    let (images, upper) = create_snapshot_dirs(dest)?;
+    let _one_at_a_time = one_at_a_time(&sb.shared).await?;
+    // Ordering: the agent must hold (no host socket open) before runsc saves the sandbox,
+    // and the checkpoint must be gone before its upper layer is copied.
+    hold_agent(sb).await?;
+    run_checkpoint(sb, pid, &images).await?;
+    wait_gone(sb, pid).await?;
+
+    copy_tree(&sb.paths.upper, &upper).await?;
+    let handle = SnapshotHandle {
+        format: crate::snapshot::SNAPSHOT_FORMAT,
+        runtime: RT,
+        kind,
+        dir: dest.to_path_buf(),
+        source_id: sb.id.clone(),
+        image: (&sb.image).into(),
+        vcpus: sb.vcpus,
+        memory_mib: sb.memory_mib,
+        env: sb.env.clone(),
+        files: SnapshotFiles::Gvisor {
+            checkpoint_dir: images,
+            upper_dir: upper,
+        },
+    };
+    handle.save()?;
+    Ok(handle)
+}
+
+/// Refuses, before touching the sandbox, what runsc cannot checkpoint; the sandbox's
+/// `runsc run` pid.
+fn check_checkpointable(sb: &GvisorSandbox) -> Result<u32> {
     sb.require_running("snapshot")?;
     if sb.paused.load(Ordering::SeqCst) {
         return Err(unsupported(
@@ -154,6 +186,11 @@ async fn checkpoint_to(
             op: "snapshot",
         });
     };
+    Ok(pid)
+}
+
+/// `dest` (which must not exist) and its checkpoint directory; (checkpoint dir, upper dir).
+fn create_snapshot_dirs(dest: &Path) -> Result<(PathBuf, PathBuf)> {
     let io = |what: String| move |e| Error::io(RT, what, e);
     let images = dest.join(CHECKPOINT_DIR);
     let upper = dest.join(UPPER_DIR);
@@ -165,8 +202,11 @@ async fn checkpoint_to(
         dest.display()
     )))?;
     std::fs::create_dir(&images).map_err(io(format!("creating {}", images.display())))?;
+    Ok((images, upper))
+}
 
-    let _one_at_a_time = one_at_a_time(&sb.shared).await?;
+/// Asks the agent to let go of its host sockets and waits until it has.
+async fn hold_agent(sb: &GvisorSandbox) -> Result<()> {
     // The agent lets go of its host sockets. It drops its listener after its connections,
     // so a refused connection says it has let go of all of them.
     let marker = sb.paths.host.join(RESUME_MARKER);
@@ -203,7 +243,12 @@ async fn checkpoint_to(
     let _ = std::fs::remove_file(&held);
     // gVisor cannot unlink a host socket from inside: the agent's next bind needs it gone.
     remove_socket_file(sb)?;
+    Ok(())
+}
 
+/// `runsc checkpoint` into `images`. On failure a sandbox still there gets its agent back
+/// (and a clearer error for runsc's refusal of TCP state); one that is gone has ended.
+async fn run_checkpoint(sb: &GvisorSandbox, pid: u32, images: &Path) -> Result<()> {
     // From here the end of this `runsc run` is not the sandbox's end (its waiter stays
     // silent), unless the checkpoint fails.
     let launch = sb.launch.fetch_add(1, Ordering::SeqCst);
@@ -241,26 +286,7 @@ async fn checkpoint_to(
         }
         return Err(e);
     }
-    wait_gone(sb, pid).await?;
-
-    copy_tree(&sb.paths.upper, &upper).await?;
-    let handle = SnapshotHandle {
-        format: crate::snapshot::SNAPSHOT_FORMAT,
-        runtime: RT,
-        kind,
-        dir: dest.to_path_buf(),
-        source_id: sb.id.clone(),
-        image: (&sb.image).into(),
-        vcpus: sb.vcpus,
-        memory_mib: sb.memory_mib,
-        env: sb.env.clone(),
-        files: SnapshotFiles::Gvisor {
-            checkpoint_dir: images,
-            upper_dir: upper,
-        },
-    };
-    handle.save()?;
-    Ok(handle)
+    Ok(())
 }
 
 fn hold_failed(sb: &GvisorSandbox, problem: String) -> Error {

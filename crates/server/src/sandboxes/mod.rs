@@ -3,6 +3,7 @@
 //! ([`models`]) and what they consumed ([`metering`]).
 
 pub mod api;
+pub mod create;
 pub mod error;
 pub mod metering;
 pub mod models;

@@ -5,6 +5,7 @@
 pub mod keys;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod templates;
 pub mod usage;
 
 pub use keys::KeyRow;

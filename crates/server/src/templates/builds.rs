@@ -9,6 +9,7 @@
 
 use crate::App;
 use crate::http::error::Error;
+use crate::sandboxes::service::SandboxService;
 use crate::store::Db;
 use crate::templates::memory_snapshot::{self, TakeError};
 use crate::templates::plan::{BuildStart, Plan, registry_auth};
@@ -18,7 +19,6 @@ use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
 use sandcell_runtime::build_steps::GvisorRunner;
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -59,7 +59,7 @@ impl Status {
         }
     }
 
-    fn parse(s: &str) -> Status {
+    pub(crate) fn parse(s: &str) -> Status {
         match s {
             "waiting" => Status::Waiting,
             "building" => Status::Building,
@@ -267,19 +267,15 @@ impl Builds {
         cpu_count: Option<u32>,
         memory_mb: Option<u32>,
     ) -> Result<Arc<Build>, Error> {
-        sqlx::query(
-            "INSERT INTO template_builds (build_id, template_id, key_id, status, cpu_count, \
-         memory_mb, created_at) VALUES ($1, $2, $3, 'waiting', $4, $5, $6)",
+        db.insert_template_build(
+            &build_id,
+            &template_id,
+            &key_id,
+            cpu_count,
+            memory_mb,
+            now_ms(),
         )
-        .bind(&build_id)
-        .bind(&template_id)
-        .bind(&key_id)
-        .bind(cpu_count.map(i64::from))
-        .bind(memory_mb.map(i64::from))
-        .bind(now_ms())
-        .execute(db.pool())
-        .await
-        .map_err(Error::db("recording a template build"))?;
+        .await?;
         let build = Arc::new(Build {
             build_id: build_id.clone(),
             template_id,
@@ -301,107 +297,22 @@ impl Builds {
 
 /// At start: builds a previous daemon left unfinished are `error: interrupted`.
 pub async fn mark_interrupted(db: &Db) -> Result<u64, Error> {
-    let done = sqlx::query(
-        "UPDATE template_builds SET status = 'error', reason = 'interrupted', \
-         finished_at = $1 WHERE status IN ('waiting', 'building')",
-    )
-    .bind(now_ms())
-    .execute(db.pool())
-    .await
-    .map_err(Error::db("marking interrupted template builds"))?;
-    Ok(done.rows_affected())
+    db.mark_interrupted_builds(now_ms()).await
 }
 
 /// A build of an earlier daemon, from the database.
 pub async fn load(db: &Db, build_id: &str) -> Result<Option<BuildReport>, Error> {
-    let Some(row) = sqlx::query(
-        "SELECT template_id, key_id, status, reason, reason_step FROM template_builds \
-         WHERE build_id = $1",
-    )
-    .bind(build_id)
-    .fetch_optional(db.pool())
-    .await
-    .map_err(Error::db("reading a template build"))?
-    else {
-        return Ok(None);
-    };
-    let logs = sqlx::query(
-        "SELECT timestamp_ms, level, message, step FROM template_build_logs \
-         WHERE build_id = $1 ORDER BY seq",
-    )
-    .bind(build_id)
-    .fetch_all(db.pool())
-    .await
-    .map_err(Error::db("reading a template build's logs"))?;
-    let level = |s: String| -> &'static str {
-        match s.as_str() {
-            "debug" => "debug",
-            "info" => "info",
-            "warn" => "warn",
-            _ => "error",
-        }
-    };
-    let reason: Option<String> = row.get("reason");
-    Ok(Some(BuildReport {
-        template_id: row.get("template_id"),
-        key_id: row.get("key_id"),
-        status: Status::parse(&row.get::<String, _>("status")),
-        logs: logs
-            .into_iter()
-            .map(|r| LogEntry {
-                timestamp_ms: r.get("timestamp_ms"),
-                level: level(r.get("level")),
-                message: r.get("message"),
-                step: r.get("step"),
-            })
-            .collect(),
-        reason: reason.map(|message| Reason {
-            message,
-            step: row.get("reason_step"),
-        }),
-    }))
+    db.template_build(build_id).await
 }
 
 async fn record_status(db: &Db, build: &Build) -> Result<(), Error> {
-    let snap = build.report();
-    let mut tx = db
-        .pool()
-        .begin()
-        .await
-        .map_err(Error::db("starting a transaction"))?;
-    sqlx::query(
-        "UPDATE template_builds SET status = $2, reason = $3, reason_step = $4, \
-         finished_at = $5 WHERE build_id = $1",
+    let report = build.report();
+    db.record_build_status(
+        &build.build_id,
+        &report,
+        report.status.is_final().then(now_ms),
     )
-    .bind(&build.build_id)
-    .bind(snap.status.as_str())
-    .bind(snap.reason.as_ref().map(|r| r.message.clone()))
-    .bind(snap.reason.as_ref().and_then(|r| r.step.clone()))
-    .bind(snap.status.is_final().then(now_ms))
-    .execute(&mut *tx)
     .await
-    .map_err(Error::db("updating a template build"))?;
-    if snap.status.is_final() {
-        for (seq, e) in snap.logs.iter().enumerate() {
-            sqlx::query(
-                "INSERT OR REPLACE INTO template_build_logs \
-                 (build_id, seq, timestamp_ms, level, message, step) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(&build.build_id)
-            .bind(seq as i64)
-            .bind(e.timestamp_ms)
-            .bind(e.level)
-            .bind(&e.message)
-            .bind(&e.step)
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::db("writing a template build's logs"))?;
-        }
-    }
-    tx.commit()
-        .await
-        .map_err(Error::db("committing a template build"))
 }
 
 /// Where the caller's uploaded COPY archives are extracted (`<hash>/`): the build context.
@@ -509,12 +420,7 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
     true
 }
 
-async fn run(
-    app: &App,
-    build: &Arc<Build>,
-    plan: Plan,
-    req: &BuildStart,
-) -> Result<(), (String, Option<String>)> {
+async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Result<(), StepError> {
     let _turn = app.builds.turn.lock().await;
     let dirs = app.lifecycle.dirs().clone();
     // The daemon's registry: build sandboxes take from its warm pool too.
@@ -549,11 +455,46 @@ async fn run(
                 config: s.config.clone(),
             }),
     };
+    // Read before the build replaces the template's directory.
+    let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);
+    let built = build_image(build, &plan, &dirs, runner).await?;
+    let step = || build.lock().step.clone();
+    let mut record = E2bRecord {
+        build_id: build.build_id.clone(),
+        start_cmd: req.start_cmd.clone(),
+        ready_cmd: req.ready_cmd.clone(),
+        cpu_count: build.cpu_count,
+        memory_mb: build.memory_mb,
+        snapshot_id: None,
+    };
+    let lifecycle = &app.lifecycle;
+    if keep_memory_snapshot(lifecycle, build, previous.as_ref(), &built, &mut record).await? {
+        return Ok(());
+    }
+    memory_snapshot::record_in(lifecycle, &build.template_id, &record)
+        .map_err(|e| (e.to_string(), step()))?;
+    // The previous build's snapshot restores the previous image: retired either way.
+    if let Some(old) = previous.and_then(|p| p.snapshot_id) {
+        memory_snapshot::retire(lifecycle, &old).await;
+    }
+    take_memory_snapshot(app, build, req, record).await
+}
+
+/// The failure of a build step: the message and the step it happened in.
+type StepError = (String, Option<String>);
+
+/// Builds the template's image from `plan`'s Dockerfile on a blocking thread (RUN steps in
+/// gVisor sandboxes through `runner`), its log into `build`.
+async fn build_image(
+    build: &Arc<Build>,
+    plan: &Plan,
+    dirs: &sandcell_runtime::Dirs,
+    runner: GvisorRunner,
+) -> Result<template::TemplateRecord, StepError> {
     let context = files_dir(&dirs.data, &build.key_id);
     std::fs::create_dir_all(&context)
         .map_err(|e| (format!("creating {}: {e}", context.display()), None))?;
     let existing = dirs.images().join(&build.template_id);
-    let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),
         name: build.template_id.clone(),
@@ -579,25 +520,27 @@ async fn run(
         .await
         .map_err(|e| (format!("the build thread failed: {e}"), None))?;
     let step = || build.lock().step.clone();
-    let built = outcome.map_err(|e| match e {
+    outcome.map_err(|e| match e {
         // Its output is in the log already.
         sandcell_image::Error::StepFailed {
             step: text, code, ..
         } => (format!("{text}: exit status {code}"), step()),
         other => (other.to_string(), step()),
-    })?;
-    let mut record = E2bRecord {
-        build_id: build.build_id.clone(),
-        start_cmd: req.start_cmd.clone(),
-        ready_cmd: req.ready_cmd.clone(),
-        cpu_count: build.cpu_count,
-        memory_mb: build.memory_mb,
-        snapshot_id: None,
-    };
-    let lifecycle = &app.lifecycle;
-    // The image was kept (unchanged) and so is everything the snapshot was taken with: the
-    // snapshot still is the template's state.
-    if let Some(prev) = previous.as_ref().filter(|_| built.export_skipped)
+    })
+}
+
+/// Keeps the previous build's memory snapshot when the image was kept (unchanged) and so is
+/// everything the snapshot was taken with: the snapshot still is the template's state.
+/// `true`: kept (and recorded in `record`).
+async fn keep_memory_snapshot(
+    lifecycle: &SandboxService,
+    build: &Build,
+    previous: Option<&E2bRecord>,
+    built: &template::TemplateRecord,
+    record: &mut E2bRecord,
+) -> Result<bool, StepError> {
+    let step = || build.lock().step.clone();
+    if let Some(prev) = previous.filter(|_| built.export_skipped)
         && let Some(id) = prev.snapshot_id.as_deref()
         && prev.start_cmd == record.start_cmd
         && prev.ready_cmd == record.ready_cmd
@@ -606,22 +549,29 @@ async fn run(
         && memory_snapshot::is_current(lifecycle, id).await
     {
         record.snapshot_id = Some(id.to_string());
-        memory_snapshot::record_in(lifecycle, &build.template_id, &record)
+        memory_snapshot::record_in(lifecycle, &build.template_id, record)
             .map_err(|e| (e.to_string(), step()))?;
         build.log(
             "info",
             format!("memory snapshot {id} kept: the template did not change"),
         );
-        return Ok(());
+        return Ok(true);
     }
-    memory_snapshot::record_in(lifecycle, &build.template_id, &record)
-        .map_err(|e| (e.to_string(), step()))?;
-    // The previous build's snapshot restores the previous image: retired either way.
-    if let Some(old) = previous.and_then(|p| p.snapshot_id) {
-        memory_snapshot::retire(lifecycle, &old).await;
-    }
-    // E2B semantics: the template is its state once the start command runs and the ready
-    // command succeeded, so creates restore it (templates/memory_snapshot.rs).
+    Ok(false)
+}
+
+/// E2B semantics: the template is its state once the start command runs and the ready
+/// command succeeded, so creates restore it (templates/memory_snapshot.rs). A template
+/// whose start or ready command fails fails the build; one that cannot be snapshotted is
+/// kept without (its sandboxes boot).
+async fn take_memory_snapshot(
+    app: &App,
+    build: &Build,
+    req: &BuildStart,
+    mut record: E2bRecord,
+) -> Result<(), StepError> {
+    let lifecycle = &app.lifecycle;
+    let step = || build.lock().step.clone();
     build.set_step(Some("snapshot".into()));
     build.log(
         "info",

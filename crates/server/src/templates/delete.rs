@@ -82,12 +82,12 @@ pub async fn delete_template(
 /// created from it, and through the snapshots taken of them, those restored from those
 /// snapshots (a restore needs the image its snapshot was taken over).
 async fn template_users(app: &App, name: &str) -> ApiResult<Vec<String>> {
-    let snapshots: Vec<(String, Option<String>, String)> =
-        // A template's own snapshot is part of it, not a user (templates/memory_snapshot.rs).
-        sqlx::query_as("SELECT id, name, template_id FROM snapshots WHERE kind != 'template'")
-            .fetch_all(app.db.pool())
-            .await
-            .map_err(|e| ApiError::internal(format!("listing snapshots: {e}")))?;
+    // A template's own snapshot is part of it, not a user (templates/memory_snapshot.rs).
+    let snapshots = app
+        .db
+        .snapshot_sources()
+        .await
+        .map_err(|e| ApiError::internal(format!("listing snapshots: {e}")))?;
     // The template ids that lead back to `name`: itself and its snapshots' ids and names.
     let mut ids = std::collections::BTreeSet::from([name.to_string()]);
     let mut users = Vec::new();

@@ -251,160 +251,208 @@ pub fn plan(req: &BuildStart, base_info: &BaseInfo) -> Result<Plan, String> {
     if req.from_image_registry.is_some() {
         registry_auth(req)?;
     }
-    let from = match (&req.from_template, &req.from_image) {
+    let mut out = Lines::new(format!("FROM {}", from_image(req, base_info)?));
+    let mut user = e2b_defaults(&mut out, base_info)?;
+    let mut no_cache = req.force == Some(true);
+    for (index, step) in req.steps.iter().enumerate() {
+        no_cache |= step.force == Some(true);
+        for line in step_lines(index, step, &mut user)? {
+            // E2B numbers the steps from 1 (the base is step 0).
+            out.push(&(index + 1).to_string(), line);
+        }
+    }
+    let mut dockerfile = out.lines.join("\n");
+    dockerfile.push('\n');
+    Ok(Plan {
+        dockerfile,
+        steps: out.steps,
+        no_cache,
+    })
+}
+
+/// Dockerfile lines and, for each, the E2B step it comes from ([`Plan::steps`]).
+struct Lines {
+    lines: Vec<String>,
+    steps: Vec<String>,
+}
+
+impl Lines {
+    fn new(from: String) -> Lines {
+        Lines {
+            lines: vec![from],
+            steps: vec![BASE_STEP.to_string()],
+        }
+    }
+
+    fn push(&mut self, step: &str, line: String) {
+        self.lines.push(line);
+        self.steps.push(step.to_string());
+    }
+}
+
+/// The `FROM` of the build: `fromTemplate`, or `fromImage` (E2B's base images are the
+/// local `base` when it is installed).
+fn from_image(req: &BuildStart, base_info: &BaseInfo) -> Result<String, String> {
+    match (&req.from_template, &req.from_image) {
         (Some(t), _) => {
             if !valid_name(t) {
                 return Err(bad(format!("fromTemplate {t:?}: not a template name")));
             }
-            t.clone()
+            Ok(t.clone())
         }
         (None, Some(i)) if base_info.have_base && E2B_BASE_IMAGES.contains(&i.as_str()) => {
-            LOCAL_BASE.to_string()
+            Ok(LOCAL_BASE.to_string())
         }
         (None, Some(i)) => {
             single_word("fromImage", i)?;
-            i.clone()
+            Ok(i.clone())
         }
-        (None, None) => return Err(bad("fromImage or fromTemplate is required")),
+        (None, None) => Err(bad("fromImage or fromTemplate is required")),
+    }
+}
+
+/// E2B's defaults (user `user`, created if the base lacks it, in its home), unless the
+/// base template has a user of its own (then it is kept, as E2B keeps a base template's
+/// last user and workdir). Returns the user the steps start as.
+fn e2b_defaults(out: &mut Lines, base_info: &BaseInfo) -> Result<Option<String>, String> {
+    if base_info.user.is_some() {
+        return Ok(base_info.user.clone());
+    }
+    if !base_info.has_user_account {
+        let argv = serde_json::to_string(&["/bin/sh", "-c", ENSURE_E2B_USER])
+            .map_err(|e| bad(e.to_string()))?;
+        out.push(BASE_STEP, "USER root".into());
+        out.push(BASE_STEP, format!("RUN {argv}"));
+    }
+    out.push(BASE_STEP, format!("USER {E2B_USER}"));
+    out.push(BASE_STEP, format!("WORKDIR {E2B_HOME}"));
+    Ok(Some(E2B_USER.to_string()))
+}
+
+/// The Dockerfile lines of E2B step `index` (from 0); `USER` steps change `user`, the user
+/// a `RUN` with a user of its own returns to.
+fn step_lines(
+    index: usize,
+    step: &BuildStep,
+    user: &mut Option<String>,
+) -> Result<Vec<String>, String> {
+    let at = |problem: String| format!("step {} ({}): {problem}", index + 1, step.kind);
+    match step.kind.as_str() {
+        "RUN" => run_lines(step, user.as_deref()).map_err(at),
+        "COPY" => copy_line(step).map(|l| vec![l]).map_err(at),
+        "ENV" => env_line(step).map(|l| vec![l]).map_err(at),
+        "WORKDIR" => workdir_line(step).map(|l| vec![l]).map_err(at),
+        "USER" => {
+            let [u] = step.args.as_slice() else {
+                return Err(at("args: [user] expected".into()));
+            };
+            single_word("user", u).map_err(at)?;
+            *user = Some(u.clone());
+            Ok(vec![format!("USER {u}")])
+        }
+        other => Err(bad(format!(
+            "step {}: type {other:?} is not supported (RUN, COPY, ENV, WORKDIR, USER)",
+            index + 1
+        ))),
+    }
+}
+
+/// `RUN [cmd, user?]`: exec form; with a user, between `USER user` and a `USER` back to
+/// `user` (root when unknown).
+fn run_lines(step: &BuildStep, user: Option<&str>) -> Result<Vec<String>, String> {
+    let (cmd, run_as) = match step.args.as_slice() {
+        [cmd] => (cmd, None),
+        [cmd, u] if u.is_empty() => (cmd, None),
+        [cmd, u] => (cmd, Some(u)),
+        _ => return Err("args: [command] or [command, user] expected".into()),
     };
-    let mut lines = vec![format!("FROM {from}")];
-    let mut steps = vec![BASE_STEP.to_string()];
-    let mut no_cache = req.force == Some(true);
-    let mut user = base_info.user.clone();
-    // E2B's defaults, unless the base template has a user of its own (then it is kept, as
-    // E2B keeps a base template's last user and workdir).
-    if user.is_none() {
-        if !base_info.has_user_account {
-            let argv = serde_json::to_string(&["/bin/sh", "-c", ENSURE_E2B_USER])
-                .map_err(|e| bad(e.to_string()))?;
-            lines.push("USER root".into());
-            lines.push(format!("RUN {argv}"));
-            steps.extend([BASE_STEP.to_string(), BASE_STEP.to_string()]);
-        }
-        lines.push(format!("USER {E2B_USER}"));
-        lines.push(format!("WORKDIR {E2B_HOME}"));
-        steps.extend([BASE_STEP.to_string(), BASE_STEP.to_string()]);
-        user = Some(E2B_USER.to_string());
+    if cmd.contains('\0') {
+        return Err("the command has a NUL".into());
     }
-    for (index, step) in req.steps.iter().enumerate() {
-        // E2B numbers the steps from 1 (the base is step 0).
-        let name = (index + 1).to_string();
-        let at = |problem: String| format!("step {} ({}): {problem}", index + 1, step.kind);
-        no_cache |= step.force == Some(true);
-        let mut push = |line: String| {
-            lines.push(line);
-            steps.push(name.clone());
-        };
-        match step.kind.as_str() {
-            "RUN" => {
-                let (cmd, run_as) = match step.args.as_slice() {
-                    [cmd] => (cmd, None),
-                    [cmd, u] if u.is_empty() => (cmd, None),
-                    [cmd, u] => (cmd, Some(u)),
-                    _ => return Err(at("args: [command] or [command, user] expected".into())),
-                };
-                if cmd.contains('\0') {
-                    return Err(at("the command has a NUL".into()));
-                }
-                let argv = serde_json::to_string(&["/bin/sh", "-c", cmd.as_str()])
-                    .map_err(|e| at(e.to_string()))?;
-                match run_as {
-                    Some(u) => {
-                        single_word("user", u).map_err(at)?;
-                        push(format!("USER {u}"));
-                        push(format!("RUN {argv}"));
-                        push(format!("USER {}", user.as_deref().unwrap_or("root")));
-                    }
-                    None => push(format!("RUN {argv}")),
-                }
-            }
-            "COPY" => {
-                let (src, dest) = match step.args.as_slice() {
-                    [src, dest, ..] if step.args.len() <= 4 => (src, dest),
-                    _ => return Err(at("args: [src, dest, user?, mode?] expected".into())),
-                };
-                let hash = step
-                    .files_hash
-                    .as_deref()
-                    .ok_or_else(|| at("filesHash is required".into()))?;
-                if !valid_files_hash(hash) {
-                    return Err(at(format!("filesHash {hash:?}: lowercase hex expected")));
-                }
-                let src = copy_source(src).map_err(at)?;
-                one_line("COPY destination", dest).map_err(at)?;
-                if dest.is_empty() {
-                    return Err(at("an empty destination".into()));
-                }
-                let mut flags = String::new();
-                if let Some(owner) = step.args.get(2).filter(|u| !u.is_empty()) {
-                    single_word("user", owner).map_err(at)?;
-                    flags.push_str(&format!("--chown={owner} "));
-                }
-                if let Some(mode) = step.args.get(3).filter(|m| !m.is_empty()) {
-                    if mode.len() > 6 || !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-                        return Err(at(format!("mode {mode:?}: octal expected")));
-                    }
-                    flags.push_str(&format!("--chmod={mode} "));
-                }
-                push(format!(
-                    "COPY {flags}[{},{}]",
-                    json(&format!("{hash}/{src}")),
-                    json(dest)
-                ));
-            }
-            "ENV" => {
-                if step.args.is_empty() || step.args.len() % 2 != 0 {
-                    return Err(at("args: [key, value, ...] pairs expected".into()));
-                }
-                let mut line = String::from("ENV");
-                for pair in step.args.chunks(2) {
-                    let (k, v) = (&pair[0], &pair[1]);
-                    let good_key = k.bytes().enumerate().all(|(i, b)| {
-                        b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
-                    });
-                    if k.is_empty() || !good_key {
-                        return Err(at(format!("{k:?}: not an environment variable name")));
-                    }
-                    if v.contains(['\n', '\r', '\0']) {
-                        return Err(at(format!("{k}: no line breaks or NULs in values")));
-                    }
-                    line.push_str(&format!(" {k}={}", env_quoted(v)));
-                }
-                push(line);
-            }
-            "WORKDIR" => {
-                let [dir] = step.args.as_slice() else {
-                    return Err(at("args: [directory] expected".into()));
-                };
-                one_line("WORKDIR", dir).map_err(at)?;
-                if dir.trim().is_empty() {
-                    return Err(at("an empty directory".into()));
-                }
-                push(format!("WORKDIR {dir}"));
-            }
-            "USER" => {
-                let [u] = step.args.as_slice() else {
-                    return Err(at("args: [user] expected".into()));
-                };
-                single_word("user", u).map_err(at)?;
-                user = Some(u.clone());
-                push(format!("USER {u}"));
-            }
-            other => {
-                return Err(bad(format!(
-                    "step {}: type {other:?} is not supported (RUN, COPY, ENV, WORKDIR, USER)",
-                    index + 1
-                )));
-            }
+    let argv =
+        serde_json::to_string(&["/bin/sh", "-c", cmd.as_str()]).map_err(|e| e.to_string())?;
+    match run_as {
+        Some(u) => {
+            single_word("user", u)?;
+            Ok(vec![
+                format!("USER {u}"),
+                format!("RUN {argv}"),
+                format!("USER {}", user.unwrap_or("root")),
+            ])
         }
+        None => Ok(vec![format!("RUN {argv}")]),
     }
-    let mut dockerfile = lines.join("\n");
-    dockerfile.push('\n');
-    Ok(Plan {
-        dockerfile,
-        steps,
-        no_cache,
-    })
+}
+
+/// `COPY [src, dest, user?, mode?]` + `filesHash`: from the uploaded archive's directory.
+fn copy_line(step: &BuildStep) -> Result<String, String> {
+    let (src, dest) = match step.args.as_slice() {
+        [src, dest, ..] if step.args.len() <= 4 => (src, dest),
+        _ => return Err("args: [src, dest, user?, mode?] expected".into()),
+    };
+    let hash = step
+        .files_hash
+        .as_deref()
+        .ok_or_else(|| "filesHash is required".to_string())?;
+    if !valid_files_hash(hash) {
+        return Err(format!("filesHash {hash:?}: lowercase hex expected"));
+    }
+    let src = copy_source(src)?;
+    one_line("COPY destination", dest)?;
+    if dest.is_empty() {
+        return Err("an empty destination".into());
+    }
+    let mut flags = String::new();
+    if let Some(owner) = step.args.get(2).filter(|u| !u.is_empty()) {
+        single_word("user", owner)?;
+        flags.push_str(&format!("--chown={owner} "));
+    }
+    if let Some(mode) = step.args.get(3).filter(|m| !m.is_empty()) {
+        if mode.len() > 6 || !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+            return Err(format!("mode {mode:?}: octal expected"));
+        }
+        flags.push_str(&format!("--chmod={mode} "));
+    }
+    Ok(format!(
+        "COPY {flags}[{},{}]",
+        json(&format!("{hash}/{src}")),
+        json(dest)
+    ))
+}
+
+/// `ENV [key, value, ...]`: one `ENV k="v" ...` line.
+fn env_line(step: &BuildStep) -> Result<String, String> {
+    if step.args.is_empty() || !step.args.len().is_multiple_of(2) {
+        return Err("args: [key, value, ...] pairs expected".into());
+    }
+    let mut line = String::from("ENV");
+    for pair in step.args.chunks(2) {
+        let (k, v) = (&pair[0], &pair[1]);
+        let good_key = k
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+        if k.is_empty() || !good_key {
+            return Err(format!("{k:?}: not an environment variable name"));
+        }
+        if v.contains(['\n', '\r', '\0']) {
+            return Err(format!("{k}: no line breaks or NULs in values"));
+        }
+        line.push_str(&format!(" {k}={}", env_quoted(v)));
+    }
+    Ok(line)
+}
+
+/// `WORKDIR [dir]`.
+fn workdir_line(step: &BuildStep) -> Result<String, String> {
+    let [dir] = step.args.as_slice() else {
+        return Err("args: [directory] expected".into());
+    };
+    one_line("WORKDIR", dir)?;
+    if dir.trim().is_empty() {
+        return Err("an empty directory".into());
+    }
+    Ok(format!("WORKDIR {dir}"))
 }
 
 #[cfg(test)]

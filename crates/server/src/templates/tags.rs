@@ -33,7 +33,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use sandcell_image::valid_name;
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 use std::sync::Arc;
 use utoipa::ToSchema;
 
@@ -130,51 +129,12 @@ pub fn split_target(target: &str) -> ApiResult<(&str, &str)> {
 
 /// Records the tags build `build_id` asks for; it takes them when it is ready (migration 7).
 pub async fn request(db: &crate::store::Db, build_id: &str, tags: &[String]) -> Result<(), Error> {
-    let mut tx = db
-        .pool()
-        .begin()
-        .await
-        .map_err(Error::db("starting a transaction"))?;
-    for tag in tags {
-        sqlx::query("INSERT OR IGNORE INTO template_build_tags (build_id, tag) VALUES ($1, $2)")
-            .bind(build_id)
-            .bind(tag)
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::db(format!("recording the tags of build {build_id}")))?;
-    }
-    tx.commit()
-        .await
-        .map_err(Error::db(format!("recording the tags of build {build_id}")))
+    db.request_build_tags(build_id, tags).await
 }
 
-/// Drops the tags of a deleted template (snapshots/api.rs `delete_template`).
+/// Drops the tags of a deleted template (templates/delete.rs).
 pub async fn forget(db: &crate::store::Db, template: &str) -> Result<(), Error> {
-    sqlx::query("DELETE FROM template_tags WHERE template_id = $1")
-        .bind(template)
-        .execute(db.pool())
-        .await
-        .map_err(Error::db(format!(
-            "deleting the tags of template {template}"
-        )))?;
-    Ok(())
-}
-
-/// The build `tag` of `template` names, if any.
-async fn tagged_build(
-    db: &crate::store::Db,
-    template: &str,
-    tag: &str,
-) -> Result<Option<String>, Error> {
-    sqlx::query("SELECT build_id FROM template_tags WHERE template_id = $1 AND tag = $2")
-        .bind(template)
-        .bind(tag)
-        .fetch_optional(db.pool())
-        .await
-        .map(|row| row.map(|r| r.get("build_id")))
-        .map_err(Error::db(format!(
-            "reading tag {tag} of template {template}"
-        )))
+    db.forget_template_tags(template).await
 }
 
 /// The id of the build `images/<name>/` holds, if the template was built through the API.
@@ -188,13 +148,7 @@ async fn owned_template(app: &App, caller: &Caller, name: &str) -> ApiResult<Str
     check_name(name)?;
     let not_found = || ApiError::not_found(format!("template '{name}' not found"));
     let build = current_build(&app.lifecycle, name).ok_or_else(not_found)?;
-    let owner: Option<String> =
-        sqlx::query("SELECT key_id FROM template_builds WHERE build_id = $1")
-            .bind(&build)
-            .fetch_optional(app.db.pool())
-            .await
-            .map_err(Error::db(format!("reading build {build}")))?
-            .map(|r| r.get("key_id"));
+    let owner = app.db.build_owner(&build).await?;
     if owner.as_deref() != Some(caller.0.id.as_str()) {
         return Err(not_found());
     }
@@ -217,32 +171,12 @@ pub async fn assign_tags(
     let (name, tag) = split_target(&req.target)?;
     let tags = check_tags(&req.tags)?;
     owned_template(&app, &caller, name).await?;
-    let build_id = tagged_build(&app.db, name, tag)
+    let build_id = app
+        .db
+        .tagged_build(name, tag)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("template '{name}' has no tag '{tag}'")))?;
-    let now = now_ms();
-    let mut tx = app
-        .db
-        .pool()
-        .begin()
-        .await
-        .map_err(Error::db("starting a transaction"))?;
-    for t in &tags {
-        sqlx::query(
-            "INSERT OR REPLACE INTO template_tags (template_id, tag, build_id, assigned_at) \
-             VALUES ($1, $2, $3, $4)",
-        )
-        .bind(name)
-        .bind(t)
-        .bind(&build_id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::db(format!("tagging template {name}")))?;
-    }
-    tx.commit()
-        .await
-        .map_err(Error::db(format!("tagging template {name}")))?;
+    app.db.assign_tags(name, &tags, &build_id, now_ms()).await?;
     Ok((StatusCode::CREATED, Json(AssignedTags { tags, build_id })))
 }
 
@@ -262,30 +196,12 @@ pub async fn remove_tags(
     check_name(&req.name)?;
     let tags = check_tags(&req.tags)?;
     owned_template(&app, &caller, &req.name).await?;
-    let mut tx = app
-        .db
-        .pool()
-        .begin()
-        .await
-        .map_err(Error::db("starting a transaction"))?;
-    for tag in &tags {
-        let done = sqlx::query("DELETE FROM template_tags WHERE template_id = $1 AND tag = $2")
-            .bind(&req.name)
-            .bind(tag)
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::db(format!("removing tags of template {}", req.name)))?;
-        if done.rows_affected() == 0 {
-            // Dropping the transaction rolls back the tags removed so far.
-            return Err(ApiError::not_found(format!(
-                "template '{}' has no tag '{tag}'",
-                req.name
-            )));
-        }
+    if let Some(tag) = app.db.remove_tags(&req.name, &tags).await? {
+        return Err(ApiError::not_found(format!(
+            "template '{}' has no tag '{tag}'",
+            req.name
+        )));
     }
-    tx.commit()
-        .await
-        .map_err(Error::db(format!("removing tags of template {}", req.name)))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -301,22 +217,13 @@ pub async fn list_tags(
     Path(template_id): Path<String>,
 ) -> ApiResult<Json<Vec<TemplateTag>>> {
     owned_template(&app, &caller, &template_id).await?;
-    let rows = sqlx::query(
-        "SELECT tag, build_id, assigned_at FROM template_tags WHERE template_id = $1 \
-         ORDER BY assigned_at, tag",
-    )
-    .bind(&template_id)
-    .fetch_all(app.db.pool())
-    .await
-    .map_err(Error::db(format!(
-        "listing the tags of template {template_id}"
-    )))?;
+    let rows = app.db.template_tags(&template_id).await?;
     Ok(Json(
         rows.into_iter()
-            .map(|r| TemplateTag {
-                tag: r.get("tag"),
-                build_id: r.get("build_id"),
-                created_at: rfc3339(r.get("assigned_at")),
+            .map(|(tag, build_id, assigned_at)| TemplateTag {
+                tag,
+                build_id,
+                created_at: rfc3339(assigned_at),
             })
             .collect(),
     ))
@@ -339,7 +246,9 @@ pub async fn untag(lifecycle: &SandboxService, template_id: &str) -> ApiResult<S
             "template '{template_id}' not found"
         )));
     };
-    let tagged = tagged_build(&lifecycle.db, name, tag)
+    let tagged = lifecycle
+        .db
+        .tagged_build(name, tag)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("template '{name}' has no tag '{tag}'")))?;
     if tagged != current {

@@ -1,0 +1,423 @@
+//! Creating a sandbox from a template, as one sequence:
+//!
+//! 1. [`resolve`](SandboxService::resolve): what `templateID` names. A named snapshot of
+//!    the key is restored as it is; else its tag is resolved (templates/tags.rs) and an
+//!    API-built template's `e2b.json` (templates/start.rs) and current memory snapshot
+//!    (templates/memory_snapshot.rs) are looked up, once.
+//! 2. admission of the network request (networks/service.rs: rules, private networks).
+//! 3. a template with a memory snapshot is restored from it; a restore failing on the host
+//!    or in the restored sandbox ([`SandboxError::falls_back_to_boot`]) falls back to a boot
+//!    (the template works without its snapshot).
+//! 4. [`plan_boot`](SandboxService::plan_boot): size (the template's when the request
+//!    names none), image, timeout, env (an OCI image's defaults under the request's),
+//!    access token: the row to create.
+//! 5. [`admit`](SandboxService::admit): the key's sandbox limit (the row is inserted
+//!    `creating` only within it), `autoPause`, the network's rules recorded before the
+//!    runtime makes anything (crash consistency: see service.rs).
+//! 6. boot, then [`finish_create`](SandboxService::finish_create): the agent's `/init`,
+//!    `running`, and an API-built template's start and ready commands.
+//!
+//! The order of the checks is the order their errors are answered in.
+
+use crate::http::error::{ApiError, Error};
+use crate::http::metrics::TemplateCreate;
+use crate::networks::service::{NetRequest, NetworkError};
+use crate::sandboxes::error::SandboxError;
+use crate::sandboxes::models::NewSandbox;
+use crate::sandboxes::service::{
+    BOOT_TIMEOUT, DEFAULT_TIMEOUT_SECS, DEFAULT_VCPUS, DESTROY_TIMEOUT, INIT_TIMEOUT, Live,
+    MAX_TIMEOUT_SECS, SandboxService, disk_mib, init_agent_with, lock, resolve_template,
+};
+use crate::snapshots::restore::RestoredNetwork;
+use crate::store::snapshots::{LifecycleRow, SnapshotRow};
+use crate::store::{KeyRow, SandboxRow, State};
+use crate::templates::builds::E2bRecord;
+use crate::util::{now_ms, random_hex};
+use sandcell_runtime::{Image, Sandbox, SandboxSpec};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a create's `templateID` resolved to.
+enum Resolved {
+    /// A named snapshot of the key: restored as it is.
+    NamedSnapshot(NewSandbox, SnapshotRow),
+    /// An image template (installed, built from a Dockerfile or through the template API).
+    Template(TemplateCreateRequest),
+}
+
+/// A create from an image template, its template looked up once.
+struct TemplateCreateRequest {
+    /// The request, its `templateID` untagged.
+    req: NewSandbox,
+    /// An API-built template's `e2b.json`.
+    e2b: Option<E2bRecord>,
+    /// The template's memory snapshot, when it has a current one of the requested size.
+    memory_snapshot: Option<SnapshotRow>,
+}
+
+/// A booted create, checked and ready to be admitted.
+struct BootPlan {
+    row: SandboxRow,
+    image: Image,
+    env: BTreeMap<String, String>,
+    timeout: u64,
+    auto_pause: bool,
+}
+
+impl SandboxService {
+    /// Creates and starts a sandbox for `key`; returns its row (state running).
+    pub async fn create(
+        self: &Arc<Self>,
+        key: &KeyRow,
+        req: NewSandbox,
+        secure_by_default: bool,
+    ) -> Result<SandboxRow, SandboxError> {
+        let begun = Instant::now();
+        let template = match self.resolve(key, req).await? {
+            Resolved::NamedSnapshot(req, snap) => {
+                let row = self
+                    .create_from_snapshot(key, req, &snap, secure_by_default, None)
+                    .await?;
+                self.metrics.observe_create(begun.elapsed());
+                return Ok(row);
+            }
+            Resolved::Template(template) => template,
+        };
+        let net_req = self.admit_network(key, &template.req).await?;
+        let mut template_path = TemplateCreate::Booted;
+        if let Some(snap) = &template.memory_snapshot {
+            match self
+                .restore_memory_snapshot(key, &template.req, snap, &net_req, secure_by_default)
+                .await?
+            {
+                Some(row) => {
+                    self.metrics.observe_create(begun.elapsed());
+                    self.metrics.count_template_create(TemplateCreate::Restored);
+                    return Ok(row);
+                }
+                None => template_path = TemplateCreate::Fallback,
+            }
+        }
+        let plan = self.plan_boot(key, template.req, template.e2b.as_ref(), secure_by_default)?;
+        self.admit(key, &plan, net_req.as_ref()).await?;
+        let row = self.boot_and_finish(plan, template.e2b.as_ref()).await?;
+        self.metrics.observe_create(begun.elapsed());
+        if template.e2b.is_some() {
+            self.metrics.count_template_create(template_path);
+        }
+        Ok(row)
+    }
+
+    /// Step 1: what `req.templateID` names, looked up once.
+    async fn resolve(&self, key: &KeyRow, req: NewSandbox) -> Result<Resolved, SandboxError> {
+        // A named snapshot of the key is a template too (snapshots/).
+        if let Some(snap) = self.snapshot_template(&key.id, &req.template_id).await? {
+            return Ok(Resolved::NamedSnapshot(req, snap));
+        }
+        // `name:tag` is `name` when the tag names its current build (templates/tags.rs).
+        let req = crate::templates::tags::untag_request(self, req).await?;
+        // An API-built template's `e2b.json` (templates/start.rs), read once for this create.
+        let e2b = crate::templates::start::record(self, &req.template_id);
+        // An API-built template restores the state its build snapshotted
+        // (templates/memory_snapshot.rs).
+        let memory_snapshot =
+            crate::templates::memory_snapshot::usable(self, &req, e2b.as_ref()).await?;
+        Ok(Resolved::Template(TemplateCreateRequest {
+            req,
+            e2b,
+            memory_snapshot,
+        }))
+    }
+
+    /// Step 2: the request's network (rules, private networks of the key); `None` on a
+    /// daemon without networks.
+    async fn admit_network(
+        &self,
+        key: &KeyRow,
+        req: &NewSandbox,
+    ) -> Result<Option<NetRequest>, NetworkError> {
+        self.networks
+            .check_request(
+                &self.db,
+                &key.id,
+                req.allow_internet_access,
+                req.network.as_ref(),
+                req.networks.as_deref(),
+            )
+            .await
+    }
+
+    /// Step 3: restores an API-built template's memory snapshot. `None`: the restore failed
+    /// on our side and the create boots instead (the template works without its snapshot).
+    async fn restore_memory_snapshot(
+        self: &Arc<Self>,
+        key: &KeyRow,
+        req: &NewSandbox,
+        snap: &SnapshotRow,
+        net_req: &Option<NetRequest>,
+        secure_by_default: bool,
+    ) -> Result<Option<SandboxRow>, SandboxError> {
+        let network = Some(RestoredNetwork::Request(net_req.clone()));
+        match self
+            .create_from_snapshot(key, req.clone(), snap, secure_by_default, network)
+            .await
+        {
+            Ok(row) => Ok(Some(row)),
+            Err(e) if e.falls_back_to_boot() => {
+                eprintln!(
+                    "sandcell serve: template {}: restoring snapshot {} failed ({e}); \
+                     booting instead",
+                    req.template_id, snap.id
+                );
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Step 4: size, image, timeout and environment of a booted create, checked; the row it
+    /// will be (state `creating`).
+    fn plan_boot(
+        &self,
+        key: &KeyRow,
+        req: NewSandbox,
+        e2b: Option<&E2bRecord>,
+        secure_by_default: bool,
+    ) -> Result<BootPlan, SandboxError> {
+        // An API-built template's size when the request names none (templates/start.rs).
+        let (cpu_count, memory_mb) =
+            crate::templates::start::default_size(e2b, req.cpu_count, req.memory_mb);
+        let (vcpus, memory_mib) = self.size(cpu_count, memory_mb)?;
+        let image = resolve_template(&self.dirs, &req.template_id)?;
+        let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
+        if timeout > MAX_TIMEOUT_SECS {
+            return Err(SandboxError::Invalid(format!(
+                "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
+            )));
+        }
+        let env = req.env_vars.unwrap_or_default();
+        if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
+            return Err(SandboxError::Invalid(format!(
+                "invalid envVars name {bad:?}"
+            )));
+        }
+        // An OCI-made template's Env under the request's (templates/defaults.rs).
+        let env = crate::templates::defaults::merge_env(
+            crate::templates::defaults::load(&self.dirs, &req.template_id).as_ref(),
+            env,
+        );
+        let secure = req.secure.unwrap_or(secure_by_default);
+        let access_token = if secure {
+            Some(random_hex(20).map_err(Error::io("getrandom for an access token"))?)
+        } else {
+            None
+        };
+        let id = sandcell_runtime::new_sandbox_id().map_err(Error::from)?;
+        let row = SandboxRow {
+            id,
+            key_id: key.id.clone(),
+            template_id: req.template_id.clone(),
+            runtime: self.runtime_name().to_string(),
+            state: State::Creating,
+            secure,
+            access_token,
+            metadata: req.metadata.unwrap_or_default(),
+            vcpus: u32::from(vcpus),
+            memory_mib,
+            disk_mib: disk_mib(&image),
+            envd_version: String::new(),
+            created_at: now_ms(),
+            started_at: None,
+            end_at: None,
+            ended_at: None,
+            end_reason: None,
+            handle: None,
+        };
+        Ok(BootPlan {
+            row,
+            image,
+            env,
+            timeout,
+            auto_pause: req.auto_pause == Some(true),
+        })
+    }
+
+    /// Step 5: the row is inserted within the key's sandbox limit (429 beyond it), with its
+    /// `autoPause`; the network's rules are recorded before the runtime makes it
+    /// (networks/service.rs). A failed network record marks the row `error`.
+    async fn admit(
+        &self,
+        key: &KeyRow,
+        plan: &BootPlan,
+        net_req: Option<&NetRequest>,
+    ) -> Result<(), SandboxError> {
+        let id = &plan.row.id;
+        if !self
+            .db
+            .insert_sandbox_within_limit(&plan.row, key.max_sandboxes)
+            .await?
+        {
+            return Err(SandboxError::LimitReached {
+                limit: key.max_sandboxes.unwrap_or(0),
+            });
+        }
+        if plan.auto_pause {
+            self.db
+                .set_sandbox_lifecycle(
+                    id,
+                    &LifecycleRow {
+                        auto_pause: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+        }
+        if let Some(n) = net_req
+            && let Err(e) = self.networks.record(&self.db, id, &key.id, n).await
+        {
+            self.mark_create_failed(id, &e).await;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Step 6: boots the admitted sandbox and finishes the create (`/init`, running, an
+    /// API-built template's start and ready commands).
+    async fn boot_and_finish(
+        self: &Arc<Self>,
+        plan: BootPlan,
+        e2b: Option<&E2bRecord>,
+    ) -> Result<SandboxRow, SandboxError> {
+        let BootPlan {
+            row,
+            image,
+            env,
+            timeout,
+            ..
+        } = plan;
+        let sandbox = match self.boot(&row, image, env.clone()).await {
+            Ok(sandbox) => sandbox,
+            Err(e) => {
+                self.mark_create_failed(&row.id, &e).await;
+                return Err(e.into());
+            }
+        };
+        let row = self.finish_create(row, sandbox, &env, timeout).await?;
+        // E2B's startCmd/readyCmd of an API-built template (templates/start.rs).
+        crate::templates::start::after_create(self, &row, e2b).await?;
+        Ok(row)
+    }
+
+    /// A create that failed before the sandbox ran: its row goes `error` with the reason.
+    async fn mark_create_failed(&self, id: &str, e: &Error) {
+        let _ = self
+            .db
+            .transition(
+                id,
+                &[State::Creating],
+                State::Error,
+                Some(&e.to_string()),
+                now_ms(),
+            )
+            .await;
+    }
+
+    /// Boots the sandbox `row` describes (its network as recorded by [`Self::admit`]).
+    async fn boot(
+        &self,
+        row: &SandboxRow,
+        image: Image,
+        env: BTreeMap<String, String>,
+    ) -> Result<Arc<dyn Sandbox>, Error> {
+        let mut spec = SandboxSpec::new(row.id.clone(), image);
+        spec.vcpus = u8::try_from(row.vcpus).unwrap_or(DEFAULT_VCPUS);
+        spec.memory_mib = row.memory_mib;
+        // The daemon is infrastructure: its restart must not kill user sandboxes.
+        spec.outlive_owner = true;
+        // Also given to the agent's own environment so that processes inherit them from an
+        // agent without `/init`.
+        spec.env = env;
+        spec.boot_timeout = BOOT_TIMEOUT;
+        spec.network = self.networks.spec_of(&self.db, &row.id).await?;
+        let sandbox: Arc<dyn Sandbox> = Arc::from(self.runtime.create(spec).await?);
+        if let Err(e) = sandbox.start().await {
+            let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+            return Err(e.into());
+        }
+        Ok(sandbox)
+    }
+
+    /// The agent's `/init` (a sandbox whose agent does not answer is destroyed, its row
+    /// `error`), then the row `running` with its timeout, handle and network.
+    pub(crate) async fn finish_create(
+        self: &Arc<Self>,
+        mut row: SandboxRow,
+        sandbox: Arc<dyn Sandbox>,
+        env: &BTreeMap<String, String>,
+        timeout: u64,
+    ) -> Result<SandboxRow, SandboxError> {
+        let envd_version = match tokio::time::timeout(
+            INIT_TIMEOUT,
+            init_agent_with(
+                &sandbox,
+                env,
+                row.access_token.as_deref(),
+                crate::templates::defaults::load(&self.dirs, &row.template_id).as_ref(),
+            ),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(ApiError::internal(format!(
+                "sandbox {}: the agent did not answer /init within {INIT_TIMEOUT:?}",
+                row.id
+            ))),
+        };
+        let envd_version = match envd_version {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+                let _ = self
+                    .db
+                    .transition(
+                        &row.id,
+                        &[State::Creating],
+                        State::Error,
+                        Some(&e.message),
+                        now_ms(),
+                    )
+                    .await;
+                return Err(SandboxError::Agent { answer: e });
+            }
+        };
+        lock(&self.live).insert(
+            row.id.clone(),
+            Arc::new(Live {
+                sandbox: sandbox.clone(),
+                access_token: row.access_token.clone(),
+            }),
+        );
+        let started = now_ms();
+        let end_at = started + (timeout as i64) * 1000;
+        let handle = sandbox
+            .handle()
+            .and_then(|h| serde_json::to_string(&h).ok());
+        if let Err(e) = self
+            .networks
+            .started(&self.db, &row.id, sandbox.network())
+            .await
+        {
+            eprintln!("sandcell serve: sandbox {}: its network: {e}", row.id);
+        }
+        self.db
+            .mark_running(&row, started, end_at, &envd_version, handle.as_deref())
+            .await?;
+        self.watch(row.id.clone(), sandbox);
+        row.state = State::Running;
+        row.started_at = Some(started);
+        row.end_at = Some(end_at);
+        row.envd_version = envd_version;
+        Ok(row)
+    }
+}
