@@ -498,8 +498,7 @@ async fn build_image(
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),
         name: build.template_id.clone(),
-        dockerfile: sandcell_image::dockerfile::parse(&plan.dockerfile)
-            .map_err(|e| (e.to_string(), None))?,
+        dockerfile: plan.dockerfile.clone(),
         // Stable across builds: it is part of what an unchanged rebuild is recognised by
         // (the image crate then keeps the image instead of exporting it again).
         dockerfile_path: PathBuf::from(format!("e2b-template:{}", build.template_id)),
