@@ -202,14 +202,19 @@ fn parse_env(pairs: &[String]) -> Result<BTreeMap<String, String>, String> {
 
 async fn open_runtime(dirs: &Dirs, selection: &Selection) -> Result<Arc<dyn Runtime>, String> {
     match selection.runtime {
-        RuntimeKind::Gvisor => match GvisorRuntime::new(dirs.clone()).await {
-            Ok(rt) => Ok(Arc::new(rt)),
-            Err(e) => Err(e.to_string()),
-        },
-        RuntimeKind::Microvm => match MicrovmRuntime::new(dirs.clone()) {
-            Ok(rt) => Ok(Arc::new(rt)),
-            Err(e) => Err(e.to_string()),
-        },
+        RuntimeKind::Gvisor => {
+            match GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new()).await
+            {
+                Ok(rt) => Ok(Arc::new(rt)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        RuntimeKind::Microvm => {
+            match MicrovmRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new()) {
+                Ok(rt) => Ok(Arc::new(rt)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
     }
 }
 

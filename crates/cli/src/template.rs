@@ -174,18 +174,23 @@ async fn build(dirs: &Dirs, args: BuildArgs) -> i32 {
         Ok(t) => t,
         Err(e) => return fail(format!("reading {}: {e}", file.display()), EXIT_USAGE),
     };
+    let dockerfile = match sandcell_image::dockerfile::parse(&dockerfile) {
+        Ok(d) => d,
+        Err(e) => return fail(e, EXIT_FAILED),
+    };
     // A previous build of the same name is replaced; another kind of image only with --force.
     let existing = dirs.images().join(&args.name);
     let force = args.force || template::read_record(&existing).is_some();
-    let runtime = match GvisorRuntime::new(dirs.clone()).await {
-        Ok(rt) => Arc::new(rt),
-        Err(e) => {
-            return fail(
-                format!("RUN steps need the gvisor runtime: {e}"),
-                EXIT_FAILED,
-            );
-        }
-    };
+    let runtime =
+        match GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new()).await {
+            Ok(rt) => Arc::new(rt),
+            Err(e) => {
+                return fail(
+                    format!("RUN steps need the gvisor runtime: {e}"),
+                    EXIT_FAILED,
+                );
+            }
+        };
     let network = match args.network {
         BuildNetwork::None => None,
         BuildNetwork::Default => match NetworkSpec::from_host(EgressSpec::default()) {

@@ -29,8 +29,7 @@ pub mod network;
 pub mod nft;
 pub mod policy;
 pub mod pool;
-pub mod registry;
-#[cfg(feature = "testing")]
+mod registry;
 pub mod testing;
 
 pub use error::{Error, Result};
@@ -38,17 +37,20 @@ pub use network::{NetConfig, Network, reconcile};
 pub use nft::DeniedFlow;
 pub use policy::{Cidr, EgressSpec, Policy};
 pub use pool::NetPool;
+pub use registry::NetRegistry;
 
 use dns::{DeniedName, DnsServer, DnsState};
 use sandcell_proto::sync::lock;
 use std::sync::Arc;
 
 /// A sandbox's network with its DNS server running: what a runtime holds for a sandbox.
-/// Clones share the network (the [`registry`] keeps one for the daemon); the first
+/// Clones share the network (its owner's [`NetRegistry`] keeps one); the first
 /// [`SandboxNet::teardown`] removes it for all.
 #[derive(Clone)]
 pub struct SandboxNet {
     net: Network,
+    /// The registry it is recorded in, if any (its teardown removes the entry).
+    registry: registry::Owner,
     /// The rules in force, as given (what an owner records to put them back after a
     /// restart).
     spec: Arc<std::sync::Mutex<EgressSpec>>,
@@ -131,6 +133,7 @@ impl SandboxNet {
             .map_err(|e| Error::io(format!("starting the DNS server on {}:53", net.gateway), e))?;
         Ok(SandboxNet {
             net,
+            registry: None,
             spec: Arc::new(std::sync::Mutex::new(spec.clone())),
             state,
             dns: Arc::new(std::sync::Mutex::new(Some(dns))),
@@ -196,7 +199,9 @@ impl SandboxNet {
     /// Stops the DNS server and removes everything of the network.
     pub async fn teardown(self) -> Result<()> {
         lock(&self.dns).take();
-        registry::forget_net(&self.net.id);
+        if let Some(registry) = self.registry.as_ref().and_then(std::sync::Weak::upgrade) {
+            registry.forget_net(&self.net.id);
+        }
         let net = self.net.clone();
         blocking("removing a sandbox network", move || net.teardown()).await
     }

@@ -230,7 +230,9 @@ async fn main() {
         .unwrap();
     let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
     let image = Image::resolve(Path::new("/nonexistent"), args.image.to_str().unwrap()).unwrap();
-    let rt = GvisorRuntime::new(dirs.clone()).await.unwrap();
+    let rt = GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new())
+        .await
+        .unwrap();
     let info = rt.runsc().clone();
     let bench = Bench { rt, dirs, image };
 

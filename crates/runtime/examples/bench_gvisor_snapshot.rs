@@ -207,7 +207,9 @@ async fn main() {
         .tempdir_in("/tmp")
         .unwrap();
     let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-    let rt = GvisorRuntime::new(dirs.clone()).await.unwrap();
+    let rt = GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new())
+        .await
+        .unwrap();
     let direct_dir = tmp.path().join("direct");
     let mut direct = Direct {
         rt: &rt,

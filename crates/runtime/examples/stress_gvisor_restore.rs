@@ -159,7 +159,9 @@ async fn main() {
         .tempdir_in("/tmp")
         .unwrap();
     let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-    let rt = GvisorRuntime::new(dirs.clone()).await.unwrap();
+    let rt = GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new())
+        .await
+        .unwrap();
     if let Some(dir) = &args.restore {
         restore_only(&rt, dir, args.cycles).await;
         return;

@@ -290,6 +290,11 @@ pub trait Runtime: Send + Sync {
         snapshot: &SnapshotHandle,
         spec: RestoreSpec,
     ) -> Result<Box<dyn Sandbox>>;
+
+    /// Kills what the runtime keeps pre-started ahead of creates (microvm: the idle VMMs of
+    /// its warm pool) and starts no more: for an owner that exits, whose runtime may never
+    /// be dropped before the process ends. Sandboxes are not touched.
+    fn stop_prestarted(&self) {}
 }
 
 /// One sandbox. Every method takes `&self` so that one task can wait for the sandbox's end
@@ -302,6 +307,10 @@ pub trait Sandbox: Send + Sync {
     /// How to find this sandbox again after this process dies ([`Runtime::adopt`]); `Some`
     /// once a sandbox made with [`SandboxSpec::outlive_owner`] has started.
     fn handle(&self) -> Option<SandboxHandle>;
+
+    /// The sandbox's network, if it has one (made with [`SandboxSpec::network`], or taken
+    /// over by the owner into the runtime's [`net::NetRegistry`] after an adoption).
+    fn network(&self) -> Option<net::SandboxNet>;
 
     /// Starts the sandbox and returns once the agent accepts connections (or fails with the
     /// console tail when the sandbox ends or the boot timeout passes first).

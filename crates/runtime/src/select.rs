@@ -168,7 +168,8 @@ async fn self_test(dirs: &Dirs, kernel: &Path, image: &Image, key: String) -> Ve
 }
 
 async fn boot_and_check(dirs: &Dirs, kernel: &Path, image: &Image) -> Result<(), String> {
-    let runtime = MicrovmRuntime::new(dirs.clone()).map_err(|e| e.to_string())?;
+    let runtime = MicrovmRuntime::new(dirs.clone(), sandcell_net::NetRegistry::new())
+        .map_err(|e| e.to_string())?;
     let id = crate::new_sandbox_id()
         .map_err(|e| e.to_string())?
         .replacen("sc-", "selftest-", 1);

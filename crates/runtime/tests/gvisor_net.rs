@@ -95,7 +95,7 @@ async fn sandbox_reaches_only_what_its_policy_allows() {
         .tempdir_in("/tmp")
         .unwrap();
     let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-    let rt = GvisorRuntime::new(dirs.clone())
+    let rt = GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new())
         .await
         .expect("runsc is needed");
 

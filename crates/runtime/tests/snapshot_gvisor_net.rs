@@ -59,7 +59,9 @@ impl Fixture {
             .unwrap();
         let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
         let sweep = common::SweepGuard { dirs: dirs.clone() };
-        let rt = GvisorRuntime::new(dirs).await.expect("runsc is needed");
+        let rt = GvisorRuntime::new(dirs, sandcell_runtime::net::NetRegistry::new())
+            .await
+            .expect("runsc is needed");
         let network = NetworkSpec {
             egress: EgressSpec {
                 allow_internet_access: true,

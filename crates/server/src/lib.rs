@@ -146,12 +146,17 @@ fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
     s.parse()
 }
 
-/// What the handlers share.
+/// What the handlers share: everything one daemon keeps in memory (two daemons in one
+/// process share nothing), built in [`run`].
 pub struct App {
     pub db: Db,
     pub lifecycle: Arc<SandboxService>,
     pub config: Config,
     pub metrics: Arc<metrics::Metrics>,
+    /// Template builds of this daemon's lifetime.
+    pub builds: templates::builds::Builds,
+    /// Upload URLs handed out for template builds' COPY archives.
+    pub uploads: templates::api::UploadGrants,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -159,7 +164,11 @@ pub struct Config {
     pub domain: Option<String>,
 }
 
-async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>, Error> {
+async fn open_runtime(
+    dirs: &Dirs,
+    args: &ServeArgs,
+    nets: sandcell_runtime::net::NetRegistry,
+) -> Result<Arc<dyn Runtime>, Error> {
     let choice = args.runtime;
     // The self-test boots the image sandboxes use most.
     let image = Image::resolve(&dirs.images(), "base")
@@ -168,14 +177,14 @@ async fn open_runtime(dirs: &Dirs, args: &ServeArgs) -> Result<Arc<dyn Runtime>,
     let selection = select::choose(choice, dirs, None, image.as_ref()).await;
     tracing::info!("{} runtime: {}", selection.runtime, selection.reason);
     Ok(match selection.runtime {
-        RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone()).await?),
+        RuntimeKind::Gvisor => Arc::new(GvisorRuntime::new(dirs.clone(), nets).await?),
         RuntimeKind::Microvm => {
             let pool = if args.no_template_snapshots {
                 0
             } else {
                 args.vmm_pool
             };
-            Arc::new(MicrovmRuntime::new(dirs.clone())?.with_template_snapshots(pool))
+            Arc::new(MicrovmRuntime::new(dirs.clone(), nets)?.with_template_snapshots(pool))
         }
     })
 }
@@ -186,15 +195,18 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
     }
-    templates::builds::set_insecure_registries(args.insecure_registries.clone());
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
     }
-    if let Some(settings) = net_settings(&dirs, &args)? {
-        networks::service::configure(settings);
-    }
-    let runtime = open_runtime(&dirs, &args).await?;
+    // One registry for the daemon's networks: its runtimes make them there, [`Networks`]
+    // finds them there.
+    let nets = sandcell_runtime::net::NetRegistry::new();
+    let networks = Arc::new(networks::service::Networks::new(
+        net_settings(&dirs, &args)?,
+        nets.clone(),
+    ));
+    let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let lifecycle = Arc::new(SandboxService::new(
         db.clone(),
@@ -206,6 +218,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             kill_on_exit: args.kill_on_exit,
         },
         metrics.clone(),
+        networks.clone(),
     ));
     let (adopted, lost) = lifecycle.reconcile().await?;
     if !adopted.is_empty() {
@@ -223,7 +236,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         );
     }
     // After reconcile, which removes this daemon's unused networks, prepared ones too.
-    networks::service::start_pool()?;
+    networks.start_pool()?;
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
     if args.template_cache_days > 0 {
         tokio::spawn(templates::builds::prune_caches_daily(
@@ -238,6 +251,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             domain: args.domain.clone(),
         },
         metrics,
+        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
+        uploads: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -264,9 +279,9 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     reaper.abort();
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
-    sandcell_runtime::microvm::stop_warm_pools();
+    lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;
-    networks::service::shutdown().await;
+    networks.shutdown().await;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
     db.close().await;

@@ -3,6 +3,7 @@
 //! A vCPU thread that takes a PIO or MMIO exit looks the address up here and calls the
 //! device with the offset into its range. Devices never see the VM file descriptor.
 
+use sandcell_proto::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -101,7 +102,7 @@ impl Bus {
 /// vCPU thread is still a set of registers; refusing all further access would hang the guest
 /// with no better outcome.
 fn lock_device(dev: &SharedBusDevice) -> std::sync::MutexGuard<'_, dyn BusDevice + 'static> {
-    dev.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock(dev)
 }
 
 #[cfg(test)]

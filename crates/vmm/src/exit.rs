@@ -1,6 +1,7 @@
 //! How the VM ends: the first reason recorded wins, and the VMM thread is woken to tear
 //! down the vCPUs and leave with that reason's exit status.
 
+use sandcell_proto::sync::lock;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -25,7 +26,7 @@ impl ExitLatch {
     /// Records `status` unless a reason was already recorded; wakes the VMM thread.
     /// Returns whether this call was the one that decided.
     pub fn request(&self, status: ExitStatus, message: impl Into<String>) -> bool {
-        let mut reason = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reason = lock(&self.reason);
         if reason.is_some() {
             return false;
         }

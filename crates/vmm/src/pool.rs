@@ -9,6 +9,7 @@
 //! anything else is refused. A failed restore is answered with its error and the
 //! process keeps waiting.
 
+use sandcell_proto::sync::lock;
 use std::path::Path;
 
 use sandcell_proto::vmm::{ControlErrorKind, ControlRequest, ControlResponse, ExitStatus, VmState};
@@ -124,8 +125,4 @@ fn restore_failed(e: &BuildError) -> ControlResponse {
         kind,
         message: format!("restore failed: {e}"),
     }
-}
-
-fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

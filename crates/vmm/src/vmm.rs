@@ -7,6 +7,7 @@
 //! (level-triggered epoll reports them again). Resume re-adds the devices first (their
 //! `init` re-registers their fds), then lets the vCPUs run.
 
+use sandcell_proto::sync::lock;
 use std::fs::File;
 use std::io::Read;
 use std::sync::mpsc::Receiver;
@@ -343,10 +344,6 @@ impl Vmm {
         }
         Ok(())
     }
-}
-
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it spawns

@@ -111,7 +111,9 @@ pub trait BuildLog: Send + Sync {
 pub struct TemplateBuild {
     pub data_dir: PathBuf,
     pub name: String,
-    pub dockerfile: String,
+    /// What to build: a parsed Dockerfile ([`dockerfile::parse`]), or one made as a value
+    /// (the daemon's E2B template steps).
+    pub dockerfile: Dockerfile,
     /// Where the Dockerfile came from, for the record.
     pub dockerfile_path: PathBuf,
     pub context: PathBuf,
@@ -266,8 +268,8 @@ pub fn build(
         path: req.data_dir.join("cache"),
         source: std::io::Error::other(e.to_string()),
     })?;
-    let file = dockerfile::parse(&req.dockerfile)?;
-    let mut b = Builder::new(req, runner, log, &file)?;
+    let file = &req.dockerfile;
+    let mut b = Builder::new(req, runner, log, file)?;
     let last = b.build_stages()?;
     let mut record = b.record_of(&last);
     record.fingerprint = fingerprint(&b.agent, &last, req)?;

@@ -23,7 +23,7 @@
 //!   the agent deleted before the checkpoint comes back ready after the restore and hands
 //!   tokio a freed pointer (gVisor commit 5d857245b fixed it upstream, 2026-03). The agent
 //!   works around it when it holds (see `crates/agent/src/checkpoint.rs`). Checkpoints and
-//!   restores still run one at a time (`RESTORES`): on a 2-core host concurrent ones only
+//!   restores still run one at a time (`Shared::restores`): on a 2-core host concurrent ones only
 //!   slow each other down. A fork of N costs N restores.
 //! - gVisor cannot unlink a host socket from inside the sandbox: the runtime removes the
 //!   agent's socket file before a restored agent binds it again.
@@ -40,26 +40,25 @@ const UPPER_DIR: &str = "upper";
 /// How long the agent gets to answer the hold request and let go of its sockets (a second
 /// or less; 5 s was seen to run out on a host loaded ~4x over its cores).
 const HOLD_TIMEOUT: Duration = Duration::from_secs(15);
-/// Serializes checkpoints and restores in this process (a restore up to the restored agent
-/// answering). Once blamed for restored agents that never answered; that was runsc's epoll
-/// defect (module docs), and one at a time is kept because concurrent runsc checkpoints and
-/// restores only compete for the same cores.
-static RESTORES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The same across processes: the daemon, a `sandcell run` beside it and test binaries all
-/// drive the host's one runsc, so the in-process mutex alone is not enough.
+/// Checkpoints and restores (a restore up to the restored agent answering) run one at a
+/// time: per runtime through its mutex [`Shared::restores`], and across runtimes and
+/// processes through this file. Once blamed for restored agents that never answered; that
+/// was runsc's epoll defect (module docs), and one at a time is kept because concurrent
+/// runsc checkpoints and restores only compete for the same cores. The daemon, a `sandcell
+/// run` beside it and test binaries all drive the host's one runsc, so the runtime's mutex
+/// alone is not enough (`flock` locks of two opens conflict also within one process).
 const HOST_LOCK: &str = "/run/sandcell-gvisor-checkpoint.lock";
 
-/// Held across one checkpoint or restore: the in-process mutex first (so that waiting tasks
+/// Held across one checkpoint or restore: the runtime's mutex first (so that waiting tasks
 /// do not each hold a blocking thread), then an exclusive `flock` on [`HOST_LOCK`], released
 /// when the file closes (on drop, or when the process dies).
 struct OneAtATime {
     _file: std::fs::File,
-    _guard: tokio::sync::MutexGuard<'static, ()>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
 }
 
-async fn one_at_a_time() -> Result<OneAtATime> {
-    let guard = RESTORES.lock().await;
+async fn one_at_a_time(shared: &Shared) -> Result<OneAtATime> {
+    let guard = shared.restores.clone().lock_owned().await;
     let file = tokio::task::spawn_blocking(|| -> std::io::Result<std::fs::File> {
         use std::os::fd::AsRawFd;
         let f = std::fs::OpenOptions::new()
@@ -122,7 +121,7 @@ async fn checkpoint_to(
 ) -> Result<SnapshotHandle> {
     let pid = check_checkpointable(sb)?;
     let (images, upper) = create_snapshot_dirs(dest)?;
-    let _one_at_a_time = one_at_a_time().await?;
+    let _one_at_a_time = one_at_a_time(&sb.shared).await?;
     // Ordering: the agent must hold (no host socket open) before runsc saves the sandbox,
     // and the checkpoint must be gone before its upper layer is copied.
     hold_agent(sb).await?;
@@ -383,10 +382,10 @@ async fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 /// Restores the checkpointed sandbox `sb` from `images` into itself (same id, files and
 /// socket; see the module docs for why).
 async fn restore_in_place(sb: &GvisorSandbox, images: &Path) -> Result<()> {
-    let _one_at_a_time = one_at_a_time().await?;
+    let _one_at_a_time = one_at_a_time(&sb.shared).await?;
     // runsc removes the container's cgroup with the container; ours holds the limits.
     SandboxCgroup::create(sb.shared.cgroups, &sb.id, sb.memory_mib, sb.vcpus)?;
-    if let Some(net) = sb.network().await {
+    if let Some(net) = sb.network_addresses().await {
         super::network::readdress(&net).await?;
     }
     resume_agent(sb)?;
@@ -488,8 +487,8 @@ pub(in crate::gvisor) async fn restore_new(
     spec.outlive_owner = restore.outlive_owner;
     let paths = Paths::new(&shared.dirs, &spec.id);
     crate::owner::create_run_dir(&shared.dirs, &spec.id, RT, spec.outlive_owner)?;
+    let _one_at_a_time = one_at_a_time(&shared).await?;
     let sandbox = GvisorSandbox::new(shared, &spec, paths);
-    let _one_at_a_time = one_at_a_time().await?;
     let started = async {
         // Before prepare: the bundle names the namespace, and prepare points the restored
         // root's resolv.conf at this network's DNS server.

@@ -41,6 +41,7 @@ use crate::{
     Dirs, Error, Result, Runtime, RuntimeKind, Sandbox, SandboxHandle, SandboxSpec, owner,
 };
 use async_trait::async_trait;
+use sandcell_net::NetRegistry;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,11 +58,16 @@ pub(super) struct Shared {
     pub(super) dirs: Dirs,
     pub(super) runsc: RunscInfo,
     pub(super) cgroups: CgroupVersion,
+    /// The networks of this runtime's sandboxes (and its owner's warm pool).
+    pub(super) nets: NetRegistry,
+    /// Serializes this runtime's checkpoints and restores (checkpoint.rs).
+    pub(super) restores: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl GvisorRuntime {
-    /// Finds runsc (see [`RunscInfo::detect`]) and the cgroup hierarchy.
-    pub async fn new(dirs: Dirs) -> Result<GvisorRuntime> {
+    /// Finds runsc (see [`RunscInfo::detect`]) and the cgroup hierarchy. Sandboxes with a
+    /// network get it through `nets` (its pool, if one is installed).
+    pub async fn new(dirs: Dirs, nets: NetRegistry) -> Result<GvisorRuntime> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err(Error::Unavailable {
@@ -84,6 +90,8 @@ impl GvisorRuntime {
                 dirs,
                 runsc,
                 cgroups,
+                nets,
+                restores: Arc::new(tokio::sync::Mutex::new(())),
             }),
         })
     }
@@ -307,7 +315,7 @@ impl Shared {
             }
         }
         // After the sandbox's processes: nothing uses the namespace any more.
-        if let Err(e) = network::remove_leftover(id).await {
+        if let Err(e) = network::remove_leftover(&self.nets, id).await {
             first.get_or_insert(e);
         }
         if let Err(e) = SandboxCgroup::of(self.cgroups, id).remove() {

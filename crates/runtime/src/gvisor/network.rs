@@ -10,7 +10,7 @@
 
 use super::RT;
 use crate::{Error, Result};
-use sandcell_net::{EgressSpec, NetConfig, SandboxNet};
+use sandcell_net::{EgressSpec, NetConfig, NetRegistry, SandboxNet};
 use std::path::Path;
 
 /// Networking for a sandbox: its egress policy and the host-wide settings.
@@ -39,10 +39,10 @@ fn net_error(what: &str, e: sandcell_net::Error) -> Error {
     }
 }
 
-/// Through the process's network registry: from its warm pool if one is installed (the
-/// daemon's), and findable by the sandbox id (`sandcell_net::registry::get`).
-pub(super) async fn create(id: &str, spec: &NetworkSpec) -> Result<SandboxNet> {
-    sandcell_net::registry::attach(&spec.config, id, &spec.egress)
+/// Through the runtime's network registry: from its warm pool if one is installed (the
+/// daemon's), and findable by the sandbox id ([`crate::Sandbox::network`]).
+pub(super) async fn create(nets: &NetRegistry, id: &str, spec: &NetworkSpec) -> Result<SandboxNet> {
+    nets.attach(&spec.config, id, &spec.egress)
         .await
         .map_err(|e| net_error(&format!("creating the network of sandbox {id}"), e))
 }
@@ -67,12 +67,10 @@ pub(super) async fn teardown(id: &str, net: SandboxNet) -> Result<()> {
 }
 
 /// Removes what a sandbox of a dead owner left of its network; cheap when it had none.
-pub(super) async fn remove_leftover(id: &str) -> Result<()> {
+pub(super) async fn remove_leftover(nets: &NetRegistry, id: &str) -> Result<()> {
     let what = format!("removing the leftover network of sandbox {id}");
-    // One this process registered (e.g. an adopted sandbox's, registered by the daemon).
-    sandcell_net::registry::release(id)
-        .await
-        .map_err(|e| net_error(&what, e))?;
+    // One the runtime's registry holds (e.g. an adopted sandbox's, registered by the daemon).
+    nets.release(id).await.map_err(|e| net_error(&what, e))?;
     let id = id.to_string();
     tokio::task::spawn_blocking(move || sandcell_net::network::remove(&id))
         .await

@@ -178,7 +178,7 @@ impl GvisorSandbox {
     /// Builds the sandbox's network; before [`GvisorSandbox::prepare`], whose bundle names
     /// its namespace.
     pub(super) async fn attach_network(&self, spec: &network::NetworkSpec) -> Result<()> {
-        let net = network::create(&self.id, spec).await?;
+        let net = network::create(&self.shared.nets, &self.id, spec).await?;
         *lock(&self.netns) = Some(net.network().netns_path());
         *self.net.lock().await = Some(net);
         *lock(&self.network_spec) = Some(spec.clone());
@@ -222,7 +222,7 @@ impl GvisorSandbox {
     }
 
     /// The sandbox's addresses and namespace, if it has a network.
-    pub async fn network(&self) -> Option<sandcell_net::Network> {
+    pub async fn network_addresses(&self) -> Option<sandcell_net::Network> {
         self.net.lock().await.as_ref().map(|n| n.network().clone())
     }
 
@@ -445,6 +445,10 @@ impl Sandbox for GvisorSandbox {
 
     fn handle(&self) -> Option<SandboxHandle> {
         lock(&self.handle).clone()
+    }
+
+    fn network(&self) -> Option<sandcell_net::SandboxNet> {
+        self.shared.nets.get(&self.id)
     }
 
     async fn start(&self) -> Result<()> {

@@ -130,9 +130,11 @@ impl TemplateSnapshots {
         image: &crate::Image,
         boot_timeout: Duration,
     ) -> Result<SnapshotHandle> {
+        // Template VMs have no network: an empty registry of their own.
         let cold = MicrovmRuntime {
             dirs: self.dirs.clone(),
             vmm: self.vmm.clone(),
+            nets: sandcell_net::NetRegistry::new(),
             templates: None,
         };
         let mut spec = SandboxSpec::new(

@@ -16,7 +16,6 @@ pub mod vsock;
 mod warm_pool;
 
 pub use sandbox::MicrovmSandbox;
-pub use warm_pool::stop_all as stop_warm_pools;
 
 use crate::owner::Sweep;
 use crate::util::{kill_pid, remove_dir_all_if_exists};
@@ -25,6 +24,7 @@ use crate::{
     owner,
 };
 use async_trait::async_trait;
+use sandcell_net::NetRegistry;
 use sandcell_proto::vmm::{DiskConfig, NetConfig, VmConfig, VsockConfig};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -86,6 +86,8 @@ fn cmdline(spec: &SandboxSpec) -> Result<String> {
 pub struct MicrovmRuntime {
     dirs: Dirs,
     vmm: PathBuf,
+    /// The networks of this runtime's sandboxes (and its owner's warm pool).
+    nets: NetRegistry,
     /// Set by [`MicrovmRuntime::with_template_snapshots`].
     templates: Option<Templates>,
 }
@@ -97,7 +99,9 @@ struct Templates {
 }
 
 impl MicrovmRuntime {
-    pub fn new(dirs: Dirs) -> Result<MicrovmRuntime> {
+    /// Finds the VMM and checks for KVM. Sandboxes with a network get it through `nets` (its
+    /// pool, if one is installed).
+    pub fn new(dirs: Dirs, nets: NetRegistry) -> Result<MicrovmRuntime> {
         let vmm = find_vmm().ok_or_else(|| Error::Unavailable {
             runtime: RT,
             what: "sandcell-vmm was not found next to this program".into(),
@@ -113,6 +117,7 @@ impl MicrovmRuntime {
         Ok(MicrovmRuntime {
             dirs,
             vmm,
+            nets,
             templates: None,
         })
     }
@@ -210,7 +215,7 @@ impl Runtime for MicrovmRuntime {
         let mut cmdline = cmdline(&spec)?;
         // Last of the checks, first of the things made: the network (network.rs).
         let net = match &spec.network {
-            Some(n) => Some(network::create(&spec.id, n).await?),
+            Some(n) => Some(network::create(&self.nets, &spec.id, n).await?),
             None => None,
         };
         let net_config = net.as_ref().map(|n| {
@@ -247,7 +252,13 @@ impl Runtime for MicrovmRuntime {
             }
             return Err(e);
         }
-        let sandbox = MicrovmSandbox::new(self.dirs.clone(), self.vmm.clone(), &spec, paths);
+        let sandbox = MicrovmSandbox::new(
+            self.dirs.clone(),
+            self.vmm.clone(),
+            self.nets.clone(),
+            &spec,
+            paths,
+        );
         match (net, &self.templates) {
             (Some(net), _) => sandbox.set_network(net),
             // Template snapshots are of VMs without a net device: only these restore one
@@ -332,6 +343,7 @@ impl Runtime for MicrovmRuntime {
         Ok(Box::new(MicrovmSandbox::adopted(
             self.dirs.clone(),
             self.vmm.clone(),
+            self.nets.clone(),
             handle.clone(),
             paths,
             pidfd,
@@ -344,8 +356,15 @@ impl Runtime for MicrovmRuntime {
         spec: crate::RestoreSpec,
     ) -> Result<Box<dyn Sandbox>> {
         // A snapshot with a net device is restored into a new network (snapshot.rs).
-        let sandbox = sandbox::restore_new(&self.dirs, &self.vmm, snapshot, spec).await?;
+        let sandbox =
+            sandbox::restore_new(&self.dirs, &self.vmm, &self.nets, snapshot, spec).await?;
         Ok(Box::new(sandbox))
+    }
+
+    fn stop_prestarted(&self) {
+        if let Some(t) = &self.templates {
+            t.pool.stop();
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use std::os::fd::AsRawFd;
 use super::RT;
 use crate::NetworkSpec;
 use crate::{Error, Result};
-use sandcell_net::{Network, SandboxNet};
+use sandcell_net::{NetRegistry, Network, SandboxNet};
 
 /// The TAP's name inside the sandbox's namespace (the same in every sandbox and clone:
 /// each has its own namespace).
@@ -35,8 +35,9 @@ fn net_error(what: String, e: sandcell_net::Error) -> Error {
 }
 
 /// The sandbox's network with the TAP in it. On failure nothing is left behind.
-pub(super) async fn create(id: &str, spec: &NetworkSpec) -> Result<SandboxNet> {
-    let net = sandcell_net::registry::attach(&spec.config, id, &spec.egress)
+pub(super) async fn create(nets: &NetRegistry, id: &str, spec: &NetworkSpec) -> Result<SandboxNet> {
+    let net = nets
+        .attach(&spec.config, id, &spec.egress)
         .await
         .map_err(|e| net_error(format!("creating the network of sandbox {id}"), e))?;
     if let Err(e) = add_tap(net.network()).await {
@@ -241,7 +242,9 @@ mod tests {
             },
         };
         let id = crate::new_sandbox_id().expect("id");
-        let net = create(&id, &spec).await.expect("network with a TAP");
+        let net = create(&NetRegistry::new(), &id, &spec)
+            .await
+            .expect("network with a TAP");
         let n = net.network().clone();
         // A thread of its own: setns changes the calling thread's namespace for good.
         let answer = std::thread::spawn(move || arp_through_tap(&n))

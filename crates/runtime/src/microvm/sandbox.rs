@@ -29,6 +29,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 pub struct MicrovmSandbox {
     dirs: Dirs,
     vmm: PathBuf,
+    /// The runtime's network registry: where this sandbox's network is found by its id.
+    nets: sandcell_net::NetRegistry,
     id: String,
     boot_timeout: Duration,
     memory_mib: u32,
@@ -81,6 +83,7 @@ impl MicrovmSandbox {
     pub(super) fn new(
         dirs: Dirs,
         vmm: PathBuf,
+        nets: sandcell_net::NetRegistry,
         spec: &SandboxSpec,
         paths: Paths,
     ) -> MicrovmSandbox {
@@ -88,6 +91,7 @@ impl MicrovmSandbox {
         MicrovmSandbox {
             dirs,
             vmm,
+            nets,
             id: spec.id.clone(),
             boot_timeout: spec.boot_timeout,
             memory_mib: spec.memory_mib,
@@ -114,6 +118,7 @@ impl MicrovmSandbox {
     pub(super) fn adopted(
         dirs: Dirs,
         vmm: PathBuf,
+        nets: sandcell_net::NetRegistry,
         handle: SandboxHandle,
         paths: Paths,
         pidfd: std::os::fd::OwnedFd,
@@ -129,7 +134,7 @@ impl MicrovmSandbox {
         spec.memory_mib = handle.memory_mib;
         spec.vcpus = handle.vcpus;
         spec.outlive_owner = true;
-        let mut sandbox = MicrovmSandbox::new(dirs, vmm, &spec, paths);
+        let mut sandbox = MicrovmSandbox::new(dirs, vmm, nets, &spec, paths);
         sandbox.adopted_net = std::path::Path::new("/run/netns")
             .join(format!(
                 "{}{}",
@@ -276,6 +281,10 @@ impl Sandbox for MicrovmSandbox {
 
     fn runtime(&self) -> RuntimeKind {
         RT
+    }
+
+    fn network(&self) -> Option<sandcell_net::SandboxNet> {
+        self.nets.get(&self.id)
     }
 
     fn handle(&self) -> Option<SandboxHandle> {

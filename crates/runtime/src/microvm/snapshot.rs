@@ -234,8 +234,9 @@ pub(super) async fn fork(
         spec.boot_timeout = sb.boot_timeout;
         spec.outlive_owner = sb.outlive_owner;
         spec.network = sb.network_spec();
-        let (dirs, vmm, handle) = (sb.dirs.clone(), sb.vmm.clone(), handle.clone());
-        restores.spawn(async move { restore_new(&dirs, &vmm, &handle, spec).await });
+        let (dirs, vmm, nets) = (sb.dirs.clone(), sb.vmm.clone(), sb.nets.clone());
+        let handle = handle.clone();
+        restores.spawn(async move { restore_new(&dirs, &vmm, &nets, &handle, spec).await });
     }
     let mut children: Vec<Box<dyn Sandbox>> = Vec::with_capacity(count);
     let mut first: Option<Error> = None;
@@ -263,6 +264,7 @@ pub(super) async fn fork(
 pub(in crate::microvm) async fn restore_new(
     dirs: &Dirs,
     vmm: &Path,
+    nets: &sandcell_net::NetRegistry,
     snapshot: &SnapshotHandle,
     restore: RestoreSpec,
 ) -> Result<MicrovmSandbox> {
@@ -323,7 +325,7 @@ pub(in crate::microvm) async fn restore_new(
     let paths = Paths::new(dirs, &spec.id);
     // Made first, as for a create: on failure nothing else exists yet.
     let net = match &spec.network {
-        Some(n) => Some(network::create(&spec.id, n).await?),
+        Some(n) => Some(network::create(nets, &spec.id, n).await?),
         None => None,
     };
     let readdress = net.as_ref().map(|n| network::init_value(n.network()));
@@ -333,7 +335,7 @@ pub(in crate::microvm) async fn restore_new(
         }
         return Err(e);
     }
-    let sandbox = MicrovmSandbox::new(dirs.clone(), vmm.to_path_buf(), &spec, paths);
+    let sandbox = MicrovmSandbox::new(dirs.clone(), vmm.to_path_buf(), nets.clone(), &spec, paths);
     if let Some(net) = net {
         // The VMM starts in its namespace, where the TAP has the name the VM state names.
         sandbox.set_network(net);
@@ -474,7 +476,9 @@ mod tests {
         std::fs::create_dir_all(&snap).unwrap();
         let handle = handle_in(&snap, true);
         let spec = RestoreSpec::new("sc-restored".into());
-        let err = match restore_new(&dirs, Path::new("/nonexistent/vmm"), &handle, spec).await {
+        let nets = sandcell_net::NetRegistry::new();
+        let vmm = Path::new("/nonexistent/vmm");
+        let err = match restore_new(&dirs, vmm, &nets, &handle, spec).await {
             Ok(_) => panic!("restored a networked VM without a network"),
             Err(e) => e.to_string(),
         };

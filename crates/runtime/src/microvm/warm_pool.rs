@@ -59,24 +59,8 @@ pub(super) struct WarmPool {
     size: usize,
     idle: Mutex<VecDeque<PooledVmm>>,
     next: AtomicU64,
-    /// Set by [`stop_all`]: no more idle VMMs are started.
+    /// Set by [`WarmPool::stop`]: no more idle VMMs are started.
     stopped: std::sync::atomic::AtomicBool,
-}
-
-/// Every pool of this process, for [`stop_all`].
-static POOLS: Mutex<Vec<std::sync::Weak<WarmPool>>> = Mutex::new(Vec::new());
-
-/// Kills the idle VMMs of every pool of this process and stops refills: for a daemon
-/// that exits (its runtime may never be dropped before the process ends).
-pub fn stop_all() {
-    let pools: Vec<_> = lock(&POOLS).drain(..).filter_map(|p| p.upgrade()).collect();
-    for pool in pools {
-        pool.stopped.store(true, Ordering::SeqCst);
-        let idle: Vec<_> = lock(&pool.idle).drain(..).collect();
-        for vmm in idle {
-            vmm.discard();
-        }
-    }
 }
 
 impl WarmPool {
@@ -85,18 +69,24 @@ impl WarmPool {
     pub(super) fn new(dirs: &Dirs, vmm: &Path, size: usize) -> std::sync::Arc<WarmPool> {
         let dir = dirs.run.join(POOL_DIR);
         kill_leftovers(&dir);
-        let pool = std::sync::Arc::new(WarmPool {
+        std::sync::Arc::new(WarmPool {
             vmm: vmm.to_path_buf(),
             dir,
             size,
             idle: Mutex::new(VecDeque::new()),
             next: AtomicU64::new(0),
             stopped: std::sync::atomic::AtomicBool::new(false),
-        });
-        let mut pools = lock(&POOLS);
-        pools.retain(|p| p.strong_count() > 0);
-        pools.push(std::sync::Arc::downgrade(&pool));
-        pool
+        })
+    }
+
+    /// Kills the idle VMMs and stops refills: for a daemon that exits (its runtime, and so
+    /// this pool, may never be dropped before the process ends).
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let idle: Vec<_> = lock(&self.idle).drain(..).collect();
+        for vmm in idle {
+            vmm.discard();
+        }
     }
 
     /// An idle VMM whose control socket is bound (started now if the pool is empty), and

@@ -43,7 +43,7 @@ pub fn temp_dirs(prefix: &str) -> (tempfile::TempDir, Dirs) {
 }
 
 pub async fn gvisor_runtime(dirs: &Dirs) -> GvisorRuntime {
-    GvisorRuntime::new(dirs.clone())
+    GvisorRuntime::new(dirs.clone(), sandcell_runtime::net::NetRegistry::new())
         .await
         .expect("runsc is needed (apt install runsc)")
 }

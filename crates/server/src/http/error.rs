@@ -1,9 +1,14 @@
 //! Errors: [`Error`] for what fails inside the daemon (database, runtime, files), and
 //! [`ApiError`], the one type every handler returns, which renders as E2B does:
 //! `{"code": <HTTP status>, "message": "..."}` with E2B's status codes.
+//!
+//! Every answer carries an `x-request-id` header ([`request_id`]). A 5xx answer's message
+//! names what failed with host paths left out, and its body also carries the request id
+//! (`requestId`, and at the end of the message, which is what the SDKs show); the daemon's
+//! log line with the same id has the full message.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -54,7 +59,8 @@ impl Error {
     }
 }
 
-/// An answer other than success, as E2B's API gives it.
+/// An answer other than success, as E2B's API gives it. `message` is the whole story (what
+/// the log gets); a 5xx answer shows it without host paths ([`ApiError::public_message`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -66,7 +72,16 @@ pub struct ErrorBody {
     /// The HTTP status again.
     pub code: u16,
     pub message: String,
+    /// 5xx answers: the id of the request, also in the daemon's log line about it (and in
+    /// the `x-request-id` header of every answer).
+    #[serde(rename = "requestId", skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The response header naming the request (see [`request_id`]).
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
@@ -115,6 +130,62 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// What the client is shown: 5xx messages without host paths (the log has them).
+    pub fn public_message(&self) -> String {
+        if self.status.is_server_error() {
+            without_host_paths(&self.message)
+        } else {
+            self.message.clone()
+        }
+    }
+
+    fn body(&self, request_id: Option<&str>) -> ErrorBody {
+        let request_id = request_id.filter(|_| self.status.is_server_error());
+        let mut message = self.public_message();
+        if let Some(id) = request_id {
+            message.push_str(&format!(" (request id {id})"));
+        }
+        ErrorBody {
+            code: self.status.as_u16(),
+            message,
+            request_id: request_id.map(str::to_string),
+        }
+    }
+}
+
+/// `message` with every absolute path of two or more components (`/var/lib/x`, also
+/// inside quotes or parentheses) replaced by `<path>`. Single components such as the
+/// agent's `/init` route stay: they are names, not places on the host.
+fn without_host_paths(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find('/') {
+        let (before, from) = rest.split_at(start);
+        out.push_str(before);
+        let preceded_by_word = before
+            .chars()
+            .next_back()
+            .is_some_and(|c| !(c.is_whitespace() || "\"'`([{<=:,".contains(c)));
+        let len = from
+            .find(|c: char| c.is_whitespace() || "\"'`)]}>,;".contains(c))
+            .unwrap_or(from.len());
+        let (word, after) = from.split_at(len);
+        // `a/b` and `http://x/y` are not host paths; a trailing `:` ends the path.
+        let word_path = word.trim_end_matches([':', '.']);
+        let components = word_path.split('/').filter(|c| !c.is_empty()).count();
+        if preceded_by_word || word.starts_with("//") || components < 2 {
+            out.push_str(word);
+        } else {
+            out.push_str("<path>");
+            out.push_str(&word[word_path.len()..]);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 impl From<Error> for ApiError {
     fn from(e: Error) -> ApiError {
         // Logged here because the client gets the message but the operator needs it too.
@@ -131,14 +202,116 @@ impl From<Error> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            code: self.status.as_u16(),
-            message: self.message,
-        };
-        (self.status, Json(body)).into_response()
+impl From<crate::sandboxes::error::SandboxError> for ApiError {
+    fn from(e: crate::sandboxes::error::SandboxError) -> ApiError {
+        use crate::sandboxes::error::SandboxError;
+        match e {
+            SandboxError::Invalid(m) => ApiError::bad_request(m),
+            SandboxError::TemplateNotFound(_) => ApiError::not_found(e.to_string()),
+            SandboxError::LimitReached { .. } => ApiError::too_many(e.to_string()),
+            SandboxError::Network(e) => e.into(),
+            SandboxError::Host(e) => e.into(),
+            SandboxError::Agent { answer } | SandboxError::Api(answer) => answer,
+            SandboxError::TemplateUnreadable(m)
+            | SandboxError::Snapshot(m)
+            | SandboxError::Restore(m) => ApiError::internal(m),
+        }
     }
 }
 
-pub type ApiResult<T> = Result<T, ApiError>;
+impl From<crate::networks::service::NetworkError> for ApiError {
+    fn from(e: crate::networks::service::NetworkError) -> ApiError {
+        use crate::networks::service::NetworkError;
+        match e {
+            NetworkError::NetworksOff | NetworkError::Rules(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            NetworkError::UnknownNetwork(_) => ApiError::not_found(e.to_string()),
+            NetworkError::Internal(e) => e.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body(None))).into_response();
+        // For [`request_id`], which renders 5xx answers again with the id.
+        if self.status.is_server_error() {
+            response.extensions_mut().insert(self);
+        }
+        response
+    }
+}
+
+/// Answers the request's id (made by [`super::trace::span`]) in [`REQUEST_ID_HEADER`]. A
+/// 5xx [`ApiError`] answer is logged with the id and its full message, and its body
+/// names the id.
+pub async fn request_id(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let id = req
+        .extensions()
+        .get::<super::trace::RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_default();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let mut response = next.run(req).await;
+    if let Some(error) = response.extensions_mut().remove::<ApiError>() {
+        // In the request's span (its id, method and path); the full message, paths and all.
+        tracing::error!(
+            "request {id}: {method} {path}: {} {}",
+            error.status.as_u16(),
+            error.message
+        );
+        let headers = std::mem::take(response.headers_mut());
+        response = (error.status, Json(error.body(Some(&id)))).into_response();
+        for (name, value) in &headers {
+            if name != axum::http::header::CONTENT_LENGTH {
+                response.headers_mut().insert(name, value.clone());
+            }
+        }
+    }
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_paths_are_left_out_of_5xx_messages() {
+        let e = ApiError::internal(
+            "creating /var/lib/sandcell/sandboxes/sc-1/upper: No such file or directory \
+             (snapshot \"/run/sandcell/x\"); the agent did not answer /init; see a/b or \
+             http://host/x/y",
+        );
+        assert_eq!(
+            e.public_message(),
+            "creating <path>: No such file or directory (snapshot \"<path>\"); the agent \
+             did not answer /init; see a/b or http://host/x/y"
+        );
+        let e = ApiError::bad_request("no agent at /var/lib/sandcell/images/x/rootfs");
+        assert_eq!(
+            e.public_message(),
+            e.message,
+            "4xx messages are left as they are"
+        );
+    }
+
+    #[test]
+    fn the_request_id_is_in_5xx_bodies_only() {
+        let body = |e: ApiError| serde_json::to_value(e.body(Some("abc"))).unwrap();
+        let b = body(ApiError::internal("reading /a/b: denied"));
+        assert_eq!(b["code"], 500);
+        assert_eq!(b["message"], "reading <path>: denied (request id abc)");
+        assert_eq!(b["requestId"], "abc");
+        let b = body(ApiError::not_found("no such sandbox"));
+        assert_eq!(
+            b,
+            serde_json::json!({"code": 404, "message": "no such sandbox"})
+        );
+    }
+}

@@ -123,7 +123,10 @@ pub fn router(app: Arc<App>) -> Router {
             app.clone(),
             metrics::track,
         ))
-        // Outermost: every log line of a request, metrics and proxy included, is in its span.
+        // Every answer gets the request's id; a 5xx is logged with it in full (error.rs).
+        .layer(axum::middleware::from_fn(error::request_id))
+        // Outermost (a layer added later wraps those before it): the request's id is made
+        // here, and every log line of the request, metrics and proxy included, is in its span.
         .layer(axum::middleware::from_fn(trace::span))
         .with_state(app)
 }

@@ -106,9 +106,9 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
     // Ports other than envd's: to whatever the sandbox serves there, through its network
     // (networks/api.rs). The envd access token guards envd only, as in E2B.
     if target.port != sandcell_runtime::AGENT_PORT
-        && let Some(net) = sandcell_runtime::net::registry::get(&target.sandbox_id)
+        && let Some(net) = live.sandbox.network()
     {
-        if let Some(token) = crate::networks::service::traffic_token(&target.sandbox_id) {
+        if let Some(token) = app.lifecycle.networks.traffic_token(&target.sandbox_id) {
             let given = req
                 .headers()
                 .get(TRAFFIC_TOKEN_HEADER)

@@ -9,11 +9,17 @@ use axum::response::Response;
 use std::time::Instant;
 use tracing::Instrument;
 
-/// Runs the rest of the stack inside the request's span.
-pub async fn span(req: Request, next: Next) -> Response {
-    // 8 hex digits are enough to tell apart the requests of one log; no id is no reason
-    // to refuse a request.
-    let id = sandcell_proto::random::hex(4).unwrap_or_else(|_| "-".into());
+/// The id of the request being handled, in its extensions: the span's `request` field and
+/// the `x-request-id` of the answer ([`super::error::request_id`]) are the same id.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Gives the request its id and runs the rest of the stack inside the request's span.
+pub async fn span(mut req: Request, next: Next) -> Response {
+    // Not a secret: 16 hex digits tell the requests of one log apart; no id (getrandom
+    // failing) is no reason to refuse a request.
+    let id = sandcell_proto::random::hex(8).unwrap_or_else(|_| "-".into());
+    req.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!(
         "request",
         request = %id,

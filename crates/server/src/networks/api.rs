@@ -14,7 +14,7 @@ use axum::Json;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use sandcell_runtime::net::{DeniedLog, EgressSpec, Policy, SandboxNet, registry};
+use sandcell_runtime::net::{DeniedLog, EgressSpec, Policy, SandboxNet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,7 +104,7 @@ async fn sandbox_net(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxN
             row.state.as_str()
         )));
     }
-    registry::get(id).ok_or_else(|| {
+    app.lifecycle.network_of(id).ok_or_else(|| {
         ApiError::conflict(format!(
             "sandbox {id} has no network (created while the server ran with --no-network)"
         ))
@@ -191,7 +191,7 @@ async fn list(app: &App, key_id: &str) -> ApiResult<Vec<PrivateNetwork>> {
                 .iter()
                 // Running ones: a paused or ended sandbox keeps its memberships on
                 // record (service::ended) but reaches no one.
-                .filter(|(n, s)| *n == name && registry::get(s).is_some())
+                .filter(|(n, s)| *n == name && app.lifecycle.network_of(s).is_some())
                 .map(|(_, s)| s.clone())
                 .collect(),
             name,
@@ -271,7 +271,7 @@ pub async fn delete_network(
     if done.rows_affected() == 0 {
         return Err(network_not_found(&name));
     }
-    service::refresh_peers(&app.db).await?;
+    app.lifecycle.networks.refresh_peers(&app.db).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -297,7 +297,7 @@ pub async fn attach(
         return Err(network_not_found(&name));
     }
     service::join(&app.db, &caller.0.id, &name, &id).await?;
-    service::refresh_peers(&app.db).await?;
+    app.lifecycle.networks.refresh_peers(&app.db).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -326,7 +326,7 @@ pub async fn detach(
             "sandbox {id} is not in a private network {name:?} of yours"
         )));
     }
-    service::refresh_peers(&app.db).await?;
+    app.lifecycle.networks.refresh_peers(&app.db).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -3,30 +3,50 @@
 //!
 //! Who does what:
 //! - `sandcell-net` makes the networks (namespace, veth, nftables, our DNS server) and keeps
-//!   them in its process-wide registry by sandbox id; the daemon installs a warm pool there
-//!   ([`start_pool`]), so a create takes a prepared network instead of making one.
+//!   them by sandbox id in the daemon's [`NetRegistry`], made in `run()` and shared by
+//!   [`Networks`] and the runtimes; the daemon installs a warm pool there
+//!   ([`Networks::start_pool`]), so a create takes a prepared network instead of making one.
 //! - The runtime asks for the network when it makes the sandbox (`SandboxSpec::network`,
-//!   from [`spec_of`]), also for restores and fork children, and removes it with the
-//!   sandbox.
+//!   from [`Networks::spec_of`]), also for restores and fork children, removes it with the
+//!   sandbox, and hands it out ([`sandcell_runtime::Sandbox::network`]).
 //! - This module keeps the database side (migration 4): each sandbox's rules and network id
 //!   (written before the runtime starts anything, the id once it exists) and the private
 //!   networks with their members; it recomputes every sandbox's private-network peers when
-//!   a membership or a member changes ([`refresh_peers`]).
+//!   a membership or a member changes ([`Networks::refresh_peers`]).
+//!
+//! Everything this keeps in memory (settings, registry, peers in force, traffic tokens) is
+//! a [`Networks`] value of one daemon: two daemons in one process share none of it.
 //!
 //! Crash safety: a restarted daemon takes over the networks of the sandboxes it adopts
-//! ([`adopt`]: same nftables state, a new DNS server) and then removes every network of
-//! its own (by name prefix, see [`NetSettings::prefix`]) that no adopted sandbox uses
-//! ([`reconcile_host`]), prepared ones included. Networks of other daemons or of
+//! ([`Networks::adopt`]: same nftables state, a new DNS server) and then removes every
+//! network of its own (by name prefix, see [`NetSettings::prefix`]) that no adopted sandbox
+//! uses ([`Networks::reconcile_host`]), prepared ones included. Networks of other daemons or of
 //! `sandcell run` on the same host are left alone.
 
-use crate::http::error::{ApiError, ApiResult, Error};
+use crate::http::error::Error;
 use crate::store::Db;
 use sandcell_proto::sync::lock;
 use sandcell_runtime::NetworkSpec;
-use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, Policy, registry};
+use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, NetRegistry, Policy, SandboxNet};
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+
+/// What is wrong with the network fields of a create (the HTTP layer makes them 4xx).
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error(
+        "this server runs sandboxes without networks (sandcell serve --no-network): \
+         they cannot join private networks"
+    )]
+    NetworksOff,
+    #[error(transparent)]
+    Rules(#[from] sandcell_runtime::net::policy::PolicyError),
+    #[error("private network {0:?} doesn't exist or you don't have access to it")]
+    UnknownNetwork(String),
+    #[error(transparent)]
+    Internal(#[from] Error),
+}
 
 /// How this daemon makes networks (`sandcell serve --net-*`).
 #[derive(Debug, Clone)]
@@ -62,29 +82,29 @@ fn owner_gone(prefix: &str) -> bool {
     }
 }
 
-static SETTINGS: OnceLock<NetSettings> = OnceLock::new();
-/// The peers last put in force per sandbox: only changes cost an `nft` call.
-static PEERS: Mutex<Option<PeerMap>> = Mutex::new(None);
-
 /// Sandbox id to its peers: (peer sandbox id, peer address), sorted.
 type PeerMap = HashMap<String, Vec<(String, Ipv4Addr)>>;
-/// Serializes peer recomputations (each reads the whole membership).
-static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The daemon's side of its sandboxes' networks (module docs).
+pub struct Networks {
+    /// `None`: `sandcell serve --no-network`.
+    settings: Option<NetSettings>,
+    registry: NetRegistry,
+    /// The peers last put in force per sandbox: only changes cost an `nft` call.
+    peers: Mutex<PeerMap>,
+    /// Serializes peer recomputations (each reads the whole membership).
+    refresh: tokio::sync::Mutex<()>,
+    /// Traffic tokens of this daemon's sandboxes that have one (`allowPublicTraffic:
+    /// false`): read on every proxied request, so kept in memory (and in the database for
+    /// restarts).
+    traffic: Mutex<HashMap<String, String>>,
+}
 
 fn net_error(what: &str) -> impl FnOnce(sandcell_runtime::net::Error) -> Error + '_ {
     move |e| Error::Io {
         what: what.to_string(),
         source: std::io::Error::other(e),
     }
-}
-
-/// Turns networking on for this process (once, at start-up; never called: no networks).
-pub fn configure(settings: NetSettings) {
-    let _ = SETTINGS.set(settings);
-}
-
-pub fn settings() -> Option<&'static NetSettings> {
-    SETTINGS.get()
 }
 
 /// The network-name prefix of the daemon whose data dir is `data_dir`: `d`, 6 hex digits
@@ -96,21 +116,56 @@ pub fn prefix_for(data_dir: &std::path::Path) -> String {
     format!("d{hex}x")
 }
 
-/// Starts preparing networks ahead (after [`reconcile_host`], which would remove them).
-/// Forwarding is turned on here once for all.
-pub fn start_pool() -> Result<(), Error> {
-    let Some(s) = settings() else { return Ok(()) };
-    sandcell_runtime::net::network::enable_forwarding()
-        .map_err(net_error("turning on IPv4 forwarding"))?;
-    registry::install(NetPool::start(s.config.clone(), &s.prefix, s.warm));
-    Ok(())
-}
+impl Networks {
+    /// Networking with `settings` (`None`: no networks), its networks in `registry` (the
+    /// one the daemon's runtimes were given).
+    pub fn new(settings: Option<NetSettings>, registry: NetRegistry) -> Networks {
+        Networks {
+            settings,
+            registry,
+            peers: Mutex::new(PeerMap::new()),
+            refresh: tokio::sync::Mutex::new(()),
+            traffic: Mutex::new(HashMap::new()),
+        }
+    }
 
-/// At daemon stop: removes the prepared networks (those of running sandboxes stay with
-/// them for the next daemon).
-pub async fn shutdown() {
-    if let Some(pool) = registry::pool() {
-        pool.drain().await;
+    pub fn settings(&self) -> Option<&NetSettings> {
+        self.settings.as_ref()
+    }
+
+    /// Where the daemon's runtimes make their networks.
+    pub fn registry(&self) -> &NetRegistry {
+        &self.registry
+    }
+
+    /// Starts preparing networks ahead (after [`Networks::reconcile_host`], which would
+    /// remove them). Forwarding is turned on here once for all.
+    pub fn start_pool(&self) -> Result<(), Error> {
+        let Some(s) = self.settings() else {
+            return Ok(());
+        };
+        sandcell_runtime::net::network::enable_forwarding()
+            .map_err(net_error("turning on IPv4 forwarding"))?;
+        self.registry
+            .install(NetPool::start(s.config.clone(), &s.prefix, s.warm));
+        Ok(())
+    }
+
+    /// At daemon stop: removes the prepared networks (those of running sandboxes stay with
+    /// them for the next daemon).
+    pub async fn shutdown(&self) {
+        if let Some(pool) = self.registry.pool() {
+            pool.drain().await;
+        }
+    }
+
+    fn traffic<T>(&self, f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
+        f(&mut lock(&self.traffic))
+    }
+
+    /// The token requests to sandbox `id`'s ports must carry, if it has one.
+    pub fn traffic_token(&self, id: &str) -> Option<String> {
+        self.traffic(|m| m.get(id).cloned())
     }
 }
 
@@ -123,20 +178,6 @@ pub fn valid_network_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-/// Traffic tokens of this daemon's sandboxes that have one (`allowPublicTraffic: false`):
-/// read on every proxied request, so kept in memory (and in the database for restarts).
-static TRAFFIC: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
-
-fn traffic<T>(f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
-    let mut guard = lock(&TRAFFIC);
-    f(guard.get_or_insert_with(HashMap::new))
-}
-
-/// The token requests to sandbox `id`'s ports must carry, if it has one.
-pub fn traffic_token(id: &str) -> Option<String> {
-    traffic(|m| m.get(id).cloned())
-}
-
 /// The network fields of a create, checked.
 #[derive(Debug, Clone)]
 pub struct NetRequest {
@@ -147,52 +188,50 @@ pub struct NetRequest {
     pub join: Vec<String>,
 }
 
-/// Checks the network fields of a create for key `key_id`: `None` when this daemon runs
-/// without networks (rules are then moot: the sandbox has no network at all).
-pub async fn check_request(
-    db: &Db,
-    key_id: &str,
-    allow_internet_access: Option<bool>,
-    network: Option<&crate::networks::api::NetworkConfig>,
-    join: Option<&[String]>,
-) -> ApiResult<Option<NetRequest>> {
-    let join = join.unwrap_or_default().to_vec();
-    if settings().is_none() {
-        if !join.is_empty() {
-            return Err(ApiError::bad_request(
-                "this server runs sandboxes without networks (sandcell serve --no-network): \
-                 they cannot join private networks",
-            ));
+impl Networks {
+    /// Checks the network fields of a create for key `key_id`: `None` when this daemon runs
+    /// without networks (rules are then moot: the sandbox has no network at all).
+    pub async fn check_request(
+        &self,
+        db: &Db,
+        key_id: &str,
+        allow_internet_access: Option<bool>,
+        network: Option<&crate::networks::api::NetworkConfig>,
+        join: Option<&[String]>,
+    ) -> Result<Option<NetRequest>, NetworkError> {
+        let join = join.unwrap_or_default().to_vec();
+        if self.settings().is_none() {
+            if !join.is_empty() {
+                return Err(NetworkError::NetworksOff);
+            }
+            return Ok(None);
         }
-        return Ok(None);
-    }
-    let egress = EgressSpec {
-        allow_internet_access: allow_internet_access.unwrap_or(true),
-        allow_out: network
-            .and_then(|n| n.allow_out.clone())
-            .unwrap_or_default(),
-        deny_out: network.and_then(|n| n.deny_out.clone()).unwrap_or_default(),
-    };
-    Policy::from_spec(&egress).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    for name in &join {
-        if !network_exists(db, key_id, name).await? {
-            return Err(ApiError::not_found(format!(
-                "private network {name:?} doesn't exist or you don't have access to it"
-            )));
+        let egress = EgressSpec {
+            allow_internet_access: allow_internet_access.unwrap_or(true),
+            allow_out: network
+                .and_then(|n| n.allow_out.clone())
+                .unwrap_or_default(),
+            deny_out: network.and_then(|n| n.deny_out.clone()).unwrap_or_default(),
+        };
+        Policy::from_spec(&egress)?;
+        for name in &join {
+            if !network_exists(db, key_id, name).await? {
+                return Err(NetworkError::UnknownNetwork(name.clone()));
+            }
         }
+        let traffic_token = match network.and_then(|n| n.allow_public_traffic) {
+            Some(false) => Some(
+                crate::util::random_hex(20)
+                    .map_err(Error::io("getrandom for a traffic access token"))?,
+            ),
+            _ => None,
+        };
+        Ok(Some(NetRequest {
+            traffic_token,
+            egress,
+            join,
+        }))
     }
-    let traffic_token = match network.and_then(|n| n.allow_public_traffic) {
-        Some(false) => Some(
-            crate::util::random_hex(20)
-                .map_err(Error::io("getrandom for a traffic access token"))?,
-        ),
-        _ => None,
-    };
-    Ok(Some(NetRequest {
-        traffic_token,
-        egress,
-        join,
-    }))
 }
 
 pub(crate) async fn network_exists(db: &Db, key_id: &str, name: &str) -> Result<bool, Error> {
@@ -205,31 +244,39 @@ pub(crate) async fn network_exists(db: &Db, key_id: &str, name: &str) -> Result<
     Ok(row.is_some())
 }
 
-/// Records the rules and memberships of a new sandbox, before the runtime makes anything.
-pub async fn record(db: &Db, sandbox: &str, key_id: &str, req: &NetRequest) -> Result<(), Error> {
-    let egress = serde_json::to_string(&req.egress).map_err(|e| Error::Io {
-        what: "encoding egress rules".into(),
-        source: e.into(),
-    })?;
-    sqlx::query(
-        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress, traffic_token) \
+impl Networks {
+    /// Records the rules and memberships of a new sandbox, before the runtime makes anything.
+    pub async fn record(
+        &self,
+        db: &Db,
+        sandbox: &str,
+        key_id: &str,
+        req: &NetRequest,
+    ) -> Result<(), Error> {
+        let egress = serde_json::to_string(&req.egress).map_err(|e| Error::Io {
+            what: "encoding egress rules".into(),
+            source: e.into(),
+        })?;
+        sqlx::query(
+            "INSERT INTO sandbox_networks (sandbox_id, net_id, egress, traffic_token) \
          VALUES ($1, NULL, $2, $3)",
-    )
-    .bind(sandbox)
-    .bind(egress)
-    .bind(&req.traffic_token)
-    .execute(db.pool())
-    .await
-    .map_err(Error::db(format!(
-        "recording the network of sandbox {sandbox}"
-    )))?;
-    if let Some(token) = &req.traffic_token {
-        traffic(|m| m.insert(sandbox.to_string(), token.clone()));
+        )
+        .bind(sandbox)
+        .bind(egress)
+        .bind(&req.traffic_token)
+        .execute(db.pool())
+        .await
+        .map_err(Error::db(format!(
+            "recording the network of sandbox {sandbox}"
+        )))?;
+        if let Some(token) = &req.traffic_token {
+            self.traffic(|m| m.insert(sandbox.to_string(), token.clone()));
+        }
+        for name in &req.join {
+            join(db, key_id, name, sandbox).await?;
+        }
+        Ok(())
     }
-    for name in &req.join {
-        join(db, key_id, name, sandbox).await?;
-    }
-    Ok(())
 }
 
 pub(crate) async fn join(db: &Db, key_id: &str, name: &str, sandbox: &str) -> Result<(), Error> {
@@ -279,14 +326,18 @@ pub async fn egress_of(db: &Db, sandbox: &str) -> Result<Option<EgressSpec>, Err
     Ok(row.and_then(|(e,)| serde_json::from_str(&e).ok()))
 }
 
-/// What the runtime makes the network of `sandbox` from (also what a restore or fork of it
-/// should get): `None` if it has none.
-pub async fn spec_of(db: &Db, sandbox: &str) -> Result<Option<NetworkSpec>, Error> {
-    let Some(s) = settings() else { return Ok(None) };
-    Ok(egress_of(db, sandbox).await?.map(|egress| NetworkSpec {
-        egress,
-        config: s.config.clone(),
-    }))
+impl Networks {
+    /// What the runtime makes the network of `sandbox` from (also what a restore or fork of it
+    /// should get): `None` if it has none.
+    pub async fn spec_of(&self, db: &Db, sandbox: &str) -> Result<Option<NetworkSpec>, Error> {
+        let Some(s) = self.settings() else {
+            return Ok(None);
+        };
+        Ok(egress_of(db, sandbox).await?.map(|egress| NetworkSpec {
+            egress,
+            config: s.config.clone(),
+        }))
+    }
 }
 
 /// Replaces the recorded rules of `sandbox` (after they were put in force).
@@ -307,107 +358,128 @@ pub async fn store_egress(db: &Db, sandbox: &str, egress: &EgressSpec) -> Result
     Ok(())
 }
 
-/// Once the runtime made the sandbox (created, restored or forked): records which network
-/// it got and brings the peers of its private networks up to date.
-pub async fn started(db: &Db, sandbox: &str) -> Result<(), Error> {
-    let Some(net) = registry::get(sandbox) else {
-        return Ok(());
-    };
-    // An upsert: restores and fork children get their network from the runtime without a
-    // create request, and must be taken over after a restart all the same.
-    let egress = serde_json::to_string(&net.egress()).map_err(|e| Error::Io {
-        what: "encoding egress rules".into(),
-        source: e.into(),
-    })?;
-    sqlx::query(
-        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, $2, $3) \
+impl Networks {
+    /// Once the runtime made the sandbox (created, restored or forked): records which network
+    /// it got (`net`: [`sandcell_runtime::Sandbox::network`]) and brings the peers of its
+    /// private networks up to date.
+    pub async fn started(
+        &self,
+        db: &Db,
+        sandbox: &str,
+        net: Option<SandboxNet>,
+    ) -> Result<(), Error> {
+        let Some(net) = net else {
+            return Ok(());
+        };
+        // An upsert: restores and fork children get their network from the runtime without a
+        // create request, and must be taken over after a restart all the same.
+        let egress = serde_json::to_string(&net.egress()).map_err(|e| Error::Io {
+            what: "encoding egress rules".into(),
+            source: e.into(),
+        })?;
+        sqlx::query(
+            "INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, $2, $3) \
          ON CONFLICT (sandbox_id) DO UPDATE SET net_id = excluded.net_id",
-    )
-    .bind(sandbox)
-    .bind(&net.network().id)
-    .bind(egress)
-    .execute(db.pool())
-    .await
-    .map_err(Error::db(format!(
-        "recording the network of sandbox {sandbox}"
-    )))?;
-    refresh_peers(db).await
-}
-
-/// After the sandbox ended or was paused: its network is gone, so the other members of its
-/// private networks stop reaching its address (which the next sandbox may get: only
-/// sandboxes with a network are peers, see [`refresh_peers`]). Its memberships stay on
-/// record: a resume (same id) is back in its networks, and sandboxes restored from its
-/// snapshots or forks join them too ([`inherit`]).
-pub async fn ended(db: &Db, sandbox: &str) {
-    traffic(|m| m.remove(sandbox));
-    if let Err(e) = registry::release(sandbox).await {
-        tracing::warn!("removing the network of {sandbox}: {e}");
-    }
-    if let Err(e) = refresh_peers(db).await {
-        tracing::warn!("updating private-network peers: {e}");
-    }
-}
-
-/// At start: takes over the network of adopted sandbox `sandbox`.
-pub async fn adopt(db: &Db, sandbox: &str) -> Result<(), Error> {
-    let Some(s) = settings() else { return Ok(()) };
-    let row: Option<(Option<String>, String, Option<String>)> = sqlx::query_as(
-        "SELECT net_id, egress, traffic_token FROM sandbox_networks WHERE sandbox_id = $1",
-    )
-    .bind(sandbox)
-    .fetch_optional(db.pool())
-    .await
-    .map_err(Error::db(format!(
-        "reading the network of sandbox {sandbox}"
-    )))?;
-    let Some((Some(net_id), egress, token)) = row else {
-        return Ok(());
-    };
-    if let Some(token) = token {
-        traffic(|m| m.insert(sandbox.to_string(), token));
-    }
-    let egress: EgressSpec = serde_json::from_str(&egress).unwrap_or_default();
-    match registry::adopt(&s.config, sandbox, &net_id, &egress).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => {
-            tracing::warn!("the network {net_id} of sandbox {sandbox} is gone");
-            Ok(())
-        }
-        Err(e) => Err(net_error("taking over a sandbox network")(e)),
-    }
-}
-
-/// At start, after adoption: removes this daemon's networks no sandbox uses any more.
-pub async fn reconcile_host() -> Result<Vec<String>, Error> {
-    let Some(s) = settings() else {
-        return Ok(Vec::new());
-    };
-    let prefix = s.prefix.clone();
-    let record = std::fs::create_dir_all(OWNERS_DIR).and_then(|()| {
-        std::fs::write(
-            std::path::Path::new(OWNERS_DIR).join(&prefix),
-            s.data_dir.as_os_str().as_encoded_bytes(),
         )
-    });
-    if let Err(e) = record {
-        tracing::warn!("recording this daemon's network prefix in {OWNERS_DIR}: {e}");
+        .bind(sandbox)
+        .bind(&net.network().id)
+        .bind(egress)
+        .execute(db.pool())
+        .await
+        .map_err(Error::db(format!(
+            "recording the network of sandbox {sandbox}"
+        )))?;
+        self.refresh_peers(db).await
     }
-    tokio::task::spawn_blocking(move || {
-        sandcell_runtime::net::reconcile(&|id| {
-            if id.starts_with(&prefix) {
-                return registry::get_by_net(id).is_some();
+}
+
+impl Networks {
+    /// After the sandbox ended or was paused: its network is gone, so the other members of its
+    /// private networks stop reaching its address (which the next sandbox may get: only
+    /// sandboxes with a network are peers, see [`Networks::refresh_peers`]). Its memberships stay on
+    /// record: a resume (same id) is back in its networks, and sandboxes restored from its
+    /// snapshots or forks join them too ([`inherit`]).
+    pub async fn ended(&self, db: &Db, sandbox: &str) {
+        self.traffic(|m| m.remove(sandbox));
+        if let Err(e) = self.registry.release(sandbox).await {
+            tracing::warn!("removing the network of {sandbox}: {e}");
+        }
+        if let Err(e) = self.refresh_peers(db).await {
+            tracing::warn!("updating private-network peers: {e}");
+        }
+    }
+}
+
+impl Networks {
+    /// At start: takes over the network of adopted sandbox `sandbox`.
+    pub async fn adopt(&self, db: &Db, sandbox: &str) -> Result<(), Error> {
+        let Some(s) = self.settings() else {
+            return Ok(());
+        };
+        let row: Option<(Option<String>, String, Option<String>)> = sqlx::query_as(
+            "SELECT net_id, egress, traffic_token FROM sandbox_networks WHERE sandbox_id = $1",
+        )
+        .bind(sandbox)
+        .fetch_optional(db.pool())
+        .await
+        .map_err(Error::db(format!(
+            "reading the network of sandbox {sandbox}"
+        )))?;
+        let Some((Some(net_id), egress, token)) = row else {
+            return Ok(());
+        };
+        if let Some(token) = token {
+            self.traffic(|m| m.insert(sandbox.to_string(), token));
+        }
+        let egress: EgressSpec = serde_json::from_str(&egress).unwrap_or_default();
+        match self
+            .registry
+            .adopt(&s.config, sandbox, &net_id, &egress)
+            .await
+        {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => {
+                tracing::warn!("the network {net_id} of sandbox {sandbox} is gone");
+                Ok(())
             }
-            !daemon_prefix(id).is_some_and(owner_gone)
+            Err(e) => Err(net_error("taking over a sandbox network")(e)),
+        }
+    }
+}
+
+impl Networks {
+    /// At start, after adoption: removes this daemon's networks no sandbox uses any more.
+    pub async fn reconcile_host(&self) -> Result<Vec<String>, Error> {
+        let Some(s) = self.settings() else {
+            return Ok(Vec::new());
+        };
+        let prefix = s.prefix.clone();
+        let registry = self.registry.clone();
+        let record = std::fs::create_dir_all(OWNERS_DIR).and_then(|()| {
+            std::fs::write(
+                std::path::Path::new(OWNERS_DIR).join(&prefix),
+                s.data_dir.as_os_str().as_encoded_bytes(),
+            )
+        });
+        if let Err(e) = record {
+            tracing::warn!("recording this daemon's network prefix in {OWNERS_DIR}: {e}");
+        }
+        tokio::task::spawn_blocking(move || {
+            sandcell_runtime::net::reconcile(&|id| {
+                if id.starts_with(&prefix) {
+                    return registry.get_by_net(id).is_some();
+                }
+                !daemon_prefix(id).is_some_and(owner_gone)
+            })
         })
-    })
-    .await
-    .map_err(|e| Error::Io {
-        what: "reconciling sandbox networks".into(),
-        source: std::io::Error::other(e),
-    })?
-    .map_err(net_error("reconciling sandbox networks"))
-    .inspect(|_| forget_gone_owners())
+        .await
+        .map_err(|e| Error::Io {
+            what: "reconciling sandbox networks".into(),
+            source: std::io::Error::other(e),
+        })?
+        .map_err(net_error("reconciling sandbox networks"))
+        .inspect(|_| forget_gone_owners())
+    }
 }
 
 /// Removes the owner records of daemons whose data dir is gone (their networks were just
@@ -424,57 +496,176 @@ fn forget_gone_owners() {
     }
 }
 
-/// Recomputes every sandbox's private-network peers from the memberships and puts the
-/// changed ones in force (both ends of a pair list each other: see sandcell-net's nft.rs).
-pub async fn refresh_peers(db: &Db) -> Result<(), Error> {
-    let _one = REFRESH.lock().await;
-    let rows: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT key_id, name, sandbox_id FROM private_network_members")
-            .fetch_all(db.pool())
-            .await
-            .map_err(Error::db("reading private-network members"))?;
-    let mut by_network: BTreeMap<(String, String), Vec<(String, Ipv4Addr)>> = BTreeMap::new();
-    for (key, name, sandbox) in rows {
-        if let Some(net) = registry::get(&sandbox) {
-            by_network
-                .entry((key, name))
-                .or_default()
-                .push((sandbox, net.network().guest));
+impl Networks {
+    /// Recomputes every sandbox's private-network peers from the memberships and puts the
+    /// changed ones in force (both ends of a pair list each other: see sandcell-net's nft.rs).
+    pub async fn refresh_peers(&self, db: &Db) -> Result<(), Error> {
+        let _one = self.refresh.lock().await;
+        let rows: Vec<(String, String, String)> =
+            sqlx::query_as("SELECT key_id, name, sandbox_id FROM private_network_members")
+                .fetch_all(db.pool())
+                .await
+                .map_err(Error::db("reading private-network members"))?;
+        let mut by_network: BTreeMap<(String, String), Vec<(String, Ipv4Addr)>> = BTreeMap::new();
+        for (key, name, sandbox) in rows {
+            if let Some(net) = self.registry.get(&sandbox) {
+                by_network
+                    .entry((key, name))
+                    .or_default()
+                    .push((sandbox, net.network().guest));
+            }
+        }
+        let mut want = PeerMap::new();
+        for members in by_network.values() {
+            for (me, _) in members {
+                let peers = want.entry(me.clone()).or_default();
+                peers.extend(members.iter().filter(|(p, _)| p != me).cloned());
+            }
+        }
+        for peers in want.values_mut() {
+            peers.sort();
+            peers.dedup();
+        }
+        let old = std::mem::take(&mut *lock(&self.peers));
+        let mut now = HashMap::new();
+        let mut first: Option<Error> = None;
+        let everyone: std::collections::BTreeSet<&String> = old.keys().chain(want.keys()).collect();
+        for sandbox in everyone {
+            let new = want.get(sandbox).cloned().unwrap_or_default();
+            let Some(net) = self.registry.get(sandbox) else {
+                continue;
+            };
+            if old.get(sandbox) != Some(&new)
+                && let Err(e) = net.set_peers(&new).await
+            {
+                first.get_or_insert(net_error("setting private-network peers")(e));
+                continue;
+            }
+            if !new.is_empty() {
+                now.insert(sandbox.clone(), new);
+            }
+        }
+        *lock(&self.peers) = now;
+        first.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn settings(pool: &str, data_dir: &std::path::Path) -> NetSettings {
+        NetSettings {
+            config: NetConfig {
+                pool: pool.parse().unwrap(),
+                upstream_dns: Vec::new(),
+            },
+            prefix: prefix_for(data_dir),
+            warm: 0,
+            data_dir: data_dir.to_path_buf(),
         }
     }
-    let mut want = PeerMap::new();
-    for members in by_network.values() {
-        for (me, _) in members {
-            let peers = want.entry(me.clone()).or_default();
-            peers.extend(members.iter().filter(|(p, _)| p != me).cloned());
+
+    /// A key and a sandbox row of it, for the network rows to refer to.
+    async fn sandbox_row(db: &Db, id: &str) {
+        sqlx::query(
+            "INSERT INTO api_keys (id, name, key_hash, key_prefix, created_at) \
+             VALUES ('key_1', 'k', $1, 'e2b_', 0)",
+        )
+        .bind(format!("hash-{id}"))
+        .execute(db.pool())
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO sandboxes (id, key_id, template_id, runtime, state, secure, vcpus, \
+             memory_mib, disk_mib, created_at) \
+             VALUES ($1, 'key_1', 'base', 'gvisor', 'creating', 0, 1, 512, 0, 0)",
+        )
+        .bind(id)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    }
+
+    /// Two daemons in one process (as two test servers would be): each sees its own
+    /// network settings, registry, pool and traffic tokens, nothing of the other's.
+    #[tokio::test]
+    async fn two_daemons_in_one_process_share_no_network_state() {
+        let (dir_a, dir_b, dir_c) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let db_a = crate::keys::open_db(dir_a.path()).await.unwrap();
+        let db_b = crate::keys::open_db(dir_b.path()).await.unwrap();
+        let db_c = crate::keys::open_db(dir_c.path()).await.unwrap();
+        let a = Networks::new(
+            Some(settings("10.211.0.0/16", dir_a.path())),
+            NetRegistry::new(),
+        );
+        let b = Networks::new(
+            Some(settings("10.212.0.0/16", dir_b.path())),
+            NetRegistry::new(),
+        );
+        let off = Networks::new(None, NetRegistry::new());
+        // Settings: each its own pool and prefix; the third has no networks at all.
+        let pool = |n: &Networks| n.settings().map(|s| s.config.pool);
+        assert_eq!(pool(&a), Some("10.211.0.0/16".parse().unwrap()));
+        assert_eq!(pool(&b), Some("10.212.0.0/16".parse().unwrap()));
+        assert_ne!(a.settings().unwrap().prefix, b.settings().unwrap().prefix);
+        assert!(off.settings().is_none());
+        let join = ["team".to_string()];
+        assert!(matches!(
+            off.check_request(&db_c, "key_1", None, None, Some(&join))
+                .await,
+            Err(NetworkError::NetworksOff)
+        ));
+        assert!(
+            off.check_request(&db_c, "key_1", None, None, None)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // A pool installed in one daemon's registry is not the other's.
+        let a_pool = NetPool::start(a.settings().unwrap().config.clone(), "ta", 0);
+        assert!(a.registry().install(a_pool));
+        assert!(b.registry().pool().is_none());
+        // The same sandbox id in both: rules, network spec and traffic token stay apart.
+        for db in [&db_a, &db_b] {
+            sandbox_row(db, "sc-1").await;
         }
-    }
-    for peers in want.values_mut() {
-        peers.sort();
-        peers.dedup();
-    }
-    let old = {
-        let mut guard = lock(&PEERS);
-        guard.take().unwrap_or_default()
-    };
-    let mut now = HashMap::new();
-    let mut first: Option<Error> = None;
-    let everyone: std::collections::BTreeSet<&String> = old.keys().chain(want.keys()).collect();
-    for sandbox in everyone {
-        let new = want.get(sandbox).cloned().unwrap_or_default();
-        let Some(net) = registry::get(sandbox) else {
-            continue;
+        let private = crate::networks::api::NetworkConfig {
+            allow_public_traffic: Some(false),
+            ..Default::default()
         };
-        if old.get(sandbox) != Some(&new)
-            && let Err(e) = net.set_peers(&new).await
-        {
-            first.get_or_insert(net_error("setting private-network peers")(e));
-            continue;
-        }
-        if !new.is_empty() {
-            now.insert(sandbox.clone(), new);
+        let req_a = a
+            .check_request(&db_a, "key_1", Some(false), Some(&private), None)
+            .await
+            .unwrap()
+            .unwrap();
+        a.record(&db_a, "sc-1", "key_1", &req_a).await.unwrap();
+        let req_b = b
+            .check_request(&db_b, "key_1", None, None, None)
+            .await
+            .unwrap()
+            .unwrap();
+        b.record(&db_b, "sc-1", "key_1", &req_b).await.unwrap();
+        assert!(a.traffic_token("sc-1").is_some());
+        assert_eq!(a.traffic_token("sc-1"), req_a.traffic_token);
+        assert_eq!(b.traffic_token("sc-1"), None);
+        let spec_a = a.spec_of(&db_a, "sc-1").await.unwrap().unwrap();
+        let spec_b = b.spec_of(&db_b, "sc-1").await.unwrap().unwrap();
+        assert_eq!(spec_a.config.pool, "10.211.0.0/16".parse().unwrap());
+        assert!(!spec_a.egress.allow_internet_access);
+        assert_eq!(spec_b.config.pool, "10.212.0.0/16".parse().unwrap());
+        assert!(spec_b.egress.allow_internet_access);
+        assert!(off.spec_of(&db_a, "sc-1").await.unwrap().is_none());
+        // One daemon's sandbox ending does not touch the other's token.
+        b.ended(&db_b, "sc-1").await;
+        assert_eq!(a.traffic_token("sc-1"), req_a.traffic_token);
+        for db in [db_a, db_b, db_c] {
+            db.close().await;
         }
     }
-    *lock(&PEERS) = Some(now);
-    first.map_or(Ok(()), Err)
 }

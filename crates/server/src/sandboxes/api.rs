@@ -31,7 +31,7 @@ pub(crate) fn sandbox_json(app: &App, row: &SandboxRow) -> Sandbox {
         client_id: CLIENT_ID.into(),
         envd_version: row.envd_version.clone(),
         envd_access_token: row.access_token.clone(),
-        traffic_access_token: crate::networks::service::traffic_token(&row.id),
+        traffic_access_token: app.lifecycle.networks.traffic_token(&row.id),
         domain: app.config.domain.clone(),
     }
 }

@@ -5,8 +5,9 @@
 //!    API-built template's `e2b.json` (templates/start.rs) and current memory snapshot
 //!    (templates/memory_snapshot.rs) are looked up, once.
 //! 2. admission of the network request (networks/service.rs: rules, private networks).
-//! 3. a template with a memory snapshot is restored from it; a restore failing with a
-//!    server error falls back to a boot (the template works without its snapshot).
+//! 3. a template with a memory snapshot is restored from it; a restore failing on the host
+//!    or in the restored sandbox ([`SandboxError::falls_back_to_boot`]) falls back to a boot
+//!    (the template works without its snapshot).
 //! 4. [`plan_boot`](SandboxService::plan_boot): size (the template's when the request
 //!    names none), image, timeout, env (an OCI image's defaults under the request's),
 //!    access token: the row to create.
@@ -18,9 +19,10 @@
 //!
 //! The order of the checks is the order their errors are answered in.
 
-use crate::http::error::{ApiError, ApiResult, Error};
+use crate::http::error::{ApiError, Error};
 use crate::http::metrics::TemplateCreate;
-use crate::networks::service::NetRequest;
+use crate::networks::service::{NetRequest, NetworkError};
+use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{
     BOOT_TIMEOUT, DEFAULT_TIMEOUT_SECS, DEFAULT_VCPUS, DESTROY_TIMEOUT, INIT_TIMEOUT, Live,
@@ -70,7 +72,7 @@ impl SandboxService {
         key: &KeyRow,
         req: NewSandbox,
         secure_by_default: bool,
-    ) -> ApiResult<SandboxRow> {
+    ) -> Result<SandboxRow, SandboxError> {
         let begun = Instant::now();
         let template = match self.resolve(key, req).await? {
             Resolved::NamedSnapshot(req, snap) => {
@@ -108,7 +110,7 @@ impl SandboxService {
     }
 
     /// Step 1: what `req.templateID` names, looked up once.
-    async fn resolve(&self, key: &KeyRow, req: NewSandbox) -> ApiResult<Resolved> {
+    async fn resolve(&self, key: &KeyRow, req: NewSandbox) -> Result<Resolved, SandboxError> {
         // A named snapshot of the key is a template too (snapshots/).
         if let Some(snap) = self.snapshot_template(&key.id, &req.template_id).await? {
             return Ok(Resolved::NamedSnapshot(req, snap));
@@ -130,15 +132,20 @@ impl SandboxService {
 
     /// Step 2: the request's network (rules, private networks of the key); `None` on a
     /// daemon without networks.
-    async fn admit_network(&self, key: &KeyRow, req: &NewSandbox) -> ApiResult<Option<NetRequest>> {
-        crate::networks::service::check_request(
-            &self.db,
-            &key.id,
-            req.allow_internet_access,
-            req.network.as_ref(),
-            req.networks.as_deref(),
-        )
-        .await
+    async fn admit_network(
+        &self,
+        key: &KeyRow,
+        req: &NewSandbox,
+    ) -> Result<Option<NetRequest>, NetworkError> {
+        self.networks
+            .check_request(
+                &self.db,
+                &key.id,
+                req.allow_internet_access,
+                req.network.as_ref(),
+                req.networks.as_deref(),
+            )
+            .await
     }
 
     /// Step 3: restores an API-built template's memory snapshot. `None`: the restore failed
@@ -150,20 +157,19 @@ impl SandboxService {
         snap: &SnapshotRow,
         net_req: &Option<NetRequest>,
         secure_by_default: bool,
-    ) -> ApiResult<Option<SandboxRow>> {
+    ) -> Result<Option<SandboxRow>, SandboxError> {
         let network = Some(RestoredNetwork::Request(net_req.clone()));
         match self
             .create_from_snapshot(key, req.clone(), snap, secure_by_default, network)
             .await
         {
             Ok(row) => Ok(Some(row)),
-            Err(e) if e.status.is_server_error() => {
+            Err(e) if e.falls_back_to_boot() => {
                 tracing::warn!(
-                    "template {}: restoring snapshot {} failed ({}); \
+                    "template {}: restoring snapshot {} failed ({e}); \
                      booting instead",
                     req.template_id,
-                    snap.id,
-                    e.message
+                    snap.id
                 );
                 Ok(None)
             }
@@ -179,7 +185,7 @@ impl SandboxService {
         req: NewSandbox,
         e2b: Option<&E2bRecord>,
         secure_by_default: bool,
-    ) -> ApiResult<BootPlan> {
+    ) -> Result<BootPlan, SandboxError> {
         // An API-built template's size when the request names none (templates/start.rs).
         let (cpu_count, memory_mb) =
             crate::templates::start::default_size(e2b, req.cpu_count, req.memory_mb);
@@ -187,13 +193,13 @@ impl SandboxService {
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         if timeout > MAX_TIMEOUT_SECS {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
             )));
         }
         let env = req.env_vars.unwrap_or_default();
         if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "invalid envVars name {bad:?}"
             )));
         }
@@ -246,17 +252,16 @@ impl SandboxService {
         key: &KeyRow,
         plan: &BootPlan,
         net_req: Option<&NetRequest>,
-    ) -> ApiResult<()> {
+    ) -> Result<(), SandboxError> {
         let id = &plan.row.id;
         if !self
             .db
             .insert_sandbox_within_limit(&plan.row, key.max_sandboxes)
             .await?
         {
-            return Err(ApiError::too_many(format!(
-                "you have reached the maximum number of concurrent sandboxes ({}) for this API key",
-                key.max_sandboxes.unwrap_or(0)
-            )));
+            return Err(SandboxError::LimitReached {
+                limit: key.max_sandboxes.unwrap_or(0),
+            });
         }
         if plan.auto_pause {
             self.db
@@ -270,7 +275,7 @@ impl SandboxService {
                 .await?;
         }
         if let Some(n) = net_req
-            && let Err(e) = crate::networks::service::record(&self.db, id, &key.id, n).await
+            && let Err(e) = self.networks.record(&self.db, id, &key.id, n).await
         {
             self.mark_create_failed(id, &e).await;
             return Err(e.into());
@@ -284,7 +289,7 @@ impl SandboxService {
         self: &Arc<Self>,
         plan: BootPlan,
         e2b: Option<&E2bRecord>,
-    ) -> ApiResult<SandboxRow> {
+    ) -> Result<SandboxRow, SandboxError> {
         let BootPlan {
             row,
             image,
@@ -335,7 +340,7 @@ impl SandboxService {
         // agent without `/init`.
         spec.env = env;
         spec.boot_timeout = BOOT_TIMEOUT;
-        spec.network = crate::networks::service::spec_of(&self.db, &row.id).await?;
+        spec.network = self.networks.spec_of(&self.db, &row.id).await?;
         let sandbox: Arc<dyn Sandbox> = Arc::from(self.runtime.create(spec).await?);
         if let Err(e) = sandbox.start().await {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
@@ -352,7 +357,7 @@ impl SandboxService {
         sandbox: Arc<dyn Sandbox>,
         env: &BTreeMap<String, String>,
         timeout: u64,
-    ) -> ApiResult<SandboxRow> {
+    ) -> Result<SandboxRow, SandboxError> {
         let envd_version = match tokio::time::timeout(
             INIT_TIMEOUT,
             init_agent_with(
@@ -384,7 +389,7 @@ impl SandboxService {
                         now_ms(),
                     )
                     .await;
-                return Err(e);
+                return Err(SandboxError::Agent { answer: e });
             }
         };
         lock(&self.live).insert(
@@ -399,7 +404,11 @@ impl SandboxService {
         let handle = sandbox
             .handle()
             .and_then(|h| serde_json::to_string(&h).ok());
-        if let Err(e) = crate::networks::service::started(&self.db, &row.id).await {
+        if let Err(e) = self
+            .networks
+            .started(&self.db, &row.id, sandbox.network())
+            .await
+        {
             tracing::warn!("sandbox {}: its network: {e}", row.id);
         }
         self.db

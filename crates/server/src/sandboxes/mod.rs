@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod create;
+pub mod error;
 pub mod metering;
 pub mod models;
 pub mod reaper;

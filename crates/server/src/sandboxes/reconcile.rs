@@ -36,7 +36,7 @@ impl SandboxService {
                             access_token: row.access_token.clone(),
                         }),
                     );
-                    if let Err(e) = crate::networks::service::adopt(&self.db, &row.id).await {
+                    if let Err(e) = self.networks.adopt(&self.db, &row.id).await {
                         tracing::warn!("sandbox {}: its network: {e}", row.id);
                     }
                     self.watch(row.id.clone(), sandbox);
@@ -104,7 +104,7 @@ impl SandboxService {
             Ok(_) => {}
             Err(e) => tracing::warn!("sweeping leftovers: {e}"),
         }
-        match crate::networks::service::reconcile_host().await {
+        match self.networks.reconcile_host().await {
             Ok(removed) if !removed.is_empty() => tracing::info!(
                 "removed {} leftover network(s): {}",
                 removed.len(),
@@ -115,7 +115,7 @@ impl SandboxService {
         }
         // The adopted sandboxes' private-network peers: nftables kept them, the new DNS
         // servers know no peer names yet.
-        if let Err(e) = crate::networks::service::refresh_peers(&self.db).await {
+        if let Err(e) = self.networks.refresh_peers(&self.db).await {
             tracing::warn!("restoring private-network peers: {e}");
         }
         // Template snapshots of templates rebuilt or removed without the daemon.

@@ -22,6 +22,7 @@
 //!   marked `error` and the runtime removes its leftovers.
 
 use crate::http::error::{ApiError, ApiResult, Error};
+use crate::sandboxes::error::SandboxError;
 use crate::store::{Db, State};
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{AGENT_PORT, Dirs, Image, Runtime, Sandbox, SandboxExit};
@@ -79,6 +80,10 @@ pub struct SandboxService {
     config: SandboxServiceConfig,
     pub(super) metrics: Arc<crate::http::metrics::Metrics>,
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
+    /// The daemon's side of the sandboxes' networks.
+    pub networks: Arc<crate::networks::service::Networks>,
+    /// One pause, resume, snapshot, fork or kill per sandbox at a time.
+    pub(crate) ops: crate::snapshots::pause::OpLocks,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -93,16 +98,17 @@ pub fn valid_template_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-pub fn resolve_template(dirs: &Dirs, name: &str) -> ApiResult<Image> {
+pub fn resolve_template(dirs: &Dirs, name: &str) -> Result<Image, SandboxError> {
     if !valid_template_name(name) {
-        return Err(ApiError::bad_request(format!(
+        return Err(SandboxError::Invalid(format!(
             "invalid templateID {name:?}: letters, digits, '-', '_' and '.' only"
         )));
     }
     if !dirs.images().join(name).is_dir() {
-        return Err(ApiError::not_found(format!("template '{name}' not found")));
+        return Err(SandboxError::TemplateNotFound(name.to_string()));
     }
-    Image::resolve(&dirs.images(), name).map_err(|e| ApiError::internal(e.to_string()))
+    Image::resolve(&dirs.images(), name)
+        .map_err(|e| SandboxError::TemplateUnreadable(e.to_string()))
 }
 
 /// The image's disk size in MiB (its ext4 file), 0 when it has none.
@@ -123,6 +129,7 @@ impl SandboxService {
         dirs: Dirs,
         config: SandboxServiceConfig,
         metrics: Arc<crate::http::metrics::Metrics>,
+        networks: Arc<crate::networks::service::Networks>,
     ) -> SandboxService {
         SandboxService {
             db,
@@ -131,23 +138,35 @@ impl SandboxService {
             config,
             metrics,
             live: Mutex::new(HashMap::new()),
+            networks,
+            ops: Default::default(),
         }
+    }
+
+    /// The network of sandbox `id` if this daemon runs it and it has one (through the
+    /// runtime's [`Sandbox::network`]).
+    pub fn network_of(&self, id: &str) -> Option<sandcell_runtime::net::SandboxNet> {
+        self.live(id).and_then(|l| l.sandbox.network())
     }
 
     /// The vCPUs and memory a create asks for (E2B takes them from the template; we also
     /// accept `cpuCount` and `memoryMB` on create), checked against the server's bounds.
-    pub fn size(&self, cpu_count: Option<u32>, memory_mb: Option<u32>) -> ApiResult<(u8, u32)> {
+    pub fn size(
+        &self,
+        cpu_count: Option<u32>,
+        memory_mb: Option<u32>,
+    ) -> Result<(u8, u32), SandboxError> {
         let max_vcpus = self.config.max_vcpus.min(u32::from(u8::MAX));
         let vcpus = cpu_count.unwrap_or(u32::from(DEFAULT_VCPUS).min(max_vcpus));
         if vcpus == 0 || vcpus > max_vcpus {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "cpuCount {vcpus} is out of range: this server allows 1 to {max_vcpus} vCPUs"
             )));
         }
         let max_mib = self.config.max_memory_mib;
         let memory = memory_mb.unwrap_or(DEFAULT_MEMORY_MIB.min(max_mib));
         if memory < MIN_MEMORY_MIB || memory > max_mib {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "memoryMB {memory} is out of range: this server allows {MIN_MEMORY_MIB} to {max_mib} MiB"
             )));
         }
@@ -184,7 +203,7 @@ impl SandboxService {
                 Ok(true) => {
                     lock(&this.live).remove(&id);
                     let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
-                    crate::networks::service::ended(&this.db, &id).await;
+                    this.networks.ended(&this.db, &id).await;
                     let _ = this
                         .db
                         .transition(
@@ -207,7 +226,7 @@ impl SandboxService {
     /// Kills running or paused sandbox `id`; false if it was neither (already ending or
     /// ended). Waits for a pause, resume, snapshot or fork of it to finish first.
     pub async fn kill(&self, id: &str, reason: &str) -> Result<bool, Error> {
-        let _op = crate::snapshots::pause::op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         if !self
             .db
             .transition(
@@ -235,7 +254,7 @@ impl SandboxService {
                 }
             }
         }
-        crate::networks::service::ended(&self.db, id).await;
+        self.networks.ended(&self.db, id).await;
         self.db
             .transition(id, &[State::Killing], end.0, Some(&end.1), now_ms())
             .await?;

@@ -5,7 +5,7 @@
 use super::restore::{RestoredNetwork, RestoredSpec, check_timeout};
 use crate::http::error::{ApiError, ApiResult, Error};
 use crate::sandboxes::service::SandboxService;
-use crate::snapshots::pause::{new_snapshot_id, op_lock};
+use crate::snapshots::pause::new_snapshot_id;
 use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::store::{KeyRow, SandboxRow, State};
 use crate::util::now_ms;
@@ -32,7 +32,7 @@ impl SandboxService {
         name: Option<String>,
     ) -> ApiResult<(SnapshotRow, SnapshotHandle)> {
         let id = &row.id;
-        let _op = op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         let current = self.db.sandbox(id).await?;
         match current.map(|r| r.state) {
             Some(State::Running) => {}
@@ -145,7 +145,11 @@ impl SandboxService {
                 parent_id: Some(parent.id.clone()),
                 network: RestoredNetwork::Of(parent.id.clone()),
             };
-            results.push(self.create_restored(key, spec, &snap, &handle).await);
+            results.push(
+                self.create_restored(key, spec, &snap, &handle)
+                    .await
+                    .map_err(ApiError::from),
+            );
         }
         Ok(results)
     }

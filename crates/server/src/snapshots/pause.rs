@@ -15,9 +15,10 @@
 //! snapshot (paused) or not (error, or running if the sandbox survived); a `resuming` row
 //! goes back to `paused` (the restore's leftovers are swept as nobody adopted them).
 //!
-//! One operation at a time per sandbox ([`op_lock`]): pause, resume, snapshot, fork, kill.
+//! One operation at a time per sandbox ([`OpLocks::lock`]): pause, resume, snapshot, fork, kill.
 
 use crate::http::error::{ApiError, ApiResult, Error};
+use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::{
     DESTROY_TIMEOUT, INIT_TIMEOUT, Live, SandboxService, init_agent, lock,
 };
@@ -26,21 +27,28 @@ use crate::store::{SandboxRow, State};
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{RestoreSpec, Sandbox, SandboxStatus, SnapshotHandle};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
-type OpLocks = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
-static OPS: LazyLock<OpLocks> = LazyLock::new(|| Mutex::new(HashMap::new()));
+type OpMap = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// One lock per sandbox for its pauses, resumes, snapshots, forks and kills (one daemon's:
+/// [`Lifecycle`] owns it).
+#[derive(Default)]
+pub struct OpLocks {
+    ops: Arc<OpMap>,
+}
 
 /// Held while one pause, resume, snapshot, fork or kill of sandbox `id` runs.
 pub struct OpGuard {
     id: String,
+    ops: Arc<OpMap>,
     _guard: tokio::sync::OwnedMutexGuard<()>,
 }
 
 impl Drop for OpGuard {
     fn drop(&mut self) {
         // The map only keeps entries someone holds or waits for.
-        let mut ops = lock(&OPS);
+        let mut ops = lock(&self.ops);
         if let Some(m) = ops.get(&self.id)
             && Arc::strong_count(m) <= 2
         {
@@ -49,14 +57,18 @@ impl Drop for OpGuard {
     }
 }
 
-pub async fn op_lock(id: &str) -> OpGuard {
-    let m = lock(&OPS)
-        .entry(id.to_string())
-        .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-        .clone();
-    OpGuard {
-        id: id.to_string(),
-        _guard: m.lock_owned().await,
+impl OpLocks {
+    /// Waits until no other operation of sandbox `id` runs.
+    pub async fn lock(&self, id: &str) -> OpGuard {
+        let m = lock(&self.ops)
+            .entry(id.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        OpGuard {
+            id: id.to_string(),
+            ops: self.ops.clone(),
+            _guard: m.lock_owned().await,
+        }
     }
 }
 
@@ -87,7 +99,7 @@ impl SandboxService {
     /// Pauses running sandbox `id` into a snapshot on disk. 409 when it is paused or being
     /// paused already, 404 when it is not running.
     pub async fn pause(&self, id: &str) -> ApiResult<()> {
-        let _op = op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         let now = now_ms();
         if !self
             .db
@@ -147,7 +159,7 @@ impl SandboxService {
                     .await?;
                 // Its host network goes with its processes (a resume makes a new one from
                 // the same rules; it leaves its private networks).
-                crate::networks::service::ended(&self.db, id).await;
+                self.networks.ended(&self.db, id).await;
                 // It no longer runs on the snapshot it was restored from, if any.
                 self.db.drop_snapshot_users(id, Some(&snap_id)).await?;
                 self.collect_snapshots().await;
@@ -218,7 +230,7 @@ impl SandboxService {
     /// Resumes paused sandbox `id` (waiting for a pause in progress) with its end
     /// `timeout_secs` from now; a running one only has its end extended.
     pub async fn resume(self: &Arc<Self>, id: &str, timeout_secs: u64) -> ApiResult<Resumed> {
-        let _op = op_lock(id).await;
+        let _op = self.ops.lock(id).await;
         let now = now_ms();
         let end_at = now + (timeout_secs as i64) * 1000;
         let row = self
@@ -253,7 +265,7 @@ impl SandboxService {
                     .db
                     .transition(id, &[State::Resuming], State::Paused, None, now_ms())
                     .await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         let handle = sandbox
@@ -270,7 +282,7 @@ impl SandboxService {
         self.db
             .mark_running_again(&row, State::Resuming, now, end_at, handle.as_deref())
             .await?;
-        if let Err(e) = crate::networks::service::started(&self.db, id).await {
+        if let Err(e) = self.networks.started(&self.db, id, sandbox.network()).await {
             tracing::warn!("sandbox {id}: its network: {e}");
         }
         self.watch(id.to_string(), sandbox);
@@ -291,7 +303,7 @@ impl SandboxService {
         id: &str,
         env: &BTreeMap<String, String>,
         access_token: Option<&str>,
-    ) -> ApiResult<Arc<dyn Sandbox>> {
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
         let mut attempt = 1;
         loop {
             let sandbox = match self.restore(snapshot, id).await {
@@ -309,7 +321,7 @@ impl SandboxService {
             };
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
             if attempt >= RESTORE_ATTEMPTS {
-                return Err(ApiError::internal(format!(
+                return Err(SandboxError::Restore(format!(
                     "sandbox {id}: {problem} (restore attempt {attempt} of {RESTORE_ATTEMPTS})"
                 )));
             }
@@ -332,7 +344,7 @@ impl SandboxService {
             .snapshot(&snap_id)
             .await?
             .ok_or_else(|| missing("its snapshot is gone"))?;
-        parse_handle(&snap)
+        Ok(parse_handle(&snap)?)
     }
 
     /// A new running sandbox `id` restored from `snapshot` (its agent not yet told who it
@@ -344,7 +356,7 @@ impl SandboxService {
         id: &str,
     ) -> Result<Arc<dyn Sandbox>, Error> {
         let mut spec = RestoreSpec::new(id.to_string());
-        spec.network = crate::networks::service::spec_of(&self.db, id).await?;
+        spec.network = self.networks.spec_of(&self.db, id).await?;
         spec.boot_timeout = crate::sandboxes::service::BOOT_TIMEOUT;
         // The daemon is infrastructure: its restart must not kill user sandboxes.
         spec.outlive_owner = true;
@@ -547,13 +559,13 @@ async fn init_restored(
 }
 
 /// The runtime handle stored with a snapshot row.
-pub(crate) fn parse_handle(snap: &SnapshotRow) -> ApiResult<SnapshotHandle> {
-    let json = snap
-        .handle
-        .as_deref()
-        .ok_or_else(|| ApiError::internal(format!("snapshot {} was never completed", snap.id)))?;
-    serde_json::from_str(json)
-        .map_err(|e| ApiError::internal(format!("snapshot {}: unreadable handle: {e}", snap.id)))
+pub(crate) fn parse_handle(snap: &SnapshotRow) -> Result<SnapshotHandle, SandboxError> {
+    let json = snap.handle.as_deref().ok_or_else(|| {
+        SandboxError::Snapshot(format!("snapshot {} was never completed", snap.id))
+    })?;
+    serde_json::from_str(json).map_err(|e| {
+        SandboxError::Snapshot(format!("snapshot {}: unreadable handle: {e}", snap.id))
+    })
 }
 
 /// The env a restored sandbox's processes get (the snapshot's, with

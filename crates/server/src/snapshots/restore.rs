@@ -14,7 +14,8 @@
 //! Files go when nothing needs them (store/snapshots.rs): a named snapshot until deleted, a
 //! fork's until its last child (and the parent) is gone.
 
-use crate::http::error::{ApiError, ApiResult, Error};
+use crate::http::error::Error;
+use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS, SandboxService, disk_mib};
 use crate::snapshots::pause::{merged_env, parse_handle};
@@ -47,9 +48,9 @@ pub(crate) enum RestoredNetwork {
     Request(Option<crate::networks::service::NetRequest>),
 }
 
-pub(super) fn check_timeout(timeout: u64) -> ApiResult<()> {
+pub(super) fn check_timeout(timeout: u64) -> Result<(), SandboxError> {
     if timeout > MAX_TIMEOUT_SECS {
-        return Err(ApiError::bad_request(format!(
+        return Err(SandboxError::Invalid(format!(
             "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
         )));
     }
@@ -77,14 +78,14 @@ impl SandboxService {
         snap: &SnapshotRow,
         secure_by_default: bool,
         network: Option<RestoredNetwork>,
-    ) -> ApiResult<SandboxRow> {
+    ) -> Result<SandboxRow, SandboxError> {
         let handle = parse_handle(snap)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         check_timeout(timeout)?;
         if let Some(env) = &req.env_vars
             && let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0']))
         {
-            return Err(ApiError::bad_request(format!(
+            return Err(SandboxError::Invalid(format!(
                 "invalid envVars name {bad:?}"
             )));
         }
@@ -108,7 +109,7 @@ impl SandboxService {
         spec: RestoredSpec,
         snap: &SnapshotRow,
         handle: &SnapshotHandle,
-    ) -> ApiResult<SandboxRow> {
+    ) -> Result<SandboxRow, SandboxError> {
         let access_token = if spec.secure {
             Some(random_hex(20).map_err(Error::io("getrandom for an access token"))?)
         } else {
@@ -141,10 +142,9 @@ impl SandboxService {
             .insert_sandbox_within_limit(&row, key.max_sandboxes)
             .await?
         {
-            return Err(ApiError::too_many(format!(
-                "you have reached the maximum number of concurrent sandboxes ({}) for this API key",
-                key.max_sandboxes.unwrap_or(0)
-            )));
+            return Err(SandboxError::LimitReached {
+                limit: key.max_sandboxes.unwrap_or(0),
+            });
         }
         self.db
             .set_sandbox_lifecycle(
@@ -166,7 +166,7 @@ impl SandboxService {
                 }
             }
             RestoredNetwork::Request(Some(net)) => {
-                crate::networks::service::record(&self.db, &id, &key.id, net).await?;
+                self.networks.record(&self.db, &id, &key.id, net).await?;
             }
             RestoredNetwork::Request(None) => {}
         }
@@ -184,7 +184,7 @@ impl SandboxService {
                         &id,
                         &[State::Creating],
                         State::Error,
-                        Some(&e.message),
+                        Some(&e.to_string()),
                         now_ms(),
                     )
                     .await;

@@ -34,7 +34,7 @@ use sandcell_proto::sync::lock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use utoipa::ToSchema;
 
@@ -145,11 +145,16 @@ struct UploadGrant {
     until: Instant,
 }
 
-static UPLOADS: LazyLock<Mutex<HashMap<String, UploadGrant>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The upload URLs one daemon handed out, by token (in [`App`]).
+#[derive(Default)]
+pub struct UploadGrants {
+    grants: Mutex<HashMap<String, UploadGrant>>,
+}
 
-fn uploads() -> std::sync::MutexGuard<'static, HashMap<String, UploadGrant>> {
-    lock(&UPLOADS)
+impl UploadGrants {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, UploadGrant>> {
+        lock(&self.grants)
+    }
 }
 
 fn entry_json(e: &LogEntry) -> BuildLogEntry {
@@ -191,7 +196,7 @@ pub async fn request_build(
             "template '{name}' is an installed image: choose another name"
         )));
     }
-    if builds::active_for(name).is_some() {
+    if app.builds.active_for(name).is_some() {
         return Err(ApiError::conflict(format!(
             "template '{name}' is being built: wait for that build to end"
         )));
@@ -202,15 +207,16 @@ pub async fn request_build(
     tags.push(tags::DEFAULT_TAG.into());
     let tags = tags::check_tags(&tags)?;
     let build_id = random_hex(16).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
-    builds::create(
-        &app.db,
-        build_id.clone(),
-        name.to_string(),
-        caller.0.id.clone(),
-        req.cpu_count,
-        req.memory_mb,
-    )
-    .await?;
+    app.builds
+        .create(
+            &app.db,
+            build_id.clone(),
+            name.to_string(),
+            caller.0.id.clone(),
+            req.cpu_count,
+            req.memory_mb,
+        )
+        .await?;
     tags::request(&app.db, &build_id, &tags).await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -251,7 +257,7 @@ pub async fn file_upload_link(
     let present = dir.is_dir();
     let token = random_hex(20).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
     {
-        let mut grants = uploads();
+        let mut grants = app.uploads.lock();
         let now = Instant::now();
         grants.retain(|_, g| g.until > now);
         grants.insert(
@@ -303,7 +309,7 @@ pub async fn upload_files(
         .map(|(_, v)| v.into_owned())
         .ok_or_else(|| ApiError::unauthorized("the upload URL's token is missing"))?;
     let key_id = {
-        let grants = uploads();
+        let grants = app.uploads.lock();
         match grants.get(&token) {
             Some(g) if g.hash == hash && g.until > Instant::now() => g.key_id.clone(),
             _ => return Err(ApiError::unauthorized("invalid or expired upload URL")),
@@ -428,7 +434,9 @@ pub async fn start_build(
     Path((template_id, build_id)): Path<(String, String)>,
     ApiJson(req): ApiJson<BuildStart>,
 ) -> ApiResult<StatusCode> {
-    let build = builds::find(&build_id)
+    let build = app
+        .builds
+        .find(&build_id)
         .filter(|b| b.template_id == template_id && b.key_id == caller.0.id)
         .ok_or_else(|| {
             ApiError::not_found(format!(
@@ -556,7 +564,7 @@ async fn find_build(
     template_id: &str,
     build_id: &str,
 ) -> ApiResult<BuildReport> {
-    let snap: Option<BuildReport> = match builds::find(build_id) {
+    let snap: Option<BuildReport> = match app.builds.find(build_id) {
         Some(b) => Some(b.report()),
         None => builds::load(&app.db, build_id).await?,
     };

@@ -22,7 +22,7 @@ use sandcell_runtime::build_steps::GvisorRunner;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
 /// Log entries kept per build (later output is dropped, with a note).
 const MAX_LOG_ENTRIES: usize = 20_000;
@@ -39,14 +39,6 @@ const DEFAULT_BUILD_MEMORY_MIB: u32 = 1024;
 const MAX_BUILD_MEMORY_MIB: u32 = 8192;
 const DEFAULT_BUILD_VCPUS: u8 = 2;
 const MAX_BUILD_VCPUS: u32 = 8;
-
-/// Registries `fromImage` is pulled from over plain HTTP (`sandcell serve
-/// --insecure-registry`).
-static INSECURE_REGISTRIES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-
-pub fn set_insecure_registries(hosts: Vec<String>) {
-    let _ = INSECURE_REGISTRIES.set(hosts);
-}
 
 /// `waiting` (made, not started), `building`, `ready`, `error` (E2B's values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -228,63 +220,80 @@ impl Build {
     }
 }
 
-/// The builds of this daemon's lifetime, by build id.
-static BUILDS: LazyLock<Mutex<HashMap<String, Arc<Build>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// One build at a time: they share the layer cache and the CPUs (the others wait).
-static TURN: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
-
-fn builds() -> std::sync::MutexGuard<'static, HashMap<String, Arc<Build>>> {
-    lock(&BUILDS)
+/// One daemon's template builds (in [`App`]).
+pub struct Builds {
+    /// The builds of this daemon's lifetime, by build id.
+    live: Mutex<HashMap<String, Arc<Build>>>,
+    /// One build at a time: they share the layer cache and the CPUs (the others wait).
+    turn: tokio::sync::Mutex<()>,
+    /// Registries `fromImage` is pulled from over plain HTTP (`sandcell serve
+    /// --insecure-registry`).
+    insecure_registries: Vec<String>,
 }
 
-pub fn find(build_id: &str) -> Option<Arc<Build>> {
-    builds().get(build_id).cloned()
+impl Builds {
+    pub fn new(insecure_registries: Vec<String>) -> Builds {
+        Builds {
+            live: Mutex::new(HashMap::new()),
+            turn: tokio::sync::Mutex::new(()),
+            insecure_registries,
+        }
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Build>>> {
+        lock(&self.live)
+    }
+
+    pub fn find(&self, build_id: &str) -> Option<Arc<Build>> {
+        self.live().get(build_id).cloned()
+    }
+
+    /// A build of `template_id` not ended yet, if any.
+    pub fn active_for(&self, template_id: &str) -> Option<Arc<Build>> {
+        self.live()
+            .values()
+            .find(|b| b.template_id == template_id && !b.status().is_final())
+            .cloned()
+    }
 }
 
-/// A build of `template_id` not ended yet, if any.
-pub fn active_for(template_id: &str) -> Option<Arc<Build>> {
-    builds()
-        .values()
-        .find(|b| b.template_id == template_id && !b.status().is_final())
-        .cloned()
-}
-
-/// A new build (status `waiting`), recorded.
-pub async fn create(
-    db: &Db,
-    build_id: String,
-    template_id: String,
-    key_id: String,
-    cpu_count: Option<u32>,
-    memory_mb: Option<u32>,
-) -> Result<Arc<Build>, Error> {
-    db.insert_template_build(
-        &build_id,
-        &template_id,
-        &key_id,
-        cpu_count,
-        memory_mb,
-        now_ms(),
-    )
-    .await?;
-    let build = Arc::new(Build {
-        build_id: build_id.clone(),
-        template_id,
-        key_id,
-        cpu_count,
-        memory_mb,
-        progress: Mutex::new(Progress {
-            status: Status::Waiting,
-            logs: Vec::new(),
-            reason: None,
-            step: None,
-            partial: Vec::new(),
-        }),
-    });
-    builds().insert(build_id, build.clone());
-    Ok(build)
+impl Builds {
+    /// A new build (status `waiting`), recorded.
+    pub async fn create(
+        &self,
+        db: &Db,
+        build_id: String,
+        template_id: String,
+        key_id: String,
+        cpu_count: Option<u32>,
+        memory_mb: Option<u32>,
+    ) -> Result<Arc<Build>, Error> {
+        db.insert_template_build(
+            &build_id,
+            &template_id,
+            &key_id,
+            cpu_count,
+            memory_mb,
+            now_ms(),
+        )
+        .await?;
+        let build = Arc::new(Build {
+            build_id: build_id.clone(),
+            template_id,
+            key_id,
+            cpu_count,
+            memory_mb,
+            progress: Mutex::new(Progress {
+                status: Status::Waiting,
+                logs: Vec::new(),
+                reason: None,
+                step: None,
+                partial: Vec::new(),
+            }),
+        });
+        self.live().insert(build_id, build.clone());
+        Ok(build)
+    }
 }
 
 /// At start: builds a previous daemon left unfinished are `error: interrupted`.
@@ -404,7 +413,7 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
         match record_status(&app.db, &build).await {
             // Recorded: the status route reads it from the database from now on.
             Ok(()) => {
-                builds().remove(&build.build_id);
+                app.builds.live().remove(&build.build_id);
             }
             Err(e) => tracing::warn!("template build {}: {e}", build.build_id),
         }
@@ -413,11 +422,15 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
 }
 
 async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Result<(), StepError> {
-    let _turn = TURN.lock().await;
+    let _turn = app.builds.turn.lock().await;
     let dirs = app.lifecycle.dirs().clone();
-    let runtime = sandcell_runtime::gvisor::GvisorRuntime::new(dirs.clone())
-        .await
-        .map_err(|e| (format!("RUN steps need the gvisor runtime: {e}"), None))?;
+    // The daemon's registry: build sandboxes take from its warm pool too.
+    let runtime = sandcell_runtime::gvisor::GvisorRuntime::new(
+        dirs.clone(),
+        app.lifecycle.networks.registry().clone(),
+    )
+    .await
+    .map_err(|e| (format!("RUN steps need the gvisor runtime: {e}"), None))?;
     let runner = GvisorRunner {
         runtime: Arc::new(runtime),
         handle: tokio::runtime::Handle::current(),
@@ -430,14 +443,18 @@ async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Res
         data_dir: dirs.data.clone(),
         pull: PullOptions {
             auth: registry_auth(req).map_err(|e| (e, None))?,
-            insecure_registries: INSECURE_REGISTRIES.get().cloned().unwrap_or_default(),
+            insecure_registries: app.builds.insecure_registries.clone(),
             ..PullOptions::default()
         },
         // The daemon's network settings (pool, DNS); none under `serve --no-network`.
-        network: crate::networks::service::settings().map(|s| sandcell_runtime::NetworkSpec {
-            egress: sandcell_runtime::net::EgressSpec::default(),
-            config: s.config.clone(),
-        }),
+        network: app
+            .lifecycle
+            .networks
+            .settings()
+            .map(|s| sandcell_runtime::NetworkSpec {
+                egress: sandcell_runtime::net::EgressSpec::default(),
+                config: s.config.clone(),
+            }),
     };
     // Read before the build replaces the template's directory.
     let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);

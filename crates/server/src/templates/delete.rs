@@ -43,7 +43,7 @@ pub async fn delete_template(
              from the server's data dir (or with `sandcell image rm`)"
         )));
     }
-    if crate::templates::builds::active_for(&name).is_some() {
+    if app.builds.active_for(&name).is_some() {
         return Err(ApiError::conflict(format!(
             "template '{name}' is being built: wait for that build to end"
         )));

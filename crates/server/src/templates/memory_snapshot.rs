@@ -75,7 +75,7 @@ pub async fn take(
     let row = lifecycle
         .create(&key, req, false)
         .await
-        .map_err(|e| TakeError::Template(e.message))?;
+        .map_err(|e| TakeError::Template(e.to_string()))?;
     let taken = lifecycle
         .checkpoint(&row, SnapshotPurpose::Template, None)
         .await;

@@ -23,6 +23,7 @@
 //! `startCmd`/`readyCmd` are kept in `images/<name>/e2b.json`; the build runs them once and
 //! snapshots the result (templates/memory_snapshot.rs).
 
+use sandcell_image::dockerfile::{Command, CopySpec, Dockerfile, Instruction, Stage, Step};
 use sandcell_image::registry::Auth;
 use sandcell_image::valid_name;
 use serde::Deserialize;
@@ -77,11 +78,11 @@ pub struct BuildStep {
     pub force_upload: Option<bool>,
 }
 
-/// A build request as a Dockerfile: its lines, and the E2B step name of each (for logs and
-/// `reason.step`).
+/// A build request as a Dockerfile: its steps, and the E2B step name of each (for logs and
+/// `reason.step`; the FROM is the first).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    pub dockerfile: String,
+    pub dockerfile: Dockerfile,
     pub steps: Vec<String>,
     /// Any step (or the whole) asked for no cache.
     pub no_cache: bool,
@@ -245,13 +246,14 @@ fn passwd_has_user(path: &Path) -> bool {
     read.is_ok() && text.lines().any(|l| l.split(':').next() == Some(E2B_USER))
 }
 
-/// The Dockerfile of an E2B build request. `base_info` gives what is known about the base
-/// (its user); `Err`: what is wrong with the request (a 400).
+/// The Dockerfile of an E2B build request, made as a value (never text parsed back).
+/// `base_info` gives what is known about the base (its user); `Err`: what is wrong with the
+/// request (a 400).
 pub fn plan(req: &BuildStart, base_info: &BaseInfo) -> Result<Plan, String> {
     if req.from_image_registry.is_some() {
         registry_auth(req)?;
     }
-    let mut out = Lines::new(format!("FROM {}", from_image(req, base_info)?));
+    let mut out = Lines::new(from_image(req, base_info)?);
     let mut user = e2b_defaults(&mut out, base_info)?;
     let mut no_cache = req.force == Some(true);
     for (index, step) in req.steps.iter().enumerate() {
@@ -261,31 +263,86 @@ pub fn plan(req: &BuildStart, base_info: &BaseInfo) -> Result<Plan, String> {
             out.push(&(index + 1).to_string(), line);
         }
     }
-    let mut dockerfile = out.lines.join("\n");
-    dockerfile.push('\n');
     Ok(Plan {
-        dockerfile,
+        dockerfile: Dockerfile {
+            escape: '\\',
+            global_args: Vec::new(),
+            stages: vec![Stage {
+                index: 0,
+                name: None,
+                base: out.from,
+                line: 1,
+                steps: out.lines,
+            }],
+        },
         steps: out.steps,
         no_cache,
     })
 }
 
-/// Dockerfile lines and, for each, the E2B step it comes from ([`Plan::steps`]).
+impl Plan {
+    /// The Dockerfile as text (what its lines say; for logs and tests).
+    pub fn text(&self) -> String {
+        let mut text = String::new();
+        for stage in &self.dockerfile.stages {
+            text.push_str(&format!("FROM {}\n", stage.base));
+            for step in &stage.steps {
+                text.push_str(&step.text);
+                text.push('\n');
+            }
+        }
+        text
+    }
+}
+
+/// One Dockerfile instruction and its text as a Dockerfile line would say it (`KEYWORD
+/// rest`, as the image crate's parser records a step: progress lines and cache keys).
+struct Line {
+    text: String,
+    instruction: Instruction,
+}
+
+fn line(keyword: &str, rest: &str, instruction: Instruction) -> Line {
+    Line {
+        text: format!("{keyword} {}", rest.trim()).trim_end().to_string(),
+        instruction,
+    }
+}
+
+fn user_line(user: &str) -> Line {
+    line("USER", user, Instruction::User(user.trim().to_string()))
+}
+
+/// `RUN` in exec form through `/bin/sh -c` (no Dockerfile expansion: the shell expands).
+fn shell_run(cmd: &str) -> Result<Line, String> {
+    let argv = vec!["/bin/sh".to_string(), "-c".to_string(), cmd.to_string()];
+    let text = serde_json::to_string(&argv).map_err(|e| e.to_string())?;
+    Ok(line("RUN", &text, Instruction::Run(Command::Exec(argv))))
+}
+
+/// The steps of the one stage and, for each, the E2B step it comes from ([`Plan::steps`]).
 struct Lines {
-    lines: Vec<String>,
+    from: String,
+    lines: Vec<Step>,
     steps: Vec<String>,
 }
 
 impl Lines {
     fn new(from: String) -> Lines {
         Lines {
-            lines: vec![from],
+            from,
+            lines: Vec::new(),
             steps: vec![BASE_STEP.to_string()],
         }
     }
 
-    fn push(&mut self, step: &str, line: String) {
-        self.lines.push(line);
+    fn push(&mut self, step: &str, line: Line) {
+        self.lines.push(Step {
+            // Line 1 is the FROM.
+            line: self.lines.len() + 2,
+            text: line.text,
+            instruction: line.instruction,
+        });
         self.steps.push(step.to_string());
     }
 }
@@ -319,23 +376,28 @@ fn e2b_defaults(out: &mut Lines, base_info: &BaseInfo) -> Result<Option<String>,
         return Ok(base_info.user.clone());
     }
     if !base_info.has_user_account {
-        let argv = serde_json::to_string(&["/bin/sh", "-c", ENSURE_E2B_USER])
-            .map_err(|e| bad(e.to_string()))?;
-        out.push(BASE_STEP, "USER root".into());
-        out.push(BASE_STEP, format!("RUN {argv}"));
+        out.push(BASE_STEP, user_line("root"));
+        out.push(BASE_STEP, shell_run(ENSURE_E2B_USER).map_err(bad)?);
     }
-    out.push(BASE_STEP, format!("USER {E2B_USER}"));
-    out.push(BASE_STEP, format!("WORKDIR {E2B_HOME}"));
+    out.push(BASE_STEP, user_line(E2B_USER));
+    out.push(
+        BASE_STEP,
+        line(
+            "WORKDIR",
+            E2B_HOME,
+            Instruction::Workdir(E2B_HOME.to_string()),
+        ),
+    );
     Ok(Some(E2B_USER.to_string()))
 }
 
-/// The Dockerfile lines of E2B step `index` (from 0); `USER` steps change `user`, the user
+/// The Dockerfile steps of E2B step `index` (from 0); `USER` steps change `user`, the user
 /// a `RUN` with a user of its own returns to.
 fn step_lines(
     index: usize,
     step: &BuildStep,
     user: &mut Option<String>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<Line>, String> {
     let at = |problem: String| format!("step {} ({}): {problem}", index + 1, step.kind);
     match step.kind.as_str() {
         "RUN" => run_lines(step, user.as_deref()).map_err(at),
@@ -348,7 +410,7 @@ fn step_lines(
             };
             single_word("user", u).map_err(at)?;
             *user = Some(u.clone());
-            Ok(vec![format!("USER {u}")])
+            Ok(vec![user_line(u)])
         }
         other => Err(bad(format!(
             "step {}: type {other:?} is not supported (RUN, COPY, ENV, WORKDIR, USER)",
@@ -359,7 +421,7 @@ fn step_lines(
 
 /// `RUN [cmd, user?]`: exec form; with a user, between `USER user` and a `USER` back to
 /// `user` (root when unknown).
-fn run_lines(step: &BuildStep, user: Option<&str>) -> Result<Vec<String>, String> {
+fn run_lines(step: &BuildStep, user: Option<&str>) -> Result<Vec<Line>, String> {
     let (cmd, run_as) = match step.args.as_slice() {
         [cmd] => (cmd, None),
         [cmd, u] if u.is_empty() => (cmd, None),
@@ -369,23 +431,18 @@ fn run_lines(step: &BuildStep, user: Option<&str>) -> Result<Vec<String>, String
     if cmd.contains('\0') {
         return Err("the command has a NUL".into());
     }
-    let argv =
-        serde_json::to_string(&["/bin/sh", "-c", cmd.as_str()]).map_err(|e| e.to_string())?;
+    let run = shell_run(cmd)?;
     match run_as {
         Some(u) => {
             single_word("user", u)?;
-            Ok(vec![
-                format!("USER {u}"),
-                format!("RUN {argv}"),
-                format!("USER {}", user.unwrap_or("root")),
-            ])
+            Ok(vec![user_line(u), run, user_line(user.unwrap_or("root"))])
         }
-        None => Ok(vec![format!("RUN {argv}")]),
+        None => Ok(vec![run]),
     }
 }
 
 /// `COPY [src, dest, user?, mode?]` + `filesHash`: from the uploaded archive's directory.
-fn copy_line(step: &BuildStep) -> Result<String, String> {
+fn copy_line(step: &BuildStep) -> Result<Line, String> {
     let (src, dest) = match step.args.as_slice() {
         [src, dest, ..] if step.args.len() <= 4 => (src, dest),
         _ => return Err("args: [src, dest, user?, mode?] expected".into()),
@@ -403,29 +460,40 @@ fn copy_line(step: &BuildStep) -> Result<String, String> {
         return Err("an empty destination".into());
     }
     let mut flags = String::new();
-    if let Some(owner) = step.args.get(2).filter(|u| !u.is_empty()) {
+    let chown = step.args.get(2).filter(|u| !u.is_empty());
+    if let Some(owner) = chown {
         single_word("user", owner)?;
         flags.push_str(&format!("--chown={owner} "));
     }
-    if let Some(mode) = step.args.get(3).filter(|m| !m.is_empty()) {
-        if mode.len() > 6 || !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+    let chmod = step.args.get(3).filter(|m| !m.is_empty());
+    if let Some(mode) = chmod {
+        // What a Dockerfile's `--chmod=` takes: octal, at most 0o7777.
+        let octal = mode.len() <= 6 && mode.bytes().all(|b| (b'0'..=b'7').contains(&b));
+        if !octal || u32::from_str_radix(mode, 8).map_or(true, |m| m > 0o7777) {
             return Err(format!("mode {mode:?}: octal expected"));
         }
         flags.push_str(&format!("--chmod={mode} "));
     }
-    Ok(format!(
-        "COPY {flags}[{},{}]",
-        json(&format!("{hash}/{src}")),
-        json(dest)
-    ))
+    let source = format!("{hash}/{src}");
+    let rest = format!("{flags}[{},{}]", json(&source), json(dest));
+    let spec = CopySpec {
+        add: false,
+        from: None,
+        checksum: None,
+        chown: chown.cloned(),
+        chmod: chmod.cloned(),
+        args: vec![source, dest.clone()],
+        json: true,
+    };
+    Ok(line("COPY", &rest, Instruction::Copy(spec)))
 }
 
-/// `ENV [key, value, ...]`: one `ENV k="v" ...` line.
-fn env_line(step: &BuildStep) -> Result<String, String> {
+/// `ENV [key, value, ...]`: one `ENV k="v" ...` step.
+fn env_line(step: &BuildStep) -> Result<Line, String> {
     if step.args.is_empty() || !step.args.len().is_multiple_of(2) {
         return Err("args: [key, value, ...] pairs expected".into());
     }
-    let mut line = String::from("ENV");
+    let mut pairs = Vec::new();
     for pair in step.args.chunks(2) {
         let (k, v) = (&pair[0], &pair[1]);
         let good_key = k
@@ -438,13 +506,14 @@ fn env_line(step: &BuildStep) -> Result<String, String> {
         if v.contains(['\n', '\r', '\0']) {
             return Err(format!("{k}: no line breaks or NULs in values"));
         }
-        line.push_str(&format!(" {k}={}", env_quoted(v)));
+        pairs.push(format!("{k}={}", env_quoted(v)));
     }
-    Ok(line)
+    let rest = pairs.join(" ");
+    Ok(line("ENV", &rest, Instruction::Env(rest.clone())))
 }
 
 /// `WORKDIR [dir]`.
-fn workdir_line(step: &BuildStep) -> Result<String, String> {
+fn workdir_line(step: &BuildStep) -> Result<Line, String> {
     let [dir] = step.args.as_slice() else {
         return Err("args: [directory] expected".into());
     };
@@ -452,7 +521,11 @@ fn workdir_line(step: &BuildStep) -> Result<String, String> {
     if dir.trim().is_empty() {
         return Err("an empty directory".into());
     }
-    Ok(format!("WORKDIR {dir}"))
+    Ok(line(
+        "WORKDIR",
+        dir,
+        Instruction::Workdir(dir.trim().to_string()),
+    ))
 }
 
 #[cfg(test)]
@@ -502,7 +575,7 @@ mod tests {
             "WORKDIR /app dir",
             "USER user",
         ];
-        assert_eq!(plan.dockerfile, format!("{}\n", expected.join("\n")));
+        assert_eq!(plan.text(), format!("{}\n", expected.join("\n")));
         assert_eq!(
             plan.steps,
             [
@@ -510,8 +583,11 @@ mod tests {
             ]
         );
         assert!(!plan.no_cache);
-        // And the image crate's parser takes it.
-        sandcell_image::dockerfile::parse(&plan.dockerfile).unwrap();
+        // And the image crate's parser reads its text as the very same value.
+        assert_eq!(
+            sandcell_image::dockerfile::parse(&plan.text()).unwrap(),
+            plan.dockerfile
+        );
     }
 
     #[test]
@@ -561,13 +637,13 @@ mod tests {
         assert!(
             plan(&default_image, &have_base)
                 .unwrap()
-                .dockerfile
+                .text()
                 .starts_with("FROM base\n")
         );
         assert!(
             plan(&default_image, &info)
                 .unwrap()
-                .dockerfile
+                .text()
                 .starts_with("FROM e2bdev/base\n")
         );
         assert!(!valid_files_hash("../x"));
@@ -584,7 +660,13 @@ mod tests {
             steps: vec![step("RUN", &["whoami"]), step("RUN", &["id", "root"])],
             ..BuildStart::default()
         };
-        let lines = |p: Plan| p.dockerfile.lines().map(String::from).collect::<Vec<_>>();
+        let lines = |p: Plan| {
+            assert_eq!(
+                sandcell_image::dockerfile::parse(&p.text()).unwrap(),
+                p.dockerfile
+            );
+            p.text().lines().map(String::from).collect::<Vec<_>>()
+        };
         // A registry image: the account is made as root first.
         let image = lines(plan(&req(None, Some("python:3")), &BaseInfo::default()).unwrap());
         assert_eq!(image[0], "FROM python:3");

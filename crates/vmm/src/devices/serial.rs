@@ -8,6 +8,7 @@
 //! transmitted byte when the guest enabled it, which is what keeps Linux's interrupt-driven
 //! console fast (without it the 8250 driver falls back to slow polling with timeouts).
 
+use sandcell_proto::sync::lock;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
@@ -54,7 +55,7 @@ impl Default for ConsoleWatch {
 
 impl ConsoleWatch {
     pub fn observe(&self, bytes: &[u8]) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock(&self.state);
         for &b in bytes {
             st.window.copy_within(1.., 0);
             st.window[PANIC_MARKER.len() - 1] = b;
@@ -74,7 +75,7 @@ impl ConsoleWatch {
 
     /// The last output, lossily decoded.
     pub fn tail(&self) -> String {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = lock(&self.state);
         let (a, b) = st.tail.as_slices();
         let mut bytes = Vec::with_capacity(a.len() + b.len());
         bytes.extend_from_slice(a);

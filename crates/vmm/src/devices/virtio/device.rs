@@ -176,8 +176,6 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
     data[..n].copy_from_slice(&config[start..start + n]);
 }
 
-/// Lock a mutex, recovering the data if a previous holder panicked: device state stays
+/// Locks a mutex, recovering the data if a previous holder panicked: device state stays
 /// usable (a panic is a bug we want reported, not a reason to wedge the VM further).
-pub fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+pub use sandcell_proto::sync::lock;
