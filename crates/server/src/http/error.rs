@@ -211,10 +211,73 @@ impl From<crate::sandboxes::error::SandboxError> for ApiError {
             SandboxError::LimitReached { .. } => ApiError::too_many(e.to_string()),
             SandboxError::Network(e) => e.into(),
             SandboxError::Host(e) => e.into(),
-            SandboxError::Agent { answer } | SandboxError::Api(answer) => answer,
-            SandboxError::TemplateUnreadable(m)
-            | SandboxError::Snapshot(m)
-            | SandboxError::Restore(m) => ApiError::internal(m),
+            SandboxError::Agent(e) => e.into(),
+            SandboxError::Template(e) => e.into(),
+            SandboxError::Snapshot(_) => ApiError::internal(e.to_string()),
+            SandboxError::TemplateUnreadable(m) | SandboxError::Restore(m) => ApiError::internal(m),
+        }
+    }
+}
+
+impl From<crate::sandboxes::error::InitError> for ApiError {
+    fn from(e: crate::sandboxes::error::InitError) -> ApiError {
+        use crate::sandboxes::error::InitError;
+        match e {
+            // The proxy's own answer (502 and the like), as it gave it.
+            InitError::Unreachable(answer) => answer,
+            InitError::Entropy(_) | InitError::Refused { .. } | InitError::Timeout { .. } => {
+                ApiError::internal(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<crate::snapshots::error::SnapshotError> for ApiError {
+    fn from(e: crate::snapshots::error::SnapshotError) -> ApiError {
+        use crate::snapshots::error::SnapshotError;
+        match e {
+            SnapshotError::SandboxNotFound(id) => ApiError::sandbox_not_found(&id),
+            SnapshotError::AlreadyPaused(_) | SnapshotError::Paused(_) => {
+                ApiError::conflict(e.to_string())
+            }
+            SnapshotError::InvalidName(_)
+            | SnapshotError::NameOfTemplate(_)
+            | SnapshotError::ForkCount(_) => ApiError::bad_request(e.to_string()),
+            // E2B: 503 when it cannot be paused now and keeps running.
+            SnapshotError::PauseFailedStillRunning { .. } => ApiError::unavailable(e.to_string()),
+            SnapshotError::Encode(_)
+            | SnapshotError::PauseFailed { .. }
+            | SnapshotError::PausedWithoutSnapshot { .. }
+            | SnapshotError::Handle(_) => ApiError::internal(e.to_string()),
+            SnapshotError::Sandbox(e) => e.into(),
+            SnapshotError::Runtime(e) => Error::Runtime(e).into(),
+            SnapshotError::Host(e) => e.into(),
+        }
+    }
+}
+
+impl From<crate::templates::error::TemplateError> for ApiError {
+    fn from(e: crate::templates::error::TemplateError) -> ApiError {
+        use crate::templates::error::TemplateError;
+        match e {
+            TemplateError::InvalidName(_)
+            | TemplateError::NoTags
+            | TemplateError::TooManyTags
+            | TemplateError::InvalidTag(_)
+            | TemplateError::InvalidTargetTag(_) => ApiError::bad_request(e.to_string()),
+            TemplateError::NotFound(_)
+            | TemplateError::NoSuchTag { .. }
+            | TemplateError::TagOfReplacedBuild { .. } => ApiError::not_found(e.to_string()),
+            TemplateError::InstalledImage(_) => ApiError::bad_request(e.to_string()),
+            TemplateError::BeingBuilt(_)
+            | TemplateError::InUse { .. }
+            | TemplateError::ImageInUse(_) => ApiError::conflict(e.to_string()),
+            TemplateError::GoneBeforeStart { .. }
+            | TemplateError::StartFailed { .. }
+            | TemplateError::RemovalFailed { .. }
+            | TemplateError::ListingSnapshots(_)
+            | TemplateError::Snapshot(_) => ApiError::internal(e.to_string()),
+            TemplateError::Host(e) => e.into(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! creates from a snapshot ([`restore`]), and their routes ([`api`]).
 
 pub mod api;
+pub mod error;
 pub mod fork;
 pub mod pause;
 pub mod restore;
