@@ -365,6 +365,70 @@ mod tests {
     }
 
     #[test]
+    fn service_errors_keep_their_statuses_and_messages() {
+        use crate::sandboxes::error::InitError;
+        use crate::snapshots::error::SnapshotError;
+        use crate::templates::error::TemplateError;
+        let answer = |e: ApiError| (e.status.as_u16(), e.message);
+        assert_eq!(
+            answer(SnapshotError::SandboxNotFound("sc-1".into()).into()),
+            answer(ApiError::sandbox_not_found("sc-1"))
+        );
+        assert_eq!(
+            answer(SnapshotError::AlreadyPaused("sc-1".into()).into()),
+            (409, "sandbox sc-1 is already paused".into())
+        );
+        let still_running = SnapshotError::PauseFailedStillRunning {
+            id: "sc-1".into(),
+            why: "busy".into(),
+        };
+        assert_eq!(
+            answer(still_running.into()),
+            (
+                503,
+                "pausing sandbox sc-1 failed: busy; the sandbox keeps running".into()
+            )
+        );
+        assert_eq!(answer(SnapshotError::ForkCount(0).into()).0, 400);
+        assert_eq!(
+            answer(
+                TemplateError::NoSuchTag {
+                    name: "web".into(),
+                    tag: "v1".into()
+                }
+                .into()
+            ),
+            (404, "template 'web' has no tag 'v1'".into())
+        );
+        assert_eq!(answer(TemplateError::NoTags.into()).0, 400);
+        let in_use = TemplateError::InUse {
+            name: "web".into(),
+            users: vec!["sandbox sc-1 (running)".into(), "snapshot snap-1".into()],
+        };
+        assert_eq!(
+            answer(in_use.into()),
+            (
+                409,
+                "template 'web' is in use by sandbox sc-1 (running), snapshot snap-1".into()
+            )
+        );
+        // The proxy's answer goes through as it is; the agent's own failures are 500s.
+        let gone = ApiError::bad_gateway("sandbox sc-1 is not reachable");
+        assert_eq!(ApiError::from(InitError::Unreachable(gone.clone())), gone);
+        let refused = InitError::Refused {
+            id: "sc-1".into(),
+            status: StatusCode::BAD_REQUEST,
+        };
+        assert_eq!(
+            answer(refused.into()),
+            (
+                500,
+                "sandbox sc-1: the agent answered /init with 400 Bad Request".into()
+            )
+        );
+    }
+
+    #[test]
     fn the_request_id_is_in_5xx_bodies_only() {
         let body = |e: ApiError| serde_json::to_value(e.body(Some("abc"))).unwrap();
         let b = body(ApiError::internal("reading /a/b: denied"));
