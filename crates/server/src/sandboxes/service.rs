@@ -83,7 +83,7 @@ pub struct SandboxService {
     /// The daemon's side of the sandboxes' networks.
     pub networks: Arc<crate::networks::service::Networks>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
-    pub(crate) ops: crate::snapshots::pause::OpLocks,
+    pub(crate) ops: crate::snapshots::ops::OpLocks,
 }
 
 pub(crate) use sandcell_proto::sync::lock;

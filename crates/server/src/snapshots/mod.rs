@@ -4,5 +4,6 @@
 pub mod api;
 pub mod error;
 pub mod fork;
+pub mod ops;
 pub mod pause;
 pub mod restore;

@@ -15,7 +15,8 @@
 //! snapshot (paused) or not (error, or running if the sandbox survived); a `resuming` row
 //! goes back to `paused` (the restore's leftovers are swept as nobody adopted them).
 //!
-//! One operation at a time per sandbox ([`OpLocks::lock`]): pause, resume, snapshot, fork, kill.
+//! One operation at a time per sandbox ([`OpLocks::lock`](super::ops::OpLocks::lock)):
+//! pause, resume, snapshot, fork, kill.
 
 use crate::http::error::Error;
 use crate::sandboxes::error::SandboxError;
@@ -27,51 +28,8 @@ use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::store::{SandboxRow, State};
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{RestoreSpec, Sandbox, SandboxStatus, SnapshotHandle};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-
-type OpMap = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
-
-/// One lock per sandbox for its pauses, resumes, snapshots, forks and kills (one daemon's:
-/// [`Lifecycle`] owns it).
-#[derive(Default)]
-pub struct OpLocks {
-    ops: Arc<OpMap>,
-}
-
-/// Held while one pause, resume, snapshot, fork or kill of sandbox `id` runs.
-pub struct OpGuard {
-    id: String,
-    ops: Arc<OpMap>,
-    _guard: tokio::sync::OwnedMutexGuard<()>,
-}
-
-impl Drop for OpGuard {
-    fn drop(&mut self) {
-        // The map only keeps entries someone holds or waits for.
-        let mut ops = lock(&self.ops);
-        if let Some(m) = ops.get(&self.id)
-            && Arc::strong_count(m) <= 2
-        {
-            ops.remove(&self.id);
-        }
-    }
-}
-
-impl OpLocks {
-    /// Waits until no other operation of sandbox `id` runs.
-    pub async fn lock(&self, id: &str) -> OpGuard {
-        let m = lock(&self.ops)
-            .entry(id.to_string())
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-            .clone();
-        OpGuard {
-            id: id.to_string(),
-            ops: self.ops.clone(),
-            _guard: m.lock_owned().await,
-        }
-    }
-}
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// How many times a resume restores a snapshot whose agent does not answer.
 pub const RESTORE_ATTEMPTS: u32 = 3;
