@@ -211,10 +211,73 @@ impl From<crate::sandboxes::error::SandboxError> for ApiError {
             SandboxError::LimitReached { .. } => ApiError::too_many(e.to_string()),
             SandboxError::Network(e) => e.into(),
             SandboxError::Host(e) => e.into(),
-            SandboxError::Agent { answer } | SandboxError::Api(answer) => answer,
-            SandboxError::TemplateUnreadable(m)
-            | SandboxError::Snapshot(m)
-            | SandboxError::Restore(m) => ApiError::internal(m),
+            SandboxError::Agent(e) => e.into(),
+            SandboxError::Template(e) => e.into(),
+            SandboxError::Snapshot(_) => ApiError::internal(e.to_string()),
+            SandboxError::TemplateUnreadable(m) | SandboxError::Restore(m) => ApiError::internal(m),
+        }
+    }
+}
+
+impl From<crate::sandboxes::error::InitError> for ApiError {
+    fn from(e: crate::sandboxes::error::InitError) -> ApiError {
+        use crate::sandboxes::error::InitError;
+        match e {
+            // The proxy's own answer (502 and the like), as it gave it.
+            InitError::Unreachable(answer) => answer,
+            InitError::Entropy(_) | InitError::Refused { .. } | InitError::Timeout { .. } => {
+                ApiError::internal(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<crate::snapshots::error::SnapshotError> for ApiError {
+    fn from(e: crate::snapshots::error::SnapshotError) -> ApiError {
+        use crate::snapshots::error::SnapshotError;
+        match e {
+            SnapshotError::SandboxNotFound(id) => ApiError::sandbox_not_found(&id),
+            SnapshotError::AlreadyPaused(_) | SnapshotError::Paused(_) => {
+                ApiError::conflict(e.to_string())
+            }
+            SnapshotError::InvalidName(_)
+            | SnapshotError::NameOfTemplate(_)
+            | SnapshotError::ForkCount(_) => ApiError::bad_request(e.to_string()),
+            // E2B: 503 when it cannot be paused now and keeps running.
+            SnapshotError::PauseFailedStillRunning { .. } => ApiError::unavailable(e.to_string()),
+            SnapshotError::Encode(_)
+            | SnapshotError::PauseFailed { .. }
+            | SnapshotError::PausedWithoutSnapshot { .. }
+            | SnapshotError::Handle(_) => ApiError::internal(e.to_string()),
+            SnapshotError::Sandbox(e) => e.into(),
+            SnapshotError::Runtime(e) => Error::Runtime(e).into(),
+            SnapshotError::Host(e) => e.into(),
+        }
+    }
+}
+
+impl From<crate::templates::error::TemplateError> for ApiError {
+    fn from(e: crate::templates::error::TemplateError) -> ApiError {
+        use crate::templates::error::TemplateError;
+        match e {
+            TemplateError::InvalidName(_)
+            | TemplateError::NoTags
+            | TemplateError::TooManyTags
+            | TemplateError::InvalidTag(_)
+            | TemplateError::InvalidTargetTag(_) => ApiError::bad_request(e.to_string()),
+            TemplateError::NotFound(_)
+            | TemplateError::NoSuchTag { .. }
+            | TemplateError::TagOfReplacedBuild { .. } => ApiError::not_found(e.to_string()),
+            TemplateError::InstalledImage(_) => ApiError::bad_request(e.to_string()),
+            TemplateError::BeingBuilt(_)
+            | TemplateError::InUse { .. }
+            | TemplateError::ImageInUse(_) => ApiError::conflict(e.to_string()),
+            TemplateError::GoneBeforeStart { .. }
+            | TemplateError::StartFailed { .. }
+            | TemplateError::RemovalFailed { .. }
+            | TemplateError::ListingSnapshots(_)
+            | TemplateError::Snapshot(_) => ApiError::internal(e.to_string()),
+            TemplateError::Host(e) => e.into(),
         }
     }
 }
@@ -298,6 +361,70 @@ mod tests {
             e.public_message(),
             e.message,
             "4xx messages are left as they are"
+        );
+    }
+
+    #[test]
+    fn service_errors_keep_their_statuses_and_messages() {
+        use crate::sandboxes::error::InitError;
+        use crate::snapshots::error::SnapshotError;
+        use crate::templates::error::TemplateError;
+        let answer = |e: ApiError| (e.status.as_u16(), e.message);
+        assert_eq!(
+            answer(SnapshotError::SandboxNotFound("sc-1".into()).into()),
+            answer(ApiError::sandbox_not_found("sc-1"))
+        );
+        assert_eq!(
+            answer(SnapshotError::AlreadyPaused("sc-1".into()).into()),
+            (409, "sandbox sc-1 is already paused".into())
+        );
+        let still_running = SnapshotError::PauseFailedStillRunning {
+            id: "sc-1".into(),
+            why: "busy".into(),
+        };
+        assert_eq!(
+            answer(still_running.into()),
+            (
+                503,
+                "pausing sandbox sc-1 failed: busy; the sandbox keeps running".into()
+            )
+        );
+        assert_eq!(answer(SnapshotError::ForkCount(0).into()).0, 400);
+        assert_eq!(
+            answer(
+                TemplateError::NoSuchTag {
+                    name: "web".into(),
+                    tag: "v1".into()
+                }
+                .into()
+            ),
+            (404, "template 'web' has no tag 'v1'".into())
+        );
+        assert_eq!(answer(TemplateError::NoTags.into()).0, 400);
+        let in_use = TemplateError::InUse {
+            name: "web".into(),
+            users: vec!["sandbox sc-1 (running)".into(), "snapshot snap-1".into()],
+        };
+        assert_eq!(
+            answer(in_use.into()),
+            (
+                409,
+                "template 'web' is in use by sandbox sc-1 (running), snapshot snap-1".into()
+            )
+        );
+        // The proxy's answer goes through as it is; the agent's own failures are 500s.
+        let gone = ApiError::bad_gateway("sandbox sc-1 is not reachable");
+        assert_eq!(ApiError::from(InitError::Unreachable(gone.clone())), gone);
+        let refused = InitError::Refused {
+            id: "sc-1".into(),
+            status: StatusCode::BAD_REQUEST,
+        };
+        assert_eq!(
+            answer(refused.into()),
+            (
+                500,
+                "sandbox sc-1: the agent answered /init with 400 Bad Request".into()
+            )
         );
     }
 

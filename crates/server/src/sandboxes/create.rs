@@ -19,10 +19,10 @@
 //!
 //! The order of the checks is the order their errors are answered in.
 
-use crate::http::error::{ApiError, Error};
+use crate::http::error::Error;
 use crate::http::metrics::TemplateCreate;
 use crate::networks::service::{NetRequest, NetworkError};
-use crate::sandboxes::error::SandboxError;
+use crate::sandboxes::error::{InitError, SandboxError};
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{
     BOOT_TIMEOUT, DEFAULT_TIMEOUT_SECS, DEFAULT_VCPUS, DESTROY_TIMEOUT, INIT_TIMEOUT, Live,
@@ -370,10 +370,10 @@ impl SandboxService {
         .await
         {
             Ok(result) => result,
-            Err(_) => Err(ApiError::internal(format!(
-                "sandbox {}: the agent did not answer /init within {INIT_TIMEOUT:?}",
-                row.id
-            ))),
+            Err(_) => Err(InitError::Timeout {
+                id: row.id.clone(),
+                after: INIT_TIMEOUT,
+            }),
         };
         let envd_version = match envd_version {
             Ok(v) => v,
@@ -385,11 +385,11 @@ impl SandboxService {
                         &row.id,
                         &[State::Creating],
                         State::Error,
-                        Some(&e.message),
+                        Some(&e.to_string()),
                         now_ms(),
                     )
                     .await;
-                return Err(SandboxError::Agent { answer: e });
+                return Err(SandboxError::Agent(e));
             }
         };
         lock(&self.live).insert(

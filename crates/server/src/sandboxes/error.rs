@@ -4,6 +4,9 @@
 
 use crate::http::error::{ApiError, Error};
 use crate::networks::service::NetworkError;
+use crate::snapshots::error::HandleError;
+use crate::templates::error::TemplateError;
+use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -25,25 +28,37 @@ pub enum SandboxError {
     /// The database, the runtime or the host failed.
     #[error(transparent)]
     Host(#[from] Error),
-    /// The sandbox's agent did not take its identity (`/init`); `answer` is how the proxy
-    /// or the agent said so.
-    #[error("{}", answer.message)]
-    Agent { answer: ApiError },
+    /// The sandbox's agent did not take its identity (`/init`).
+    #[error(transparent)]
+    Agent(#[from] InitError),
     /// A snapshot's record cannot be restored from (never completed, unreadable handle).
-    #[error("{0}")]
-    Snapshot(String),
+    #[error(transparent)]
+    Snapshot(#[from] HandleError),
     /// Every restore attempt ended with an agent that did not answer.
     #[error("{0}")]
     Restore(String),
-    /// From a part that still answers in HTTP terms (template tags, start commands).
-    #[error("{}", .0.message)]
-    Api(ApiError),
+    /// Resolving the template (its tag, its memory snapshot) or running its start and
+    /// ready commands.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
 }
 
-impl From<ApiError> for SandboxError {
-    fn from(e: ApiError) -> SandboxError {
-        SandboxError::Api(e)
-    }
+/// What giving a sandbox's agent its identity (envd's `POST /init`) fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("getrandom for /init: {0}")]
+    Entropy(#[source] std::io::Error),
+    /// The request did not reach the agent, as the proxy (http/proxy.rs, which speaks
+    /// HTTP to the sandbox and answers in its terms) said.
+    #[error("{}", .0.message)]
+    Unreachable(ApiError),
+    #[error("sandbox {id}: the agent answered /init with {status}")]
+    Refused {
+        id: String,
+        status: axum::http::StatusCode,
+    },
+    #[error("sandbox {id}: the agent did not answer /init within {after:?}")]
+    Timeout { id: String, after: Duration },
 }
 
 impl From<sandcell_runtime::Error> for SandboxError {
@@ -62,7 +77,7 @@ impl SandboxError {
             // A broken image is the template's problem, not the snapshot's.
             SandboxError::Host(Error::Runtime(sandcell_runtime::Error::Image { .. })) => false,
             SandboxError::Host(_)
-            | SandboxError::Agent { .. }
+            | SandboxError::Agent(_)
             | SandboxError::Snapshot(_)
             | SandboxError::Restore(_)
             | SandboxError::TemplateUnreadable(_)
@@ -71,7 +86,7 @@ impl SandboxError {
             | SandboxError::TemplateNotFound(_)
             | SandboxError::LimitReached { .. }
             | SandboxError::Network(_)
-            | SandboxError::Api(_) => false,
+            | SandboxError::Template(_) => false,
         }
     }
 }
@@ -89,10 +104,8 @@ mod tests {
         assert!(SandboxError::Host(io()).falls_back_to_boot());
         assert!(SandboxError::Restore("no answer".into()).falls_back_to_boot());
         assert!(
-            SandboxError::Agent {
-                answer: ApiError::bad_gateway("gone")
-            }
-            .falls_back_to_boot()
+            SandboxError::Agent(InitError::Unreachable(ApiError::bad_gateway("gone")))
+                .falls_back_to_boot()
         );
         assert!(!SandboxError::LimitReached { limit: 1 }.falls_back_to_boot());
         assert!(!SandboxError::Invalid("timeout".into()).falls_back_to_boot());

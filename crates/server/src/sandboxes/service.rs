@@ -21,8 +21,8 @@
 //! - A `running` row whose sandbox ended while no daemon watched (adopt finds it gone) is
 //!   marked `error` and the runtime removes its leftovers.
 
-use crate::http::error::{ApiError, ApiResult, Error};
-use crate::sandboxes::error::SandboxError;
+use crate::http::error::Error;
+use crate::sandboxes::error::{InitError, SandboxError};
 use crate::store::{Db, State};
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{AGENT_PORT, Dirs, Image, Runtime, Sandbox, SandboxExit};
@@ -83,7 +83,7 @@ pub struct SandboxService {
     /// The daemon's side of the sandboxes' networks.
     pub networks: Arc<crate::networks::service::Networks>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
-    pub(crate) ops: crate::snapshots::pause::OpLocks,
+    pub(crate) ops: crate::snapshots::ops::OpLocks,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -294,7 +294,7 @@ pub(crate) async fn init_agent(
     sandbox: &Arc<dyn Sandbox>,
     env: &BTreeMap<String, String>,
     access_token: Option<&str>,
-) -> ApiResult<String> {
+) -> Result<String, InitError> {
     init_agent_with(sandbox, env, access_token, None).await
 }
 
@@ -304,7 +304,7 @@ pub(crate) async fn init_agent_with(
     env: &BTreeMap<String, String>,
     access_token: Option<&str>,
     defaults: Option<&sandcell_proto::image::ImageDefaults>,
-) -> ApiResult<String> {
+) -> Result<String, InitError> {
     // E2B runs commands as `user` unless a request names another; the agent keeps root for
     // images that have no such account.
     let mut body = serde_json::json!({
@@ -320,19 +320,19 @@ pub(crate) async fn init_agent_with(
     // new identity in an old memory image) and fresh entropy for its kernel RNG (no two
     // restores of one snapshot share RNG state).
     body["sandcellSandboxId"] = serde_json::Value::String(sandbox.id().to_string());
-    body["sandcellEntropy"] = serde_json::Value::String(
-        random_hex(64).map_err(|e| ApiError::internal(format!("getrandom for /init: {e}")))?,
-    );
-    let (status, headers) =
-        crate::http::proxy::post_json(sandbox, AGENT_PORT, "/init", &body).await?;
+    body["sandcellEntropy"] =
+        serde_json::Value::String(random_hex(64).map_err(InitError::Entropy)?);
+    let (status, headers) = crate::http::proxy::post_json(sandbox, AGENT_PORT, "/init", &body)
+        .await
+        .map_err(InitError::Unreachable)?;
     if status == axum::http::StatusCode::NOT_FOUND {
         return Ok(FALLBACK_ENVD_VERSION.to_string());
     }
     if !status.is_success() {
-        return Err(ApiError::internal(format!(
-            "sandbox {}: the agent answered /init with {status}",
-            sandbox.id()
-        )));
+        return Err(InitError::Refused {
+            id: sandbox.id().to_string(),
+            status,
+        });
     }
     Ok(headers
         .get("x-envd-version")

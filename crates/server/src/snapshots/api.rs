@@ -132,13 +132,17 @@ fn no_filesystem_only(memory: Option<bool>) -> ApiResult<()> {
 }
 
 /// Runs `f` in its own task: a client going away must not stop a pause or restore halfway.
-async fn detached<T: Send + 'static>(
+async fn detached<T: Send + 'static, E: Send + 'static>(
     what: &str,
-    f: impl std::future::Future<Output = ApiResult<T>> + Send + 'static,
-) -> ApiResult<T> {
+    f: impl std::future::Future<Output = Result<T, E>> + Send + 'static,
+) -> ApiResult<T>
+where
+    ApiError: From<E>,
+{
     tokio::spawn(f)
         .await
         .map_err(|e| ApiError::internal(format!("{what}: {e}")))?
+        .map_err(ApiError::from)
 }
 
 /// Pauses the sandbox: its memory, processes and files are saved to disk and it stops
@@ -322,11 +326,13 @@ pub async fn list_snapshots(
     Ok((headers, Json(rows.iter().map(snapshot_info).collect())))
 }
 
+/// Deletes the caller's named snapshot `id_or_name` (id or name, `:default` allowed);
+/// false when the caller has none of that id or name.
 pub(crate) async fn delete_snapshot_named(
     app: &App,
     caller: &Caller,
     id_or_name: &str,
-) -> ApiResult<bool> {
+) -> Result<bool, crate::http::error::Error> {
     let name = id_or_name.strip_suffix(":default").unwrap_or(id_or_name);
     let Some(snap) = app.db.named_snapshot(&caller.0.id, name).await? else {
         return Ok(false);
@@ -399,13 +405,16 @@ pub async fn fork_sandbox(
                 sandbox: Some(sandbox_json(&app, &row)),
                 error: None,
             },
-            Err(e) => ForkResult {
-                sandbox: None,
-                error: Some(ForkError {
-                    code: e.status.as_u16(),
-                    message: e.message,
-                }),
-            },
+            Err(e) => {
+                let e = ApiError::from(e);
+                ForkResult {
+                    sandbox: None,
+                    error: Some(ForkError {
+                        code: e.status.as_u16(),
+                        message: e.message,
+                    }),
+                }
+            }
         })
         .collect();
     Ok((StatusCode::CREATED, Json(results)))

@@ -3,8 +3,9 @@
 //! restore.rs). See restore.rs's module docs for the semantics of both.
 
 use super::restore::{RestoredNetwork, RestoredSpec, check_timeout};
-use crate::http::error::{ApiError, ApiResult, Error};
+use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::SandboxService;
+use crate::snapshots::error::SnapshotError;
 use crate::snapshots::pause::new_snapshot_id;
 use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::store::{KeyRow, SandboxRow, State};
@@ -30,22 +31,18 @@ impl SandboxService {
         row: &SandboxRow,
         kind: SnapshotPurpose,
         name: Option<String>,
-    ) -> ApiResult<(SnapshotRow, SnapshotHandle)> {
+    ) -> Result<(SnapshotRow, SnapshotHandle), SnapshotError> {
         let id = &row.id;
         let _op = self.ops.lock(id).await;
         let current = self.db.sandbox(id).await?;
         match current.map(|r| r.state) {
             Some(State::Running) => {}
-            Some(State::Paused) => {
-                return Err(ApiError::conflict(format!(
-                    "sandbox {id} is paused: resume it first"
-                )));
-            }
-            _ => return Err(ApiError::sandbox_not_found(id)),
+            Some(State::Paused) => return Err(SnapshotError::Paused(id.clone())),
+            _ => return Err(SnapshotError::SandboxNotFound(id.clone())),
         }
         let live = self
             .live(id)
-            .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+            .ok_or_else(|| SnapshotError::SandboxNotFound(id.clone()))?;
         let snap_id = new_snapshot_id()?;
         let dir = self.snapshot_dir(&snap_id);
         let mut snap = SnapshotRow {
@@ -77,8 +74,7 @@ impl SandboxService {
         self.db.set_handle(id, sandbox_handle.as_deref()).await?;
         match taken {
             Ok(handle) => {
-                let json = serde_json::to_string(&handle)
-                    .map_err(|e| ApiError::internal(format!("encoding the snapshot: {e}")))?;
+                let json = serde_json::to_string(&handle).map_err(SnapshotError::Encode)?;
                 self.db.set_snapshot_handle(&snap_id, &json).await?;
                 snap.handle = Some(json);
                 Ok((snap, handle))
@@ -86,7 +82,7 @@ impl SandboxService {
             Err(e) => {
                 self.db.discard_snapshot(&snap_id, now_ms()).await?;
                 self.collect_snapshots().await;
-                Err(Error::from(e).into())
+                Err(e.into())
             }
         }
     }
@@ -96,18 +92,13 @@ impl SandboxService {
         &self,
         row: &SandboxRow,
         name: Option<String>,
-    ) -> ApiResult<SnapshotRow> {
+    ) -> Result<SnapshotRow, SnapshotError> {
         if let Some(name) = &name {
             if !valid_snapshot_name(name) {
-                return Err(ApiError::bad_request(format!(
-                    "invalid snapshot name {name:?}: letters, digits, '-', '_' and '.', \
-                     not starting with 'snap-'"
-                )));
+                return Err(SnapshotError::InvalidName(name.clone()));
             }
             if self.dirs.images().join(name).exists() {
-                return Err(ApiError::bad_request(format!(
-                    "snapshot name {name:?} is the name of an installed template"
-                )));
+                return Err(SnapshotError::NameOfTemplate(name.clone()));
             }
         }
         let (snap, _) = self.checkpoint(row, SnapshotPurpose::Named, name).await?;
@@ -116,19 +107,18 @@ impl SandboxService {
         Ok(snap)
     }
 
-    /// `POST /sandboxes/{id}/fork`: one result per child, in order.
+    /// `POST /sandboxes/{id}/fork`: one result per child, in order (each child succeeds or
+    /// fails on its own).
     pub async fn fork(
         self: &Arc<Self>,
         key: &KeyRow,
         parent: &SandboxRow,
         count: u32,
         timeout: u64,
-    ) -> ApiResult<Vec<ApiResult<SandboxRow>>> {
+    ) -> Result<Vec<Result<SandboxRow, SandboxError>>, SnapshotError> {
         check_timeout(timeout)?;
         if !(1..=MAX_FORK_COUNT).contains(&count) {
-            return Err(ApiError::bad_request(format!(
-                "count {count} is out of range: 1 to {MAX_FORK_COUNT}"
-            )));
+            return Err(SnapshotError::ForkCount(count));
         }
         let (snap, handle) = self.checkpoint(parent, SnapshotPurpose::Fork, None).await?;
         let auto_pause = self.db.sandbox_lifecycle(&parent.id).await?.auto_pause;
@@ -145,11 +135,7 @@ impl SandboxService {
                 parent_id: Some(parent.id.clone()),
                 network: RestoredNetwork::Of(parent.id.clone()),
             };
-            results.push(
-                self.create_restored(key, spec, &snap, &handle)
-                    .await
-                    .map_err(ApiError::from),
-            );
+            results.push(self.create_restored(key, spec, &snap, &handle).await);
         }
         Ok(results)
     }

@@ -15,62 +15,21 @@
 //! snapshot (paused) or not (error, or running if the sandbox survived); a `resuming` row
 //! goes back to `paused` (the restore's leftovers are swept as nobody adopted them).
 //!
-//! One operation at a time per sandbox ([`OpLocks::lock`]): pause, resume, snapshot, fork, kill.
+//! One operation at a time per sandbox ([`OpLocks::lock`](super::ops::OpLocks::lock)):
+//! pause, resume, snapshot, fork, kill.
 
-use crate::http::error::{ApiError, ApiResult, Error};
+use crate::http::error::Error;
 use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::{
     DESTROY_TIMEOUT, INIT_TIMEOUT, Live, SandboxService, init_agent, lock,
 };
+use crate::snapshots::error::{HandleError, SnapshotError};
 use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::store::{SandboxRow, State};
 use crate::util::{now_ms, random_hex, rfc3339};
 use sandcell_runtime::{RestoreSpec, Sandbox, SandboxStatus, SnapshotHandle};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-
-type OpMap = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
-
-/// One lock per sandbox for its pauses, resumes, snapshots, forks and kills (one daemon's:
-/// [`Lifecycle`] owns it).
-#[derive(Default)]
-pub struct OpLocks {
-    ops: Arc<OpMap>,
-}
-
-/// Held while one pause, resume, snapshot, fork or kill of sandbox `id` runs.
-pub struct OpGuard {
-    id: String,
-    ops: Arc<OpMap>,
-    _guard: tokio::sync::OwnedMutexGuard<()>,
-}
-
-impl Drop for OpGuard {
-    fn drop(&mut self) {
-        // The map only keeps entries someone holds or waits for.
-        let mut ops = lock(&self.ops);
-        if let Some(m) = ops.get(&self.id)
-            && Arc::strong_count(m) <= 2
-        {
-            ops.remove(&self.id);
-        }
-    }
-}
-
-impl OpLocks {
-    /// Waits until no other operation of sandbox `id` runs.
-    pub async fn lock(&self, id: &str) -> OpGuard {
-        let m = lock(&self.ops)
-            .entry(id.to_string())
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-            .clone();
-        OpGuard {
-            id: id.to_string(),
-            ops: self.ops.clone(),
-            _guard: m.lock_owned().await,
-        }
-    }
-}
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// How many times a resume restores a snapshot whose agent does not answer.
 pub const RESTORE_ATTEMPTS: u32 = 3;
@@ -98,7 +57,7 @@ impl SandboxService {
 
     /// Pauses running sandbox `id` into a snapshot on disk. 409 when it is paused or being
     /// paused already, 404 when it is not running.
-    pub async fn pause(&self, id: &str) -> ApiResult<()> {
+    pub async fn pause(&self, id: &str) -> Result<(), SnapshotError> {
         let _op = self.ops.lock(id).await;
         let now = now_ms();
         if !self
@@ -108,16 +67,16 @@ impl SandboxService {
         {
             return Err(match self.db.sandbox(id).await?.map(|r| r.state) {
                 Some(State::Paused | State::Pausing) => {
-                    ApiError::conflict(format!("sandbox {id} is already paused"))
+                    SnapshotError::AlreadyPaused(id.to_string())
                 }
-                _ => ApiError::sandbox_not_found(id),
+                _ => SnapshotError::SandboxNotFound(id.to_string()),
             });
         }
         let row = self
             .db
             .sandbox(id)
             .await?
-            .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+            .ok_or_else(|| SnapshotError::SandboxNotFound(id.to_string()))?;
         let snap_id = new_snapshot_id()?;
         let dir = self.snapshot_dir(&snap_id);
         // Recorded before anything is written, with its user: a restart knows the files.
@@ -150,8 +109,7 @@ impl SandboxService {
         };
         match live.sandbox.pause_to_disk(&dir).await {
             Ok(handle) => {
-                let json = serde_json::to_string(&handle)
-                    .map_err(|e| ApiError::internal(format!("encoding the snapshot: {e}")))?;
+                let json = serde_json::to_string(&handle).map_err(SnapshotError::Encode)?;
                 self.db.set_snapshot_handle(&snap_id, &json).await?;
                 self.db.set_handle(id, None).await?;
                 self.db
@@ -178,7 +136,7 @@ impl SandboxService {
         snap_id: &str,
         live: Option<Arc<Live>>,
         why: String,
-    ) -> ApiError {
+    ) -> SnapshotError {
         let id = &row.id;
         let _ = self.db.remove_snapshot_user(snap_id, id).await;
         if let Ok(mut life) = self.db.sandbox_lifecycle(id).await {
@@ -189,13 +147,18 @@ impl SandboxService {
             Some(l) => matches!(l.sandbox.status().await, Ok(SandboxStatus::Running)),
             None => false,
         };
-        let message = format!("pausing sandbox {id} failed: {why}");
+        let failed = SnapshotError::PauseFailed {
+            id: id.clone(),
+            why,
+        };
+        let message = failed.to_string();
         tracing::warn!("{message}");
-        let answer = if running {
+        let answer = match failed {
             // E2B: 503 when it cannot be paused now and keeps running.
-            ApiError::unavailable(format!("{message}; the sandbox keeps running"))
-        } else {
-            ApiError::internal(message.clone())
+            SnapshotError::PauseFailed { id, why } if running => {
+                SnapshotError::PauseFailedStillRunning { id, why }
+            }
+            failed => failed,
         };
         if let (true, Some(live)) = (running, live.clone()) {
             let handle = live
@@ -229,7 +192,11 @@ impl SandboxService {
 
     /// Resumes paused sandbox `id` (waiting for a pause in progress) with its end
     /// `timeout_secs` from now; a running one only has its end extended.
-    pub async fn resume(self: &Arc<Self>, id: &str, timeout_secs: u64) -> ApiResult<Resumed> {
+    pub async fn resume(
+        self: &Arc<Self>,
+        id: &str,
+        timeout_secs: u64,
+    ) -> Result<Resumed, SnapshotError> {
         let _op = self.ops.lock(id).await;
         let now = now_ms();
         let end_at = now + (timeout_secs as i64) * 1000;
@@ -237,14 +204,14 @@ impl SandboxService {
             .db
             .sandbox(id)
             .await?
-            .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+            .ok_or_else(|| SnapshotError::SandboxNotFound(id.to_string()))?;
         match row.state {
             State::Paused => {}
             State::Running => {
                 self.db.set_end_at(id, end_at, true).await?;
                 return Ok(Resumed::WasRunning(row));
             }
-            _ => return Err(ApiError::sandbox_not_found(id)),
+            _ => return Err(SnapshotError::SandboxNotFound(id.to_string())),
         }
         let snapshot = self.paused_snapshot(id).await?;
         if !self
@@ -252,7 +219,7 @@ impl SandboxService {
             .transition(id, &[State::Paused], State::Resuming, None, now)
             .await?
         {
-            return Err(ApiError::sandbox_not_found(id));
+            return Err(SnapshotError::SandboxNotFound(id.to_string()));
         }
         let restored = self
             .restore_and_init(&snapshot, id, &snapshot.env, row.access_token.as_deref())
@@ -331,8 +298,11 @@ impl SandboxService {
     }
 
     /// The snapshot paused sandbox `id` is in.
-    async fn paused_snapshot(&self, id: &str) -> ApiResult<SnapshotHandle> {
-        let missing = |why: &str| ApiError::internal(format!("paused sandbox {id}: {why}"));
+    async fn paused_snapshot(&self, id: &str) -> Result<SnapshotHandle, SnapshotError> {
+        let missing = |why: &'static str| SnapshotError::PausedWithoutSnapshot {
+            id: id.to_string(),
+            why,
+        };
         let snap_id = self
             .db
             .sandbox_lifecycle(id)
@@ -370,11 +340,8 @@ impl SandboxService {
             match self.pause(id).await {
                 Ok(()) => return Ok(()),
                 // Paused already, or ended meanwhile.
-                Err(e) if e.status.is_client_error() => return Ok(()),
-                Err(e) => tracing::warn!(
-                    "auto-pause of sandbox {id} failed ({}); killing it",
-                    e.message
-                ),
+                Err(e) if e.is_not_running() => return Ok(()),
+                Err(e) => tracing::warn!("auto-pause of sandbox {id} failed ({e}); killing it"),
             }
         }
         self.kill(id, reason).await.map(|_| ())
@@ -545,7 +512,7 @@ async fn init_restored(
         match tokio::time::timeout(INIT_TRY, init_agent(sandbox, env, access_token)).await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) => {
-                last = e.message;
+                last = e.to_string();
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
             Err(_) => tracing::warn!(
@@ -559,12 +526,14 @@ async fn init_restored(
 }
 
 /// The runtime handle stored with a snapshot row.
-pub(crate) fn parse_handle(snap: &SnapshotRow) -> Result<SnapshotHandle, SandboxError> {
-    let json = snap.handle.as_deref().ok_or_else(|| {
-        SandboxError::Snapshot(format!("snapshot {} was never completed", snap.id))
-    })?;
-    serde_json::from_str(json).map_err(|e| {
-        SandboxError::Snapshot(format!("snapshot {}: unreadable handle: {e}", snap.id))
+pub(crate) fn parse_handle(snap: &SnapshotRow) -> Result<SnapshotHandle, HandleError> {
+    let json = snap
+        .handle
+        .as_deref()
+        .ok_or_else(|| HandleError::NeverCompleted(snap.id.clone()))?;
+    serde_json::from_str(json).map_err(|source| HandleError::Unreadable {
+        id: snap.id.clone(),
+        source,
     })
 }
 

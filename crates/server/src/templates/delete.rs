@@ -2,10 +2,11 @@
 //! template of its key), refused while something uses it.
 
 use crate::App;
-use crate::http::error::{ApiError, ApiResult, ErrorBody};
+use crate::http::error::{ApiResult, ErrorBody};
 use crate::http::extract::Caller;
 use crate::snapshots::api::delete_snapshot_named;
 use crate::store::State as DbState;
+use crate::templates::error::TemplateError;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use std::sync::Arc;
@@ -32,62 +33,63 @@ pub async fn delete_template(
     if delete_snapshot_named(&app, &caller, &id).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
-    let name = id.strip_suffix(":default").unwrap_or(&id).to_string();
+    delete_built(&app, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Deletes built template `id` (`name` or `name:default`) with its memory snapshot and
+/// tags, unless it is an installed image or something uses it.
+async fn delete_built(app: &App, id: &str) -> Result<(), TemplateError> {
+    let name = id.strip_suffix(":default").unwrap_or(id).to_string();
     let dir = app.lifecycle.dirs().images().join(&name);
     if !crate::sandboxes::service::valid_template_name(&name) || !dir.is_dir() {
-        return Err(ApiError::not_found(format!("template '{id}' not found")));
+        return Err(TemplateError::NotFound(id.to_string()));
     }
     if sandcell_image::template::read_record(&dir).is_none() {
-        return Err(ApiError::bad_request(format!(
-            "template '{name}' is an installed image, not a built template: remove it \
-             from the server's data dir (or with `sandcell image rm`)"
-        )));
+        return Err(TemplateError::InstalledImage(name));
     }
     if app.builds.active_for(&name).is_some() {
-        return Err(ApiError::conflict(format!(
-            "template '{name}' is being built: wait for that build to end"
-        )));
+        return Err(TemplateError::BeingBuilt(name));
     }
-    let users = template_users(&app, &name).await?;
+    let users = template_users(app, &name).await?;
     if !users.is_empty() {
-        return Err(ApiError::conflict(format!(
-            "template '{name}' is in use by {}",
-            users.join(", ")
-        )));
+        return Err(TemplateError::InUse { name, users });
     }
     let snapshot =
         crate::templates::start::record(&app.lifecycle, &name).and_then(|r| r.snapshot_id);
     let data = app.lifecycle.dirs().data.clone();
+    let removal_failed = |problem: String| TemplateError::RemovalFailed {
+        id: id.to_string(),
+        problem,
+    };
     let removed = tokio::task::spawn_blocking(move || sandcell_image::store::remove(&data, &name))
         .await
-        .map_err(|e| ApiError::internal(format!("removing template '{id}': {e}")))?;
+        .map_err(|e| removal_failed(e.to_string()))?;
     match removed {
         Ok(()) => {
             if let Some(snapshot) = snapshot {
                 crate::templates::memory_snapshot::retire(&app.lifecycle, &snapshot).await;
             }
-            let name = id.strip_suffix(":default").unwrap_or(&id);
+            let name = id.strip_suffix(":default").unwrap_or(id);
             crate::templates::tags::forget(&app.db, name).await?;
-            Ok(StatusCode::NO_CONTENT)
+            Ok(())
         }
-        Err(sandcell_image::Error::NotFound(_)) => {
-            Err(ApiError::not_found(format!("template '{id}' not found")))
-        }
-        Err(e @ sandcell_image::Error::InUse { .. }) => Err(ApiError::conflict(e.to_string())),
-        Err(e) => Err(ApiError::internal(format!("removing template '{id}': {e}"))),
+        Err(sandcell_image::Error::NotFound(_)) => Err(TemplateError::NotFound(id.to_string())),
+        Err(e @ sandcell_image::Error::InUse { .. }) => Err(TemplateError::ImageInUse(e)),
+        Err(e) => Err(removal_failed(e.to_string())),
     }
 }
 
 /// The live sandboxes and the snapshots (of every key) that need the image `name`: those
 /// created from it, and through the snapshots taken of them, those restored from those
 /// snapshots (a restore needs the image its snapshot was taken over).
-async fn template_users(app: &App, name: &str) -> ApiResult<Vec<String>> {
+async fn template_users(app: &App, name: &str) -> Result<Vec<String>, TemplateError> {
     // A template's own snapshot is part of it, not a user (templates/memory_snapshot.rs).
     let snapshots = app
         .db
         .snapshot_sources()
         .await
-        .map_err(|e| ApiError::internal(format!("listing snapshots: {e}")))?;
+        .map_err(TemplateError::ListingSnapshots)?;
     // The template ids that lead back to `name`: itself and its snapshots' ids and names.
     let mut ids = std::collections::BTreeSet::from([name.to_string()]);
     let mut users = Vec::new();

@@ -19,12 +19,13 @@
 //! When the runtime cannot snapshot the sandbox, the template stays without one and creates
 //! boot and run the start command; so does a create whose restore fails (sandboxes/service.rs).
 
-use crate::http::error::{ApiResult, Error};
+use crate::http::error::Error;
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::SandboxService;
 use crate::store::KeyRow;
 use crate::store::snapshots::{SnapshotPurpose, SnapshotRow};
 use crate::templates::builds::{E2B_FILE, E2bRecord};
+use crate::templates::error::TemplateError;
 use crate::util::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ pub async fn take(
     }
     match taken {
         Ok((snap, _)) => Ok(snap.id),
-        Err(e) => Err(TakeError::NoSnapshot(e.message)),
+        Err(e) => Err(TakeError::NoSnapshot(e.to_string())),
     }
 }
 
@@ -95,7 +96,7 @@ pub async fn usable(
     lifecycle: &SandboxService,
     req: &NewSandbox,
     rec: Option<&E2bRecord>,
-) -> ApiResult<Option<SnapshotRow>> {
+) -> Result<Option<SnapshotRow>, TemplateError> {
     let Some(id) = rec.and_then(|r| r.snapshot_id.as_deref()) else {
         return Ok(None);
     };

@@ -7,6 +7,7 @@ pub mod api;
 pub mod builds;
 pub mod defaults;
 pub mod delete;
+pub mod error;
 pub mod list;
 pub mod memory_snapshot;
 pub mod plan;

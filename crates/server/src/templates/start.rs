@@ -10,10 +10,10 @@
 //! running start command; here they run at each create (sandboxes restored from snapshots
 //! or forks already have it running and skip this).
 
-use crate::http::error::{ApiError, ApiResult};
 use crate::sandboxes::service::SandboxService;
 use crate::store::SandboxRow;
 use crate::templates::builds::{E2B_FILE, E2bRecord};
+use crate::templates::error::TemplateError;
 use axum::http::header;
 use http_body_util::BodyExt;
 use sandcell_proto::agent::{
@@ -80,7 +80,7 @@ pub async fn after_create(
     lifecycle: &Arc<SandboxService>,
     row: &SandboxRow,
     rec: Option<&E2bRecord>,
-) -> ApiResult<()> {
+) -> Result<(), TemplateError> {
     let Some(rec) = rec else {
         return Ok(());
     };
@@ -88,19 +88,19 @@ pub async fn after_create(
         return Ok(());
     }
     let Some(live) = lifecycle.live(&row.id) else {
-        return Err(ApiError::internal(format!(
-            "sandbox {}: gone before its start command ran",
-            row.id
-        )));
+        return Err(TemplateError::GoneBeforeStart {
+            sandbox: row.id.clone(),
+        });
     };
     let result = run(&live.sandbox, live.access_token.as_deref(), rec).await;
     if let Err(problem) = result {
-        let message = format!(
-            "sandbox {} of template {}: {problem}",
-            row.id, row.template_id
-        );
-        let _ = lifecycle.kill(&row.id, &message).await;
-        return Err(ApiError::internal(message));
+        let failed = TemplateError::StartFailed {
+            sandbox: row.id.clone(),
+            template: row.template_id.clone(),
+            problem,
+        };
+        let _ = lifecycle.kill(&row.id, &failed.to_string()).await;
+        return Err(failed);
     }
     Ok(())
 }

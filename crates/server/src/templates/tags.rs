@@ -23,10 +23,11 @@
 //! (no SDK function calls them).
 
 use crate::App;
-use crate::http::error::{ApiError, ApiResult, Error, ErrorBody};
+use crate::http::error::{ApiResult, Error, ErrorBody};
 use crate::http::extract::{ApiJson, Caller};
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::SandboxService;
+use crate::templates::error::TemplateError;
 use crate::util::{now_ms, rfc3339};
 use axum::Json;
 use axum::extract::{Path, State};
@@ -39,7 +40,7 @@ use utoipa::ToSchema;
 /// The tag every successful build takes, and the one a name without a tag means.
 pub const DEFAULT_TAG: &str = "default";
 /// Most tags one request may name.
-const MAX_TAGS: usize = 64;
+pub(crate) const MAX_TAGS: usize = 64;
 
 /// E2B's `AssignTemplateTagsRequest`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -81,32 +82,26 @@ pub fn valid_tag(tag: &str) -> bool {
     valid_name(tag)
 }
 
-fn check_name(name: &str) -> ApiResult<()> {
+fn check_name(name: &str) -> Result<(), TemplateError> {
     if valid_name(name) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!(
-            "template name {name:?}: lowercase letters, digits, '-', '_' and '.', at most 128"
-        )))
+        Err(TemplateError::InvalidName(name.to_string()))
     }
 }
 
 /// `tags` checked (400 if empty, too many or malformed) and without repeats, in order.
-pub fn check_tags(tags: &[String]) -> ApiResult<Vec<String>> {
+pub fn check_tags(tags: &[String]) -> Result<Vec<String>, TemplateError> {
     if tags.is_empty() {
-        return Err(ApiError::bad_request("tags: at least one tag is required"));
+        return Err(TemplateError::NoTags);
     }
     if tags.len() > MAX_TAGS {
-        return Err(ApiError::bad_request(format!(
-            "tags: at most {MAX_TAGS} at once"
-        )));
+        return Err(TemplateError::TooManyTags);
     }
     let mut out: Vec<String> = Vec::with_capacity(tags.len());
     for tag in tags {
         if !valid_tag(tag) {
-            return Err(ApiError::bad_request(format!(
-                "tag {tag:?}: lowercase letters, digits, '-', '_' and '.', at most 128"
-            )));
+            return Err(TemplateError::InvalidTag(tag.clone()));
         }
         if !out.contains(tag) {
             out.push(tag.clone());
@@ -116,13 +111,11 @@ pub fn check_tags(tags: &[String]) -> ApiResult<Vec<String>> {
 }
 
 /// `name[:tag]` as (name, tag), the tag `default` when there is none; 400 if malformed.
-pub fn split_target(target: &str) -> ApiResult<(&str, &str)> {
+pub fn split_target(target: &str) -> Result<(&str, &str), TemplateError> {
     let (name, tag) = target.split_once(':').unwrap_or((target, DEFAULT_TAG));
     check_name(name)?;
     if !valid_tag(tag) {
-        return Err(ApiError::bad_request(format!(
-            "{target:?}: the tag after ':' must be lowercase letters, digits, '-', '_' and '.'"
-        )));
+        return Err(TemplateError::InvalidTargetTag(target.to_string()));
     }
     Ok((name, tag))
 }
@@ -144,15 +137,22 @@ fn current_build(lifecycle: &SandboxService, name: &str) -> Option<String> {
 
 /// `name`'s current build, when the template exists and the caller made that build; 404
 /// otherwise (unknown, an installed image, or another key's).
-async fn owned_template(app: &App, caller: &Caller, name: &str) -> ApiResult<String> {
+async fn owned_template(app: &App, caller: &Caller, name: &str) -> Result<String, TemplateError> {
     check_name(name)?;
-    let not_found = || ApiError::not_found(format!("template '{name}' not found"));
+    let not_found = || TemplateError::NotFound(name.to_string());
     let build = current_build(&app.lifecycle, name).ok_or_else(not_found)?;
     let owner = app.db.build_owner(&build).await?;
     if owner.as_deref() != Some(caller.0.id.as_str()) {
         return Err(not_found());
     }
     Ok(build)
+}
+
+fn no_such_tag(name: &str, tag: &str) -> TemplateError {
+    TemplateError::NoSuchTag {
+        name: name.to_string(),
+        tag: tag.to_string(),
+    }
 }
 
 /// Tags the build `target` names with `tags` (moving them from other builds).
@@ -175,7 +175,7 @@ pub async fn assign_tags(
         .db
         .tagged_build(name, tag)
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("template '{name}' has no tag '{tag}'")))?;
+        .ok_or_else(|| no_such_tag(name, tag))?;
     app.db.assign_tags(name, &tags, &build_id, now_ms()).await?;
     Ok((StatusCode::CREATED, Json(AssignedTags { tags, build_id })))
 }
@@ -197,10 +197,7 @@ pub async fn remove_tags(
     let tags = check_tags(&req.tags)?;
     owned_template(&app, &caller, &req.name).await?;
     if let Some(tag) = app.db.remove_tags(&req.name, &tags).await? {
-        return Err(ApiError::not_found(format!(
-            "template '{}' has no tag '{tag}'",
-            req.name
-        )));
+        return Err(no_such_tag(&req.name, &tag).into());
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -232,7 +229,7 @@ pub async fn list_tags(
 /// The template a create's `name:tag` names, as `name`: 404 when the tag is unknown or names
 /// a build a later one replaced (only the latest is on disk). A `templateID` without ':' is
 /// returned as it is.
-pub async fn untag(lifecycle: &SandboxService, template_id: &str) -> ApiResult<String> {
+pub async fn untag(lifecycle: &SandboxService, template_id: &str) -> Result<String, TemplateError> {
     if !template_id.contains(':') {
         return Ok(template_id.to_string());
     }
@@ -242,21 +239,19 @@ pub async fn untag(lifecycle: &SandboxService, template_id: &str) -> ApiResult<S
         if tag == DEFAULT_TAG && lifecycle.dirs().images().join(name).is_dir() {
             return Ok(name.to_string());
         }
-        return Err(ApiError::not_found(format!(
-            "template '{template_id}' not found"
-        )));
+        return Err(TemplateError::NotFound(template_id.to_string()));
     };
     let tagged = lifecycle
         .db
         .tagged_build(name, tag)
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("template '{name}' has no tag '{tag}'")))?;
+        .ok_or_else(|| no_such_tag(name, tag))?;
     if tagged != current {
-        return Err(ApiError::not_found(format!(
-            "template '{template_id}' names build {tagged}, which a later build ({current}) \
-             replaced: this server keeps only a template's latest build; build it again or \
-             tag the current one"
-        )));
+        return Err(TemplateError::TagOfReplacedBuild {
+            target: template_id.to_string(),
+            tagged,
+            current,
+        });
     }
     Ok(name.to_string())
 }
@@ -265,7 +260,7 @@ pub async fn untag(lifecycle: &SandboxService, template_id: &str) -> ApiResult<S
 pub async fn untag_request(
     lifecycle: &SandboxService,
     mut req: NewSandbox,
-) -> ApiResult<NewSandbox> {
+) -> Result<NewSandbox, TemplateError> {
     req.template_id = untag(lifecycle, &req.template_id).await?;
     Ok(req)
 }
@@ -286,7 +281,7 @@ mod tests {
             "web:a:b",
             "web:has space",
         ] {
-            let e = split_target(bad).unwrap_err();
+            let e = crate::http::error::ApiError::from(split_target(bad).unwrap_err());
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
         }
         let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
