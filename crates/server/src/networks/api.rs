@@ -167,23 +167,8 @@ pub async fn network_log(
 }
 
 async fn list(app: &App, key_id: &str) -> ApiResult<Vec<PrivateNetwork>> {
-    let nets: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT name, created_at FROM private_networks WHERE key_id = $1 ORDER BY name",
-    )
-    .bind(key_id)
-    .fetch_all(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db("listing private networks"))?;
-    let members: Vec<(String, String)> = sqlx::query_as(
-        "SELECT name, sandbox_id FROM private_network_members WHERE key_id = $1 \
-         ORDER BY sandbox_id",
-    )
-    .bind(key_id)
-    .fetch_all(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db(
-        "listing private-network members",
-    ))?;
+    let nets = app.db.private_networks_of_key(key_id).await?;
+    let members = app.db.private_network_members_of_key(key_id).await?;
     Ok(nets
         .into_iter()
         .map(|(name, created)| PrivateNetwork {
@@ -217,16 +202,11 @@ pub async fn create_network(
         )));
     }
     let now = now_ms();
-    let done = sqlx::query(
-        "INSERT OR IGNORE INTO private_networks (key_id, name, created_at) VALUES ($1, $2, $3)",
-    )
-    .bind(&caller.0.id)
-    .bind(&body.name)
-    .bind(now)
-    .execute(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db("creating a private network"))?;
-    if done.rows_affected() == 0 {
+    let created = app
+        .db
+        .insert_private_network(&caller.0.id, &body.name, now)
+        .await?;
+    if !created {
         return Err(ApiError::conflict(format!(
             "private network {:?} already exists",
             body.name
@@ -262,13 +242,7 @@ pub async fn delete_network(
     caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let done = sqlx::query("DELETE FROM private_networks WHERE key_id = $1 AND name = $2")
-        .bind(&caller.0.id)
-        .bind(&name)
-        .execute(app.db.pool())
-        .await
-        .map_err(crate::http::error::Error::db("deleting a private network"))?;
-    if done.rows_affected() == 0 {
+    if !app.db.delete_private_network(&caller.0.id, &name).await? {
         return Err(network_not_found(&name));
     }
     app.lifecycle.networks.refresh_peers(&app.db).await?;
@@ -312,16 +286,11 @@ pub async fn detach(
     caller: Caller,
     Path((id, name)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let done = sqlx::query(
-        "DELETE FROM private_network_members WHERE key_id = $1 AND name = $2 AND sandbox_id = $3",
-    )
-    .bind(&caller.0.id)
-    .bind(&name)
-    .bind(&id)
-    .execute(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db("leaving a private network"))?;
-    if done.rows_affected() == 0 {
+    if !app
+        .db
+        .leave_private_network(&caller.0.id, &name, &id)
+        .await?
+    {
         return Err(ApiError::not_found(format!(
             "sandbox {id} is not in a private network {name:?} of yours"
         )));
