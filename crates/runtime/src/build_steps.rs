@@ -13,18 +13,16 @@
 
 use crate::gvisor::GvisorRuntime;
 use crate::{
-    AGENT_PORT, HostLayer, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client,
-    new_sandbox_id,
+    HostLayer, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client, new_sandbox_id,
 };
 use sandcell_envd_client::{OutputKind, decode_data};
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{RunRequest, StepRunner};
 use sandcell_image::{NoProgress, ResolvedImage};
-use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
+use sandcell_proto::agent::{Event, InitRequest, ProcessConfig, StartRequest};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// RUN steps in gVisor sandboxes; FROM pulls from registries.
 pub struct GvisorRunner {
@@ -182,35 +180,13 @@ async fn set_default_user(sandbox: &Arc<dyn Sandbox>, user: &str) -> Result<(), 
     if name.is_empty() || name == "root" || name == "0" {
         return Ok(());
     }
-    let body = serde_json::json!({ "defaultUser": name }).to_string();
-    let mut stream = sandbox
-        .connect(AGENT_PORT)
-        .await
-        .map_err(|e| format!("connecting to the agent: {e}"))?;
-    let head = format!(
-        "POST /init HTTP/1.1\r\nHost: sandcell-agent\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let io = async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        let mut reply = Vec::new();
-        (&mut stream)
-            .take(64 * 1024)
-            .read_to_end(&mut reply)
-            .await?;
-        Ok::<_, std::io::Error>(reply)
+    let init = InitRequest {
+        default_user: Some(name.to_string()),
+        ..InitRequest::default()
     };
-    let reply = tokio::time::timeout(Duration::from_secs(10), io)
+    let client = agent_client(sandbox.clone());
+    tokio::time::timeout(Duration::from_secs(10), client.init(&init))
         .await
         .map_err(|_| "POST /init: no answer within 10 s".to_string())?
-        .map_err(|e| format!("POST /init: {e}"))?;
-    let status = String::from_utf8_lossy(&reply);
-    let line = status.lines().next().unwrap_or("");
-    if line.split(' ').nth(1).is_some_and(|c| c.starts_with('2')) {
-        Ok(())
-    } else {
-        Err(format!("POST /init (USER {user}): {line}"))
-    }
+        .map_err(|e| format!("POST /init (USER {user}): {e}"))
 }

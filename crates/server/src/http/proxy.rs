@@ -7,6 +7,9 @@
 //! the SDKs send when `E2B_SANDBOX_URL` points at the daemon), or when its Host is
 //! `<port>-<sandboxID>.<domain>` for the daemon's `--domain`.
 //!
+//! Ports other than envd's go to whatever the sandbox serves there, over TCP through its
+//! network ([`forward_port`]), HTTP and upgrades such as WebSocket.
+//!
 //! Access: for a `secure` sandbox the proxy itself requires `X-Access-Token` to equal the
 //! sandbox's envd access token (the agent checks it too once `/init` gave it the token, but
 //! the proxy does not rely on the agent version). Routes envd keeps internal (`/init`) and
@@ -22,13 +25,18 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 use sandcell_runtime::Sandbox;
+use sandcell_runtime::net::SandboxNet;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// E2B's header for sandboxes created with `allowPublicTraffic: false`.
 pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// How long the proxy waits for a sandbox port to accept a connection.
+const PORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where a request for a sandbox goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +112,7 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
         return Err(not_found_in_sandbox(&target.sandbox_id));
     };
     // Ports other than envd's: to whatever the sandbox serves there, through its network
-    // (networks/api.rs). The envd access token guards envd only, as in E2B.
+    // ([`forward_port`]). The envd access token guards envd only, as in E2B.
     if target.port != sandcell_runtime::AGENT_PORT
         && let Some(net) = live.sandbox.network()
     {
@@ -121,9 +129,7 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
                 ));
             }
         }
-        return Ok(
-            crate::networks::api::forward_port(&net, &target.sandbox_id, target.port, req).await,
-        );
+        return Ok(forward_port(&net, &target.sandbox_id, target.port, req).await);
     }
     if let Some(token) = &live.access_token {
         let given = req
@@ -251,6 +257,88 @@ pub async fn post_json(
     let (parts, body) = resp.into_parts();
     let _ = axum::body::to_bytes(body, 64 * 1024).await;
     Ok((parts.status, parts.headers))
+}
+
+/// E2B's answer for a port nothing listens on.
+fn port_closed(id: &str, port: u32) -> Response {
+    let body = serde_json::json!({
+        "code": 502,
+        "message": "The sandbox is running but port is not open",
+        "sandboxId": id,
+        "port": port,
+    });
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+}
+
+/// Sends `req` to TCP `port` served inside sandbox `id`, through its network `net`: the
+/// daemon connects to the sandbox's address from the host (host-originated traffic is not
+/// subject to the sandbox's egress rules, so this works with no egress at all).
+pub async fn forward_port(net: &SandboxNet, id: &str, port: u32, req: Request) -> Response {
+    let Ok(port16) = u16::try_from(port) else {
+        return port_closed(id, port);
+    };
+    let addr = std::net::SocketAddr::from((net.network().guest, port16));
+    let connect = tokio::net::TcpStream::connect(addr);
+    let stream = match tokio::time::timeout(PORT_CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(_)) | Err(_) => return port_closed(id, port),
+    };
+    let _ = stream.set_nodelay(true);
+    let sent = if req.headers().contains_key(header::UPGRADE) {
+        upgrade(stream, id, port, req).await
+    } else {
+        send(Box::new(stream), id, port, req).await
+    };
+    match sent {
+        Ok(resp) => resp.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A request asking to switch protocols (WebSocket): sent with its `Upgrade` and
+/// `Connection` headers; on `101` both connections are joined byte for byte until either
+/// side closes. Any other answer is passed back as it is.
+async fn upgrade(
+    stream: tokio::net::TcpStream,
+    id: &str,
+    port: u32,
+    mut req: Request,
+) -> Result<Response, ApiError> {
+    let from_client = hyper::upgrade::on(&mut req);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: connecting to port {port}: {e}"))
+        })?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_string();
+    parts.uri = path
+        .parse()
+        .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))?;
+    let mut resp = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| {
+            ApiError::bad_gateway(format!("sandbox {id}: port {port} did not answer: {e}"))
+        })?;
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(resp.map(Body::new));
+    }
+    let from_sandbox = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        if let (Ok(client), Ok(sandbox)) = tokio::join!(from_client, from_sandbox) {
+            let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
+        }
+    });
+    Ok(resp.map(|_| Body::empty()))
 }
 
 #[cfg(test)]

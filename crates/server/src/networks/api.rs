@@ -1,8 +1,7 @@
 //! The network routes: E2B's `PUT /sandboxes/{id}/network` (replace the egress rules live),
 //! and our extensions: `GET /sandboxes/{id}/network/log` (what the rules refused), private
-//! networks (`/networks`, join and leave with `/sandboxes/{id}/networks/{name}`), and ports
-//! by URL ([`forward_port`]: any TCP port served inside a sandbox, through the proxy, HTTP
-//! and upgrades such as WebSocket).
+//! networks (`/networks`, join and leave with `/sandboxes/{id}/networks/{name}`). Ports by
+//! URL (any TCP port served inside a sandbox) are the proxy's: `http::proxy::forward_port`.
 
 use crate::App;
 use crate::http::error::{ApiError, ApiResult, ErrorBody};
@@ -11,17 +10,12 @@ use crate::networks::service::{self, valid_network_name};
 use crate::store::State as DbState;
 use crate::util::{now_ms, rfc3339};
 use axum::Json;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use sandcell_runtime::net::{DeniedLog, EgressSpec, Policy, SandboxNet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use std::time::Duration;
 use utoipa::ToSchema;
-
-/// How long the proxy waits for a sandbox port to accept a connection.
-const PORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// E2B's `network` object of a create. `allowOut`: IPs, CIDRs (IPv4 or IPv6), `domain`,
 /// `*.domain` (any entry makes everything else denied, both families); `denyOut`: IPs and
@@ -167,23 +161,8 @@ pub async fn network_log(
 }
 
 async fn list(app: &App, key_id: &str) -> ApiResult<Vec<PrivateNetwork>> {
-    let nets: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT name, created_at FROM private_networks WHERE key_id = $1 ORDER BY name",
-    )
-    .bind(key_id)
-    .fetch_all(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db("listing private networks"))?;
-    let members: Vec<(String, String)> = sqlx::query_as(
-        "SELECT name, sandbox_id FROM private_network_members WHERE key_id = $1 \
-         ORDER BY sandbox_id",
-    )
-    .bind(key_id)
-    .fetch_all(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db(
-        "listing private-network members",
-    ))?;
+    let nets = app.db.private_networks_of_key(key_id).await?;
+    let members = app.db.private_network_members_of_key(key_id).await?;
     Ok(nets
         .into_iter()
         .map(|(name, created)| PrivateNetwork {
@@ -217,16 +196,11 @@ pub async fn create_network(
         )));
     }
     let now = now_ms();
-    let done = sqlx::query(
-        "INSERT OR IGNORE INTO private_networks (key_id, name, created_at) VALUES ($1, $2, $3)",
-    )
-    .bind(&caller.0.id)
-    .bind(&body.name)
-    .bind(now)
-    .execute(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db("creating a private network"))?;
-    if done.rows_affected() == 0 {
+    let created = app
+        .db
+        .insert_private_network(&caller.0.id, &body.name, now)
+        .await?;
+    if !created {
         return Err(ApiError::conflict(format!(
             "private network {:?} already exists",
             body.name
@@ -262,13 +236,7 @@ pub async fn delete_network(
     caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let done = sqlx::query("DELETE FROM private_networks WHERE key_id = $1 AND name = $2")
-        .bind(&caller.0.id)
-        .bind(&name)
-        .execute(app.db.pool())
-        .await
-        .map_err(crate::http::error::Error::db("deleting a private network"))?;
-    if done.rows_affected() == 0 {
+    if !app.db.delete_private_network(&caller.0.id, &name).await? {
         return Err(network_not_found(&name));
     }
     app.lifecycle.networks.refresh_peers(&app.db).await?;
@@ -312,103 +280,15 @@ pub async fn detach(
     caller: Caller,
     Path((id, name)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let done = sqlx::query(
-        "DELETE FROM private_network_members WHERE key_id = $1 AND name = $2 AND sandbox_id = $3",
-    )
-    .bind(&caller.0.id)
-    .bind(&name)
-    .bind(&id)
-    .execute(app.db.pool())
-    .await
-    .map_err(crate::http::error::Error::db("leaving a private network"))?;
-    if done.rows_affected() == 0 {
+    if !app
+        .db
+        .leave_private_network(&caller.0.id, &name, &id)
+        .await?
+    {
         return Err(ApiError::not_found(format!(
             "sandbox {id} is not in a private network {name:?} of yours"
         )));
     }
     app.lifecycle.networks.refresh_peers(&app.db).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// E2B's answer for a port nothing listens on.
-fn port_closed(id: &str, port: u32) -> Response {
-    let body = serde_json::json!({
-        "code": 502,
-        "message": "The sandbox is running but port is not open",
-        "sandboxId": id,
-        "port": port,
-    });
-    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
-}
-
-/// Sends `req` to TCP `port` served inside sandbox `id`, through its network `net`: the
-/// daemon connects to the sandbox's address from the host (host-originated traffic is not
-/// subject to the sandbox's egress rules, so this works with no egress at all).
-pub async fn forward_port(net: &SandboxNet, id: &str, port: u32, req: Request) -> Response {
-    let Ok(port16) = u16::try_from(port) else {
-        return port_closed(id, port);
-    };
-    let addr = std::net::SocketAddr::from((net.network().guest, port16));
-    let connect = tokio::net::TcpStream::connect(addr);
-    let stream = match tokio::time::timeout(PORT_CONNECT_TIMEOUT, connect).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(_)) | Err(_) => return port_closed(id, port),
-    };
-    let _ = stream.set_nodelay(true);
-    let sent = if req.headers().contains_key(axum::http::header::UPGRADE) {
-        upgrade(stream, id, port, req).await
-    } else {
-        crate::http::proxy::send(Box::new(stream), id, port, req).await
-    };
-    match sent {
-        Ok(resp) => resp.into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-/// A request asking to switch protocols (WebSocket): sent with its `Upgrade` and
-/// `Connection` headers; on `101` both connections are joined byte for byte until either
-/// side closes. Any other answer is passed back as it is.
-async fn upgrade(
-    stream: tokio::net::TcpStream,
-    id: &str,
-    port: u32,
-    mut req: Request,
-) -> Result<Response, ApiError> {
-    use hyper_util::rt::TokioIo;
-    let from_client = hyper::upgrade::on(&mut req);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| {
-            ApiError::bad_gateway(format!("sandbox {id}: connecting to port {port}: {e}"))
-        })?;
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
-    let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |pq| pq.as_str())
-        .to_string();
-    parts.uri = path
-        .parse()
-        .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))?;
-    let mut resp = sender
-        .send_request(Request::from_parts(parts, body))
-        .await
-        .map_err(|e| {
-            ApiError::bad_gateway(format!("sandbox {id}: port {port} did not answer: {e}"))
-        })?;
-    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return Ok(resp.map(axum::body::Body::new));
-    }
-    let from_sandbox = hyper::upgrade::on(&mut resp);
-    tokio::spawn(async move {
-        if let (Ok(client), Ok(sandbox)) = tokio::join!(from_client, from_sandbox) {
-            let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
-        }
-    });
-    Ok(resp.map(|_| axum::body::Body::empty()))
 }

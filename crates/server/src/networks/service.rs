@@ -9,10 +9,11 @@
 //! - The runtime asks for the network when it makes the sandbox (`SandboxSpec::network`,
 //!   from [`Networks::spec_of`]), also for restores and fork children, removes it with the
 //!   sandbox, and hands it out ([`sandcell_runtime::Sandbox::network`]).
-//! - This module keeps the database side (migration 4): each sandbox's rules and network id
-//!   (written before the runtime starts anything, the id once it exists) and the private
-//!   networks with their members; it recomputes every sandbox's private-network peers when
-//!   a membership or a member changes ([`Networks::refresh_peers`]).
+//! - This module keeps the database side (migration 4; the SQL is store/networks.rs's):
+//!   each sandbox's rules and network id (written before the runtime starts anything, the
+//!   id once it exists) and the private networks with their members; it recomputes every
+//!   sandbox's private-network peers when a membership or a member changes
+//!   ([`Networks::refresh_peers`]).
 //!
 //! Everything this keeps in memory (settings, registry, peers in force, traffic tokens) is
 //! a [`Networks`] value of one daemon: two daemons in one process share none of it.
@@ -25,6 +26,7 @@
 
 use crate::http::error::Error;
 use crate::store::Db;
+use crate::store::networks::SandboxNetworkRow;
 use sandcell_proto::sync::lock;
 use sandcell_runtime::NetworkSpec;
 use sandcell_runtime::net::{EgressSpec, NetConfig, NetPool, NetRegistry, Policy, SandboxNet};
@@ -235,13 +237,7 @@ impl Networks {
 }
 
 pub(crate) async fn network_exists(db: &Db, key_id: &str, name: &str) -> Result<bool, Error> {
-    let row = sqlx::query("SELECT 1 FROM private_networks WHERE key_id = $1 AND name = $2")
-        .bind(key_id)
-        .bind(name)
-        .fetch_optional(db.pool())
-        .await
-        .map_err(Error::db(format!("looking up private network {name}")))?;
-    Ok(row.is_some())
+    db.private_network_exists(key_id, name).await
 }
 
 impl Networks {
@@ -257,18 +253,8 @@ impl Networks {
             what: "encoding egress rules".into(),
             source: e.into(),
         })?;
-        sqlx::query(
-            "INSERT INTO sandbox_networks (sandbox_id, net_id, egress, traffic_token) \
-         VALUES ($1, NULL, $2, $3)",
-        )
-        .bind(sandbox)
-        .bind(egress)
-        .bind(&req.traffic_token)
-        .execute(db.pool())
-        .await
-        .map_err(Error::db(format!(
-            "recording the network of sandbox {sandbox}"
-        )))?;
+        db.insert_sandbox_network(sandbox, &egress, req.traffic_token.as_deref())
+            .await?;
         if let Some(token) = &req.traffic_token {
             self.traffic(|m| m.insert(sandbox.to_string(), token.clone()));
         }
@@ -280,50 +266,20 @@ impl Networks {
 }
 
 pub(crate) async fn join(db: &Db, key_id: &str, name: &str, sandbox: &str) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT OR IGNORE INTO private_network_members (key_id, name, sandbox_id) \
-         VALUES ($1, $2, $3)",
-    )
-    .bind(key_id)
-    .bind(name)
-    .bind(sandbox)
-    .execute(db.pool())
-    .await
-    .map_err(Error::db(format!(
-        "adding {sandbox} to private network {name}"
-    )))?;
-    Ok(())
+    db.join_private_network(key_id, name, sandbox).await
 }
 
 /// A sandbox restored from a checkpoint of `from` (a fork child, or a create from a named
 /// snapshot of it) joins the private networks `from` is in (or was in when it ended: see
 /// [`ended`]), those of key `key_id` only: its restored processes expect the peers they had.
 pub async fn inherit(db: &Db, key_id: &str, from: &str, to: &str) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT OR IGNORE INTO private_network_members (key_id, name, sandbox_id) \
-         SELECT m.key_id, m.name, $3 FROM private_network_members m \
-         WHERE m.sandbox_id = $1 AND m.key_id = $2",
-    )
-    .bind(from)
-    .bind(key_id)
-    .bind(to)
-    .execute(db.pool())
-    .await
-    .map_err(Error::db(format!(
-        "adding {to} to the private networks of {from}"
-    )))?;
-    Ok(())
+    db.inherit_private_networks(key_id, from, to).await
 }
 
 /// The egress rules recorded for `sandbox` (`None`: it has no network).
 pub async fn egress_of(db: &Db, sandbox: &str) -> Result<Option<EgressSpec>, Error> {
-    let row: Option<(String,)> =
-        sqlx::query_as("SELECT egress FROM sandbox_networks WHERE sandbox_id = $1")
-            .bind(sandbox)
-            .fetch_optional(db.pool())
-            .await
-            .map_err(Error::db(format!("reading the rules of sandbox {sandbox}")))?;
-    Ok(row.and_then(|(e,)| serde_json::from_str(&e).ok()))
+    let row = db.sandbox_egress(sandbox).await?;
+    Ok(row.and_then(|e| serde_json::from_str(&e).ok()))
 }
 
 impl Networks {
@@ -346,16 +302,7 @@ pub async fn store_egress(db: &Db, sandbox: &str, egress: &EgressSpec) -> Result
         what: "encoding egress rules".into(),
         source: e.into(),
     })?;
-    sqlx::query(
-        "INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, NULL, $2) \
-         ON CONFLICT (sandbox_id) DO UPDATE SET egress = excluded.egress",
-    )
-    .bind(sandbox)
-    .bind(text)
-    .execute(db.pool())
-    .await
-    .map_err(Error::db(format!("storing the rules of sandbox {sandbox}")))?;
-    Ok(())
+    db.store_sandbox_egress(sandbox, &text).await
 }
 
 impl Networks {
@@ -377,18 +324,8 @@ impl Networks {
             what: "encoding egress rules".into(),
             source: e.into(),
         })?;
-        sqlx::query(
-            "INSERT INTO sandbox_networks (sandbox_id, net_id, egress) VALUES ($1, $2, $3) \
-         ON CONFLICT (sandbox_id) DO UPDATE SET net_id = excluded.net_id",
-        )
-        .bind(sandbox)
-        .bind(&net.network().id)
-        .bind(egress)
-        .execute(db.pool())
-        .await
-        .map_err(Error::db(format!(
-            "recording the network of sandbox {sandbox}"
-        )))?;
+        db.record_sandbox_net_id(sandbox, &net.network().id, &egress)
+            .await?;
         self.refresh_peers(db).await
     }
 }
@@ -416,16 +353,12 @@ impl Networks {
         let Some(s) = self.settings() else {
             return Ok(());
         };
-        let row: Option<(Option<String>, String, Option<String>)> = sqlx::query_as(
-            "SELECT net_id, egress, traffic_token FROM sandbox_networks WHERE sandbox_id = $1",
-        )
-        .bind(sandbox)
-        .fetch_optional(db.pool())
-        .await
-        .map_err(Error::db(format!(
-            "reading the network of sandbox {sandbox}"
-        )))?;
-        let Some((Some(net_id), egress, token)) = row else {
+        let Some(SandboxNetworkRow {
+            net_id: Some(net_id),
+            egress,
+            traffic_token: token,
+        }) = db.sandbox_network(sandbox).await?
+        else {
             return Ok(());
         };
         if let Some(token) = token {
@@ -501,11 +434,7 @@ impl Networks {
     /// changed ones in force (both ends of a pair list each other: see sandcell-net's nft.rs).
     pub async fn refresh_peers(&self, db: &Db) -> Result<(), Error> {
         let _one = self.refresh.lock().await;
-        let rows: Vec<(String, String, String)> =
-            sqlx::query_as("SELECT key_id, name, sandbox_id FROM private_network_members")
-                .fetch_all(db.pool())
-                .await
-                .map_err(Error::db("reading private-network members"))?;
+        let rows = db.all_private_network_members().await?;
         let mut by_network: BTreeMap<(String, String), Vec<(String, Ipv4Addr)>> = BTreeMap::new();
         for (key, name, sandbox) in rows {
             if let Some(net) = self.registry.get(&sandbox) {
@@ -567,27 +496,6 @@ mod tests {
         }
     }
 
-    /// A key and a sandbox row of it, for the network rows to refer to.
-    async fn sandbox_row(db: &Db, id: &str) {
-        sqlx::query(
-            "INSERT INTO api_keys (id, name, key_hash, key_prefix, created_at) \
-             VALUES ('key_1', 'k', $1, 'e2b_', 0)",
-        )
-        .bind(format!("hash-{id}"))
-        .execute(db.pool())
-        .await
-        .unwrap();
-        sqlx::query(
-            "INSERT INTO sandboxes (id, key_id, template_id, runtime, state, secure, vcpus, \
-             memory_mib, disk_mib, created_at) \
-             VALUES ($1, 'key_1', 'base', 'gvisor', 'creating', 0, 1, 512, 0, 0)",
-        )
-        .bind(id)
-        .execute(db.pool())
-        .await
-        .unwrap();
-    }
-
     /// Two daemons in one process (as two test servers would be): each sees its own
     /// network settings, registry, pool and traffic tokens, nothing of the other's.
     #[tokio::test]
@@ -633,7 +541,7 @@ mod tests {
         assert!(b.registry().pool().is_none());
         // The same sandbox id in both: rules, network spec and traffic token stay apart.
         for db in [&db_a, &db_b] {
-            sandbox_row(db, "sc-1").await;
+            db.insert_test_sandbox("sc-1").await.unwrap();
         }
         let private = crate::networks::api::NetworkConfig {
             allow_public_traffic: Some(false),

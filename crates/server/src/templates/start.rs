@@ -14,13 +14,9 @@ use crate::sandboxes::service::SandboxService;
 use crate::store::SandboxRow;
 use crate::templates::builds::{E2B_FILE, E2bRecord};
 use crate::templates::error::TemplateError;
-use axum::http::header;
-use http_body_util::BodyExt;
-use sandcell_proto::agent::{
-    ACCESS_TOKEN_HEADER, CONNECT_JSON, Event, ProcessConfig, ProcessEvent, START_PATH,
-    StartRequest, envelope,
-};
-use sandcell_runtime::{AGENT_PORT, Sandbox};
+use sandcell_envd_client::{ClientError, ProcessStream};
+use sandcell_proto::agent::{Event, ProcessConfig, StartRequest};
+use sandcell_runtime::{Sandbox, agent_client};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,8 +104,7 @@ pub async fn after_create(
 /// The agent's `Start` of `/bin/sh -c cmd` (with the sandbox's access token), as a stream
 /// of events.
 struct Process {
-    body: axum::body::Body,
-    decoder: envelope::Decoder,
+    stream: ProcessStream,
     what: String,
 }
 
@@ -121,55 +116,24 @@ impl Process {
         tag: &str,
     ) -> Result<Process, String> {
         let what = format!("{tag} {cmd:?}");
-        let json = serde_json::to_vec(&shell(cmd, tag)).map_err(|e| format!("{what}: {e}"))?;
-        let body = envelope::encode(0, &json);
-        let mut req = axum::http::Request::builder()
-            .method("POST")
-            .uri(START_PATH)
-            .header(header::HOST, "localhost")
-            .header(header::CONTENT_TYPE, CONNECT_JSON)
-            .header(header::CONTENT_LENGTH, body.len());
-        if let Some(token) = token {
-            req = req.header(ACCESS_TOKEN_HEADER, token);
-        }
-        let req = req
-            .body(axum::body::Body::from(body))
-            .map_err(|e| format!("{what}: {e}"))?;
-        let resp = crate::http::proxy::forward(sandbox, AGENT_PORT, req)
+        let client = agent_client(sandbox.clone())
+            .with_access_token(token.map(str::to_string))
+            .with_max_envelope(MAX_ENVELOPE);
+        let stream = client
+            .start(&shell(cmd, tag))
             .await
-            .map_err(|e| format!("{what}: {}", e.message))?;
-        if !resp.status().is_success() {
-            return Err(format!("{what}: the agent answered {}", resp.status()));
-        }
-        Ok(Process {
-            body: resp.into_body(),
-            decoder: envelope::Decoder::new(MAX_ENVELOPE),
-            what,
-        })
+            .map_err(|e| format!("{what}: {e}"))?;
+        Ok(Process { stream, what })
     }
 
-    /// The next event; `None` at the end of the stream.
+    /// The next event; `None` at the end of the stream. An error the agent reports at the
+    /// end (the command could not be run) ends the stream without an exit status, as before
+    /// the client did the reading: the ready command is then tried again.
     async fn next(&mut self) -> Result<Option<Event>, String> {
-        loop {
-            match self.decoder.next() {
-                Ok(Some(env)) if env.is_end() => return Ok(None),
-                Ok(Some(env)) => {
-                    let ev: ProcessEvent = serde_json::from_slice(&env.message)
-                        .map_err(|e| format!("{}: {e}", self.what))?;
-                    return Ok(Some(ev.event));
-                }
-                Ok(None) => {}
-                Err(e) => return Err(format!("{}: {e}", self.what)),
-            }
-            match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.decoder.push(&data);
-                    }
-                }
-                Some(Err(e)) => return Err(format!("{}: {e}", self.what)),
-                None => return Ok(None),
-            }
+        match self.stream.next().await {
+            None | Some(Err(ClientError::Rpc { .. })) => Ok(None),
+            Some(Ok(ev)) => Ok(Some(ev.event)),
+            Some(Err(e)) => Err(format!("{}: {e}", self.what)),
         }
     }
 }
