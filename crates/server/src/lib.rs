@@ -16,6 +16,7 @@
 //! routes in `api.rs`. `store/` holds the tables, `http/` the router, extractors, proxy,
 //! metrics and errors. This file reads the options and wires the parts together ([`run`]).
 
+pub mod error;
 pub mod http;
 pub mod keys;
 pub mod logging;

@@ -1,6 +1,7 @@
-//! Errors: [`Error`] for what fails inside the daemon (database, runtime, files), and
-//! [`ApiError`], the one type every handler returns, which renders as E2B does:
-//! `{"code": <HTTP status>, "message": "..."}` with E2B's status codes.
+//! The one place where errors become HTTP: [`ApiError`], the type every handler returns,
+//! renders as E2B does:
+//! `{"code": <HTTP status>, "message": "..."}` with E2B's status codes; each service's error
+//! (and the daemon's host [`Error`], defined in `crate::error`) converts into it here.
 //!
 //! Every answer carries an `x-request-id` header ([`request_id`]). A 5xx answer's message
 //! names what failed with host paths left out, and its body also carries the request id
@@ -12,52 +13,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database {what}: {source}")]
-    Db {
-        what: String,
-        #[source]
-        source: sqlx::Error,
-    },
-
-    #[error("database migration: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-
-    #[error(transparent)]
-    Runtime(#[from] sandcell_runtime::Error),
-
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-
-    /// A state change the lifecycle's state machine forbids (a bug, never input).
-    #[error("sandbox {id}: no transition from {from} to {to}")]
-    Transition {
-        id: String,
-        from: &'static str,
-        to: &'static str,
-    },
-
-    /// The agent of a sandbox answered something we cannot use.
-    #[error("sandbox {id}: agent {what}")]
-    Agent { id: String, what: String },
-}
-
-impl Error {
-    pub(crate) fn db(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
-        let what = what.into();
-        move |source| Error::Db { what, source }
-    }
-
-    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
-        let what = what.into();
-        move |source| Error::Io { what, source }
-    }
-}
+pub use crate::error::Error;
 
 /// An answer other than success, as E2B's API gives it. `message` is the whole story (what
 /// the log gets); a 5xx answer shows it without host paths ([`ApiError::public_message`]).

@@ -55,7 +55,7 @@ pub async fn keys(dirs: Dirs, cmd: KeysCommand) -> i32 {
     }
 }
 
-async fn run(dirs: &Dirs, cmd: KeysCommand) -> Result<i32, crate::http::error::Error> {
+async fn run(dirs: &Dirs, cmd: KeysCommand) -> Result<i32, crate::error::Error> {
     let db = keystore::open_db(&dirs.data).await?;
     let code = match cmd {
         KeysCommand::Create {

@@ -9,7 +9,7 @@
 
 pub mod cli;
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::store::{Db, KeyRow};
 use crate::util::{now_ms, random_hex, sha256_hex};
 use std::path::{Path, PathBuf};

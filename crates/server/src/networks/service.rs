@@ -24,7 +24,7 @@
 //! uses ([`Networks::reconcile_host`]), prepared ones included. Networks of other daemons or of
 //! `sandcell run` on the same host are left alone.
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::store::Db;
 use crate::store::networks::SandboxNetworkRow;
 use sandcell_proto::sync::lock;

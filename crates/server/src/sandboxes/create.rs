@@ -19,7 +19,7 @@
 //!
 //! The order of the checks is the order their errors are answered in.
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::http::metrics::TemplateCreate;
 use crate::networks::service::{NetRequest, NetworkError};
 use crate::sandboxes::error::{InitError, SandboxError};

@@ -1,7 +1,7 @@
 //! Restart re-adoption: what a starting daemon does with the sandboxes the previous one left
 //! (see service.rs's crash-consistency notes for why each case is safe).
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::sandboxes::service::{DESTROY_TIMEOUT, Live, SandboxService, lock};
 use crate::store::State;
 use crate::util::{now_ms, rfc3339};

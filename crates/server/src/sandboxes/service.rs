@@ -21,7 +21,7 @@
 //! - A `running` row whose sandbox ended while no daemon watched (adopt finds it gone) is
 //!   marked `error` and the runtime removes its leftovers.
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::sandboxes::error::{InitError, SandboxError};
 use crate::store::{Db, State};
 use crate::util::{now_ms, random_hex, rfc3339};

@@ -332,7 +332,7 @@ pub(crate) async fn delete_snapshot_named(
     app: &App,
     caller: &Caller,
     id_or_name: &str,
-) -> Result<bool, crate::http::error::Error> {
+) -> Result<bool, crate::error::Error> {
     let name = id_or_name.strip_suffix(":default").unwrap_or(id_or_name);
     let Some(snap) = app.db.named_snapshot(&caller.0.id, name).await? else {
         return Ok(false);

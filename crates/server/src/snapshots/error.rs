@@ -1,7 +1,7 @@
 //! What pausing, resuming, snapshotting and forking a sandbox fail with. Services return
 //! it; only http/error.rs turns it into an HTTP answer (the statuses are E2B's).
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::sandboxes::error::SandboxError;
 use crate::snapshots::fork::MAX_FORK_COUNT;
 

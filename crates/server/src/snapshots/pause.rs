@@ -18,7 +18,7 @@
 //! One operation at a time per sandbox ([`OpLocks::lock`](super::ops::OpLocks::lock)):
 //! pause, resume, snapshot, fork, kill.
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::{
     DESTROY_TIMEOUT, INIT_TIMEOUT, Live, SandboxService, init_agent, lock,

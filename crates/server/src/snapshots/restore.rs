@@ -14,7 +14,7 @@
 //! Files go when nothing needs them (store/snapshots.rs): a named snapshot until deleted, a
 //! fork's until its last child (and the parent) is gone.
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS, SandboxService, disk_mib};

@@ -1,7 +1,7 @@
 //! The `api_keys` table (migration 1).
 
 use super::{Db, Result};
-use crate::http::error::Error;
+use crate::error::Error;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 

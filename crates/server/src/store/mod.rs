@@ -13,7 +13,7 @@ pub use keys::KeyRow;
 pub use sandboxes::SandboxRow;
 pub use usage::UsageInterval;
 
-use crate::http::error::Error;
+use crate::error::Error;
 use sqlx::SqlitePool;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};

@@ -3,7 +3,7 @@
 //! networks of a key with their members. What the rows mean is networks/service.rs's.
 
 use super::{Db, Result};
-use crate::http::error::Error;
+use crate::error::Error;
 
 /// A sandbox's row of `sandbox_networks`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use super::{Db, Result};
 use super::{State, placeholders};
-use crate::http::error::Error;
+use crate::error::Error;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@
 //! (sandboxes/state.rs `LIVE`) uses it. Users are recorded BEFORE the runtime writes or restores
 //! anything, so that a concurrent [`Db::unused_snapshots`] never takes files in use.
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::store::{Db, State};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;

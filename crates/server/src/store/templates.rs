@@ -2,7 +2,7 @@
 //! `template_build_logs`) and tags (migration 7: `template_tags`, `template_build_tags`).
 
 use super::{Db, Result};
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::templates::builds::{BuildReport, LogEntry, Reason, Status};
 use sqlx::Row;
 

@@ -1,7 +1,7 @@
 //! The `usage_intervals` table (migration 2), for metering (sandboxes/metering.rs).
 
 use super::{Db, Result};
-use crate::http::error::Error;
+use crate::error::Error;
 use sqlx::Row;
 
 /// A stretch of time a sandbox ran, for metering (`end_ms` is now for a running one).

@@ -8,7 +8,7 @@
 //! The request and its mapping to a Dockerfile: templates/plan.rs.
 
 use crate::App;
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::sandboxes::service::SandboxService;
 use crate::store::Db;
 use crate::templates::memory_snapshot::{self, TakeError};

@@ -1,7 +1,7 @@
 //! What resolving, tagging and starting templates fail with. Services return it; only
 //! http/error.rs turns it into an HTTP answer.
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::snapshots::error::HandleError;
 use crate::templates::tags::MAX_TAGS;
 

@@ -19,7 +19,7 @@
 //! When the runtime cannot snapshot the sandbox, the template stays without one and creates
 //! boot and run the start command; so does a create whose restore fails (sandboxes/service.rs).
 
-use crate::http::error::Error;
+use crate::error::Error;
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::SandboxService;
 use crate::store::KeyRow;

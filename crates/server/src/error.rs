@@ -1,0 +1,50 @@
+//! What fails inside the daemon below its services: the database, the runtime, host files,
+//! the lifecycle's state machine, an agent's answers. Services wrap it in their own errors;
+//! `http/error.rs` alone decides which HTTP answer each becomes.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database {what}: {source}")]
+    Db {
+        what: String,
+        #[source]
+        source: sqlx::Error,
+    },
+
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+
+    #[error(transparent)]
+    Runtime(#[from] sandcell_runtime::Error),
+
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A state change the lifecycle's state machine forbids (a bug, never input).
+    #[error("sandbox {id}: no transition from {from} to {to}")]
+    Transition {
+        id: String,
+        from: &'static str,
+        to: &'static str,
+    },
+
+    /// The agent of a sandbox answered something we cannot use.
+    #[error("sandbox {id}: agent {what}")]
+    Agent { id: String, what: String },
+}
+
+impl Error {
+    pub(crate) fn db(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Db { what, source }
+    }
+
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Io { what, source }
+    }
+}
