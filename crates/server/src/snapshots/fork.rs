@@ -2,7 +2,7 @@
 //! fork (`POST /sandboxes/{id}/fork`: one checkpoint, `count` children restored from it by
 //! restore.rs). See restore.rs's module docs for the semantics of both.
 
-use super::restore::{RestoredNetwork, RestoredSpec, check_timeout};
+use super::restore::{RestoredNetwork, RestoredSpec};
 use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::SandboxService;
 use crate::snapshots::error::SnapshotError;
@@ -124,7 +124,7 @@ impl SandboxService {
         count: u32,
         timeout: u64,
     ) -> Result<Vec<Result<SandboxRow, SandboxError>>, SnapshotError> {
-        check_timeout(timeout)?;
+        self.check_timeout(timeout)?;
         if !(1..=MAX_FORK_COUNT).contains(&count) {
             return Err(SnapshotError::ForkCount(count));
         }
@@ -155,13 +155,26 @@ mod tests {
 
     #[test]
     fn names_and_ids_never_share_a_spelling() {
-        for name in ["snap-nightly", "nightly", "snap-", "snap-0123456789abcde", "a.b_c-d"] {
+        for name in [
+            "snap-nightly",
+            "nightly",
+            "snap-",
+            "snap-0123456789abcde",
+            "a.b_c-d",
+        ] {
             assert!(valid_snapshot_name(name), "{name} is a name E2B users pick");
         }
         let id = crate::snapshots::pause::new_snapshot_id().unwrap();
         assert!(is_snapshot_id(&id));
         assert!(!valid_snapshot_name(&id), "an id's form is not a name");
-        for bad in ["", ".hidden", "a/b", "..", "snap-0123456789abcdef", &"x".repeat(129)] {
+        for bad in [
+            "",
+            ".hidden",
+            "a/b",
+            "..",
+            "snap-0123456789abcdef",
+            &"x".repeat(129),
+        ] {
             assert!(!valid_snapshot_name(bad), "{bad:?}");
         }
     }
