@@ -389,3 +389,37 @@ def test_get_metrics_reports_sampled_cpu_memory_and_disk(sbx):
     )
     assert r.status_code == 200
     assert list(r.json()["sandboxes"]) == [sbx.sandbox_id]
+
+
+def test_signed_file_urls_work_once_bound_and_expire():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120, secure=True)
+    try:
+        sbx.files.write("/home/user/signed.txt", "signed content")
+        # The SDK's URLs point at E2B_SANDBOX_URL; a deployment routes them by Host
+        # (`49983-<id>.<domain>`), here the routing headers stand for that. No access token.
+        route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        url = sbx.download_url("/home/user/signed.txt")
+        assert "signature=v1_" in url
+        r = httpx.get(url, headers=route)
+        assert r.status_code == 200, r.text
+        assert r.text == "signed content"
+
+        up = sbx.upload_url("/home/user/uploaded.txt", use_signature_expiration=60)
+        r = httpx.post(up, headers=route, files={"file": ("uploaded.txt", b"via signed url")})
+        assert r.status_code == 200, r.text
+        assert sbx.files.read("/home/user/uploaded.txt") == "via signed url"
+
+        # Bound to its path, its operation and its time.
+        other_path = url.replace("signed.txt", "uploaded.txt")
+        assert httpx.get(other_path, headers=route).status_code == 401
+        r = httpx.post(url, headers=route, files={"file": ("x", b"overwrite")})
+        assert r.status_code == 401, "a read signature used to write"
+        assert sbx.files.read("/home/user/signed.txt") == "signed content"
+        expired = sbx.download_url("/home/user/signed.txt", use_signature_expiration=-5)
+        r = httpx.get(expired, headers=route)
+        assert r.status_code == 401 and "expired" in r.json()["message"]
+        forged = url.split("signature=")[0] + "signature=v1_AAAA"
+        assert httpx.get(forged, headers=route).status_code == 401
+        assert httpx.get(url.split("&signature=")[0], headers=route).status_code == 401
+    finally:
+        sbx.kill()

@@ -6,6 +6,7 @@ pub mod error;
 pub mod extract;
 pub mod metrics;
 pub mod proxy;
+pub mod signed_url;
 pub mod trace;
 
 use crate::App;

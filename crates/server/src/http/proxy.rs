@@ -11,7 +11,7 @@
 //! network ([`forward_port`]), HTTP and upgrades such as WebSocket.
 //!
 //! Access: for a `secure` sandbox the proxy itself requires `X-Access-Token` to equal the
-//! sandbox's envd access token (the agent checks it too once `/init` gave it the token, but
+//! sandbox's envd access token, or a signed file URL ([`crate::http::signed_url`]) (the agent checks it too once `/init` gave it the token, but
 //! the proxy does not rely on the agent version). Routes envd keeps internal (`/init`) and
 //! our agent's `/sandcell/...` routes answer 404 through the proxy, as E2B's proxy does.
 
@@ -131,15 +131,29 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
         }
         return Ok(forward_port(&net, &target.sandbox_id, target.port, req).await);
     }
+    let mut req = req;
     if let Some(token) = &live.access_token {
-        let given = req
-            .headers()
-            .get(ACCESS_TOKEN_HEADER)
-            .map(HeaderValue::as_bytes)
-            .unwrap_or_default();
-        if !constant_time_eq(given, token.as_bytes()) {
+        let given = req.headers().get(ACCESS_TOKEN_HEADER);
+        let signed = given.is_none()
+            && crate::http::signed_url::check(
+                req.method().as_str(),
+                req.uri().path(),
+                req.uri().query(),
+                token,
+                crate::util::now_ms() / 1000,
+            )?;
+        if signed {
+            // The agent checks the header too: a valid signature stands for the token.
+            let value = HeaderValue::from_str(token).map_err(|_| {
+                ApiError::internal("the sandbox's access token is not a header value")
+            })?;
+            req.headers_mut().insert(ACCESS_TOKEN_HEADER, value);
+        } else if !constant_time_eq(
+            given.map(HeaderValue::as_bytes).unwrap_or_default(),
+            token.as_bytes(),
+        ) {
             return Err(ApiError::unauthorized(
-                "missing or invalid X-Access-Token for this sandbox",
+                "missing or invalid X-Access-Token for this sandbox (or a signed file URL)",
             ));
         }
     }
