@@ -423,3 +423,29 @@ def test_signed_file_urls_work_once_bound_and_expire():
         assert httpx.get(url.split("&signature=")[0], headers=route).status_code == 401
     finally:
         sbx.kill()
+
+
+def test_v2_logs_tell_the_sandboxes_life_and_filter():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120)
+    sbx_id = sbx.sandbox_id
+    headers = {"X-API-KEY": API_KEY}
+    url = f"{API_URL}/v2/sandboxes/{sbx_id}/logs"
+    live = httpx.get(url, headers=headers).json()["logs"]
+    sources = {e["fields"]["source"] for e in live}
+    assert "runtime" in sources
+    assert any("created from template" in e["message"] for e in live)
+    assert any(e["message"] == "started" for e in live)
+    sbx.kill()
+    logs = httpx.get(url, headers=headers).json()["logs"]
+    assert logs[-1]["message"].startswith("killed"), logs[-1]
+    stamps = [e["timestamp"] for e in logs]
+    assert stamps == sorted(stamps)
+    back = httpx.get(url, headers=headers, params={"direction": "backward", "limit": 1})
+    assert back.json()["logs"] == [logs[-1]]
+    assert httpx.get(url, headers=headers, params={"level": "error"}).json()["logs"] == []
+    found = httpx.get(url, headers=headers, params={"search": "CREATED FROM"}).json()["logs"]
+    assert len(found) == 1
+    r = httpx.get(url, headers=headers, params={"level": "loud"})
+    assert r.status_code == 400 and "debug, info, warn or error" in r.json()["message"]
+    other = {"X-API-KEY": os.environ["SANDCELL_OTHER_KEY"]}
+    assert httpx.get(url, headers=other).status_code == 404

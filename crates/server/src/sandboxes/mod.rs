@@ -6,6 +6,7 @@
 pub mod api;
 pub mod create;
 pub mod error;
+pub mod logs;
 pub mod metering;
 pub mod metrics;
 pub mod metrics_api;

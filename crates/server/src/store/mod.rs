@@ -3,6 +3,7 @@
 //! `crates/server/migrations/` and run on open.
 
 pub mod keys;
+pub mod logs;
 pub mod networks;
 pub mod sandboxes;
 pub mod snapshots;
