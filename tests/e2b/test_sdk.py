@@ -242,6 +242,27 @@ def test_list_filters_by_metadata_and_paginates():
         second = pages.next_items()
         assert len(first) == 1 and len(second) == 1
         assert {first[0].sandbox_id, second[0].sandbox_id} == {a.sandbox_id, b.sandbox_id}
+        # The raw route's other filters: start time either side, template, order.
+        started_b = b.get_info().started_at.isoformat()
+        raw = lambda **p: [  # noqa: E731
+            x["sandboxID"]
+            for x in httpx.get(
+                f"{API_URL}/v2/sandboxes",
+                params={"metadata": "suite=list", **p},
+                headers={"X-API-KEY": API_KEY},
+            ).json()
+        ]
+        assert raw(startedBefore=started_b) == [a.sandbox_id]
+        assert raw(startedAfter=started_b) == []
+        assert raw(order="asc") == [a.sandbox_id, b.sandbox_id]
+        assert raw(order="desc") == [b.sandbox_id, a.sandbox_id]
+        assert raw(template="no-such-template") == []
+        bad = httpx.get(
+            f"{API_URL}/v2/sandboxes",
+            params={"startedBefore": "last week"},
+            headers={"X-API-KEY": API_KEY},
+        )
+        assert bad.status_code == 400 and "RFC 3339" in bad.json()["message"]
     finally:
         a.kill()
         b.kill()

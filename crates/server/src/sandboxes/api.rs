@@ -120,6 +120,7 @@ struct ListQuery {
     states: Vec<SandboxState>,
     template: Option<String>,
     started_after: Option<i64>,
+    started_before: Option<i64>,
     ascending: bool,
     limit: Option<usize>,
     next_token: Option<String>,
@@ -176,6 +177,13 @@ fn parse_list_query(raw: Option<&str>) -> ApiResult<ListQuery> {
                 q.started_after = Some(parse_rfc3339(&value).ok_or_else(|| {
                     ApiError::bad_request(format!(
                         "invalid startedAfter {value:?}: RFC 3339 expected"
+                    ))
+                })?)
+            }
+            "startedBefore" => {
+                q.started_before = Some(parse_rfc3339(&value).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "invalid startedBefore {value:?}: RFC 3339 expected"
                     ))
                 })?)
             }
@@ -247,6 +255,7 @@ async fn list_page(
         q.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
             && q.template.as_ref().is_none_or(|t| &r.template_id == t)
             && q.started_after.is_none_or(|t| key(r).0 > t)
+            && q.started_before.is_none_or(|t| key(r).0 < t)
     });
     rows.sort_by_key(key);
     if !q.ascending {
@@ -295,6 +304,7 @@ pub async fn list_v1(
         ("state" = Option<String>, Query, description = "running,paused"),
         ("template" = Option<String>, Query),
         ("startedAfter" = Option<String>, Query, description = "RFC 3339"),
+        ("startedBefore" = Option<String>, Query, description = "RFC 3339"),
         ("order" = Option<String>, Query, description = "asc or desc (default) by startedAt"),
         ("limit" = Option<u32>, Query, description = "1 to 100 (default 100)"),
         ("nextToken" = Option<String>, Query)),
