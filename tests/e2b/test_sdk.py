@@ -470,3 +470,25 @@ def test_v2_logs_tell_the_sandboxes_life_and_filter():
     assert r.status_code == 400 and "debug, info, warn or error" in r.json()["message"]
     other = {"X-API-KEY": os.environ["SANDCELL_OTHER_KEY"]}
     assert httpx.get(url, headers=other).status_code == 404
+
+
+def test_errors_map_to_the_sdks_exceptions():
+    from e2b import SandboxNotFoundException
+    from e2b.exceptions import SandboxNotRunningException
+
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=120)
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 5", timeout=1)
+    import threading
+
+    threading.Timer(1.0, lambda: Sandbox.kill(sandbox.sandbox_id)).start()
+    started = time.time()
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.commands.run("sleep 30", timeout=60)
+    assert time.time() - started < 20, "the stream ends when the sandbox is killed"
+    started = time.time()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sandbox.sandbox_id)
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.commands.run("echo hi")
+    assert time.time() - started < 10, "a killed sandbox is 404 at once"
