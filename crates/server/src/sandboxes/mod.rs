@@ -1,7 +1,9 @@
 //! Sandboxes: the control API's sandbox routes ([`api`]), the service that creates, kills,
 //! times out and re-adopts them ([`service`]), their states ([`state`]), their JSON
-//! ([`models`]) and what they consumed ([`metering`]).
+//! ([`models`]), what they consumed ([`metering`]) and whether a new one fits its key's
+//! quotas and the host ([`admission`]).
 
+pub mod admission;
 pub mod api;
 pub mod create;
 pub mod error;

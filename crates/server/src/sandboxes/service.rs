@@ -54,6 +54,8 @@ pub struct SandboxServiceConfig {
     /// Kill every sandbox when the daemon stops gracefully (default: they keep running and
     /// the next daemon adopts them).
     pub kill_on_exit: bool,
+    /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
+    pub admission: crate::sandboxes::admission::AdmissionConfig,
 }
 
 impl Default for SandboxServiceConfig {
@@ -62,6 +64,7 @@ impl Default for SandboxServiceConfig {
             max_vcpus: 8,
             max_memory_mib: 8192,
             kill_on_exit: false,
+            admission: Default::default(),
         }
     }
 }
@@ -84,6 +87,12 @@ pub struct SandboxService {
     pub networks: Arc<crate::networks::service::Networks>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
     pub(crate) ops: crate::snapshots::ops::OpLocks,
+    /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
+    pub(crate) admission: crate::sandboxes::admission::AdmissionConfig,
+    /// Where admission reads the host's memory and free disk.
+    pub(crate) host: Arc<dyn crate::sandboxes::admission::HostProbe>,
+    /// Admission checks and inserts run one at a time (sandboxes/admission.rs).
+    pub(crate) admission_lock: tokio::sync::Mutex<()>,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -131,7 +140,12 @@ impl SandboxService {
         metrics: Arc<crate::http::metrics::Metrics>,
         networks: Arc<crate::networks::service::Networks>,
     ) -> SandboxService {
+        let host = Arc::new(crate::sandboxes::admission::ProcHost {
+            data_dir: dirs.data.clone(),
+        });
         SandboxService {
+            admission: config.admission,
+            host,
             db,
             runtime,
             dirs,
@@ -140,7 +154,17 @@ impl SandboxService {
             live: Mutex::new(HashMap::new()),
             networks,
             ops: Default::default(),
+            admission_lock: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Reads the host through `probe` instead of /proc and the data dir (tests).
+    pub fn with_host_probe(
+        mut self,
+        probe: Arc<dyn crate::sandboxes::admission::HostProbe>,
+    ) -> SandboxService {
+        self.host = probe;
+        self
     }
 
     /// The network of sandbox `id` if this daemon runs it and it has one (through the

@@ -213,6 +213,9 @@ impl SandboxService {
             }
             _ => return Err(SnapshotError::SandboxNotFound(id.to_string())),
         }
+        // Its memory comes back: the key's memory quota and the host's capacity
+        // (sandboxes/admission.rs); refused, it stays paused.
+        self.admit_resume(&row).await?;
         let snapshot = self.paused_snapshot(id).await?;
         if !self
             .db
