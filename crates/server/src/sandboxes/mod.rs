@@ -1,13 +1,16 @@
 //! Sandboxes: the control API's sandbox routes ([`api`]), the service that creates, kills,
 //! times out and re-adopts them ([`service`]), their states ([`state`]), their JSON
-//! ([`models`]), what they consumed ([`metering`]) and whether a new one fits its key's
-//! quotas and the host ([`admission`]).
+//! ([`models`]), what they consumed ([`metering`]), their CPU, memory and disk over time
+//! ([`metrics`], [`metrics_api`]) and whether a new one fits its key's quotas and the host
+//! ([`admission`]).
 
 pub mod admission;
 pub mod api;
 pub mod create;
 pub mod error;
 pub mod metering;
+pub mod metrics;
+pub mod metrics_api;
 pub mod models;
 pub mod reaper;
 pub mod reconcile;

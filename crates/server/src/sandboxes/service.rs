@@ -93,6 +93,8 @@ pub struct SandboxService {
     pub(crate) host: Arc<dyn crate::sandboxes::admission::HostProbe>,
     /// Admission checks and inserts run one at a time (sandboxes/admission.rs).
     pub(crate) admission_lock: tokio::sync::Mutex<()>,
+    /// CPU, memory and disk samples of the running sandboxes (sandboxes/metrics.rs).
+    pub samples: super::metrics::SampleStore,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -155,6 +157,7 @@ impl SandboxService {
             networks,
             ops: Default::default(),
             admission_lock: tokio::sync::Mutex::new(()),
+            samples: Default::default(),
         }
     }
 
