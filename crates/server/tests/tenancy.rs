@@ -237,3 +237,57 @@ async fn an_access_token_opens_only_its_own_sandbox() {
     a.kill_sandbox(&sa.sandbox_id).await.unwrap();
     daemon.stop();
 }
+
+#[tokio::test]
+async fn a_resume_past_the_memory_quota_is_429_and_the_sandbox_stays_paused() {
+    let env = common::Env::new();
+    // As tests/snapshots.rs: pause and resume without a network.
+    let daemon = env.start(&["--no-network"]);
+    let quotas = KeyQuotas {
+        memory_mib: Limit::Max(768),
+        ..KeyQuotas::default()
+    };
+    let b = daemon
+        .client
+        .with_api_key(Some(key_with(&env, "b", quotas).await));
+    let first = sandbox_of(&create(&b, 512).await);
+    run(&b, &first, "echo kept > /home/user/mark").await;
+    let path = format!("/sandboxes/{}/pause", first.sandbox_id);
+    let mut paused = StatusCode::SERVICE_UNAVAILABLE;
+    // 503 is "cannot pause now, it keeps running": retried as tests/snapshots.rs does.
+    for _ in 0..3 {
+        paused = b.api(Method::POST, &path, None).await.unwrap().status;
+        if paused != StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+    }
+    assert_eq!(paused, StatusCode::NO_CONTENT);
+    // A paused sandbox holds no memory: another 512 MiB fits.
+    let second = sandbox_of(&create(&b, 512).await);
+    let connect = format!("/v2/sandboxes/{}/connect", first.sandbox_id);
+    let body = serde_json::json!({"timeout": 60});
+    let refused = b.api(Method::POST, &connect, Some(&body)).await.unwrap();
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{:?}",
+        refused.body
+    );
+    assert!(
+        message(&refused).contains("--max-memory-mib"),
+        "{}",
+        message(&refused)
+    );
+    assert_eq!(
+        b.get_sandbox(&first.sandbox_id).await.unwrap().listed.state,
+        "paused"
+    );
+    // With room again it resumes, its files intact.
+    b.kill_sandbox(&second.sandbox_id).await.unwrap();
+    let resumed = b.api(Method::POST, &connect, Some(&body)).await.unwrap();
+    assert_eq!(resumed.status, StatusCode::CREATED, "{:?}", resumed.body);
+    let first: Sandbox = serde_json::from_slice(&resumed.body).unwrap();
+    assert_eq!(run(&b, &first, "cat /home/user/mark").await.0, "kept\n");
+    b.kill_sandbox(&first.sandbox_id).await.unwrap();
+    daemon.stop();
+}

@@ -220,3 +220,40 @@ fn print_table(list: &[KeyRow]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_changes_only_the_quotas_given() {
+        let args = QuotaArgs {
+            max_memory_mib: Some(Limit::Max(1024)),
+            max_disk_mib: Some(Limit::Default),
+            ..QuotaArgs::default()
+        };
+        assert!(!args.is_empty());
+        assert!(QuotaArgs::default().is_empty());
+        let base = KeyQuotas {
+            sandboxes: Limit::Max(3),
+            disk_mib: Limit::Unlimited,
+            ..KeyQuotas::default()
+        };
+        assert_eq!(
+            args.apply(base),
+            KeyQuotas {
+                sandboxes: Limit::Max(3),
+                memory_mib: Limit::Max(1024),
+                disk_mib: Limit::Default,
+                ..KeyQuotas::default()
+            }
+        );
+    }
+
+    #[test]
+    fn quotas_show_as_numbers_or_words_in_json() {
+        assert_eq!(limit_json(Limit::Max(5)), serde_json::json!(5));
+        assert_eq!(limit_json(Limit::Unlimited), serde_json::json!("unlimited"));
+        assert_eq!(limit_json(Limit::Default), serde_json::json!("default"));
+    }
+}

@@ -3,9 +3,10 @@
 //! shown once, at creation. The first start of the daemon creates an admin key and writes it
 //! to `<data-dir>/admin.key` (mode 0600).
 //!
-//! `sandcell keys create|ls|revoke` work on the database file directly (SQLite in WAL mode
-//! lets them run next to the daemon), so they need access to the data dir (root), not a
-//! running daemon. Revoking a key kills its sandboxes at the daemon's next reaper tick.
+//! `sandcell keys create|update|ls|revoke` work on the database file directly (SQLite in
+//! WAL mode lets them run next to the daemon), so they need access to the data dir (root),
+//! not a running daemon. Revoking a key kills its sandboxes at the daemon's next reaper tick.
+//! A key's quotas ([`quota`]) are read on each create, so `keys update` applies at once.
 
 pub mod cli;
 pub mod quota;

@@ -13,7 +13,7 @@
 //! were sized with, disk the disk size of their rows (a paused one's memory file counts as
 //! disk). The checks and the insert of the new row run under one lock
 //! ([`SandboxService::admit_new`]), so that concurrent creates cannot both slip under a
-//! limit; a resume takes the same lock for its check.
+//! limit; a resume holds the same lock from its check until its row is `resuming`.
 //!
 //! The host is read through [`HostProbe`] so that the arithmetic is tested without /proc.
 
@@ -295,8 +295,12 @@ impl SandboxService {
     }
 
     /// Whether paused sandbox `row` may take its memory back (a resume): the key's memory
-    /// quota and the host's memory. Its owner's key is read from the database.
-    pub(crate) async fn admit_resume(&self, row: &SandboxRow) -> Result<(), SandboxError> {
+    /// quota and the host's memory. Its owner's key is read from the database. The caller
+    /// holds the returned guard until the row is `resuming` (then counted as memory).
+    pub(crate) async fn admit_resume(
+        &self,
+        row: &SandboxRow,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, SandboxError> {
         let Some(key) = self.db.key_by_id(&row.key_id).await? else {
             return Err(Error::Io {
                 what: format!(
@@ -312,8 +316,9 @@ impl SandboxService {
             memory_mib: u64::from(row.memory_mib),
             disk_mib: 0,
         };
-        let _held = self.admission_lock.lock().await;
-        self.check(&key, &ask).await
+        let held = self.admission_lock.lock().await;
+        self.check(&key, &ask).await?;
+        Ok(held)
     }
 }
 
