@@ -98,6 +98,29 @@ pub struct ServeArgs {
     /// DAYS are pruned daily, as `sandcell template prune --older-than DAYS`; 0: never
     #[arg(long, default_value_t = 7, value_name = "DAYS")]
     pub template_cache_days: u32,
+    /// Live sandboxes of a key whose `--max-sandboxes` is `default` (admin keys: no limit)
+    #[arg(long, default_value = "20", value_name = "N|unlimited")]
+    pub default_max_sandboxes: keys::quota::DefaultLimit,
+    /// Memory of a key's running sandboxes, for keys whose `--max-memory-mib` is `default`
+    #[arg(long, default_value = "32768", value_name = "MIB|unlimited")]
+    pub default_max_memory_mib: keys::quota::DefaultLimit,
+    /// Disk of a key's live sandboxes, for keys whose `--max-disk-mib` is `default`
+    #[arg(long, default_value = "204800", value_name = "MIB|unlimited")]
+    pub default_max_disk_mib: keys::quota::DefaultLimit,
+    /// Template builds of a key at once, for keys whose `--max-builds` is `default`
+    #[arg(long, default_value = "2", value_name = "N|unlimited")]
+    pub default_max_builds: keys::quota::DefaultLimit,
+    /// Uploaded build archives of a key, for keys whose `--max-upload-mib` is `default`
+    #[arg(long, default_value = "16384", value_name = "MIB|unlimited")]
+    pub default_max_upload_mib: keys::quota::DefaultLimit,
+    /// Creates, restores, forks and resumes are refused (503) when the memory of all
+    /// running sandboxes would pass this many times the host's MemTotal
+    #[arg(long, default_value_t = 1.5, value_name = "RATIO")]
+    pub memory_overcommit: f64,
+    /// Creates, restores, forks and resumes are refused (503) while the data dir's
+    /// filesystem has less free than this
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
+    pub min_free_disk_mib: u64,
     /// `/metrics` gets one series per sandbox (label `sandbox_id`) for CPU, memory and disk,
     /// instead of their sums
     #[arg(long)]
@@ -127,6 +150,25 @@ fn parse_lifetime(s: &str) -> Result<u64, String> {
         return Err(format!("{s:?} is out of range: 1s to 365d"));
     }
     Ok(secs)
+}
+
+impl ServeArgs {
+    /// Keys' default quotas and the host's limits, from the options.
+    fn admission(&self) -> sandboxes::admission::AdmissionConfig {
+        sandboxes::admission::AdmissionConfig {
+            key_defaults: keys::quota::QuotaDefaults {
+                sandboxes: self.default_max_sandboxes.0,
+                memory_mib: self.default_max_memory_mib.0,
+                disk_mib: self.default_max_disk_mib.0,
+                builds: self.default_max_builds.0,
+                upload_mib: self.default_max_upload_mib.0,
+            },
+            host: sandboxes::admission::HostLimits {
+                memory_overcommit: self.memory_overcommit,
+                min_free_disk_mib: self.min_free_disk_mib,
+            },
+        }
+    }
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -249,6 +291,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             max_memory_mib: args.max_memory_mib,
             kill_on_exit: args.kill_on_exit,
             max_lifetime_secs: args.max_lifetime,
+            admission: args.admission(),
         },
         metrics.clone(),
         networks.clone(),
@@ -353,7 +396,37 @@ pub async fn serve(dirs: Dirs, args: ServeArgs) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_lifetime;
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn admission_options_parse_with_their_defaults() {
+        let cli = Cli::try_parse_from(["serve"]).unwrap();
+        let a = cli.serve.admission();
+        assert_eq!(a.key_defaults, keys::quota::QuotaDefaults::default());
+        assert_eq!(a.host, sandboxes::admission::HostLimits::default());
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--default-max-sandboxes",
+            "unlimited",
+            "--default-max-memory-mib",
+            "1024",
+            "--memory-overcommit",
+            "0.8",
+        ])
+        .unwrap();
+        let a = cli.serve.admission();
+        assert_eq!(a.key_defaults.sandboxes, None);
+        assert_eq!(a.key_defaults.memory_mib, Some(1024));
+        assert_eq!(a.host.memory_overcommit, 0.8);
+        assert!(Cli::try_parse_from(["serve", "--default-max-builds", "default"]).is_err());
+    }
 
     #[test]
     fn lifetimes_take_a_unit_and_a_sane_range() {

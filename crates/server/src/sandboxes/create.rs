@@ -11,9 +11,10 @@
 //! 4. [`plan_boot`](SandboxService::plan_boot): size (the template's when the request
 //!    names none), image, timeout, env (an OCI image's defaults under the request's),
 //!    access token: the row to create.
-//! 5. [`admit`](SandboxService::admit): the key's sandbox limit (the row is inserted
-//!    `creating` only within it), `autoPause`, the network's rules recorded before the
-//!    runtime makes anything (crash consistency: see service.rs).
+//! 5. [`admit`](SandboxService::admit): the key's quotas and the host's capacity
+//!    (sandboxes/admission.rs: the row is inserted `creating` only within them), `autoPause`,
+//!    the network's rules recorded before the runtime makes anything (crash consistency:
+//!    see service.rs).
 //! 6. boot, then [`finish_create`](SandboxService::finish_create): the agent's `/init`,
 //!    `running`, and an API-built template's start and ready commands.
 //!
@@ -240,7 +241,8 @@ impl SandboxService {
         })
     }
 
-    /// Step 5: the row is inserted within the key's sandbox limit (429 beyond it), with its
+    /// Step 5: the row is inserted within the key's quotas (429 beyond them) and the host's
+    /// capacity (503), with its
     /// `autoPause`; the network's rules are recorded before the runtime makes it
     /// (networks/service.rs). A failed network record marks the row `error`.
     async fn admit(
@@ -250,15 +252,7 @@ impl SandboxService {
         net_req: Option<&NetRequest>,
     ) -> Result<(), SandboxError> {
         let id = &plan.row.id;
-        if !self
-            .db
-            .insert_sandbox_within_limit(&plan.row, key.max_sandboxes)
-            .await?
-        {
-            return Err(SandboxError::LimitReached {
-                limit: key.max_sandboxes.unwrap_or(0),
-            });
-        }
+        self.admit_new(key, &plan.row).await?;
         if plan.auto_pause {
             self.db
                 .set_sandbox_lifecycle(

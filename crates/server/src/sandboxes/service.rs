@@ -58,6 +58,8 @@ pub struct SandboxServiceConfig {
     /// The longest a sandbox may run, in seconds of running (paused time does not count),
     /// and so the longest `timeout` a request may ask for.
     pub max_lifetime_secs: u64,
+    /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
+    pub admission: crate::sandboxes::admission::AdmissionConfig,
 }
 
 impl Default for SandboxServiceConfig {
@@ -67,6 +69,7 @@ impl Default for SandboxServiceConfig {
             max_memory_mib: 8192,
             kill_on_exit: false,
             max_lifetime_secs: DEFAULT_MAX_LIFETIME_SECS,
+            admission: Default::default(),
         }
     }
 }
@@ -89,6 +92,12 @@ pub struct SandboxService {
     pub networks: Arc<crate::networks::service::Networks>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
     pub(crate) ops: crate::snapshots::ops::OpLocks,
+    /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
+    pub(crate) admission: crate::sandboxes::admission::AdmissionConfig,
+    /// Where admission reads the host's memory and free disk.
+    pub(crate) host: Arc<dyn crate::sandboxes::admission::HostProbe>,
+    /// Admission checks and inserts run one at a time (sandboxes/admission.rs).
+    pub(crate) admission_lock: tokio::sync::Mutex<()>,
     /// CPU, memory and disk samples of the running sandboxes (sandboxes/metrics.rs).
     pub samples: super::metrics::SampleStore,
 }
@@ -138,7 +147,12 @@ impl SandboxService {
         metrics: Arc<crate::http::metrics::Metrics>,
         networks: Arc<crate::networks::service::Networks>,
     ) -> SandboxService {
+        let host = Arc::new(crate::sandboxes::admission::ProcHost {
+            data_dir: dirs.data.clone(),
+        });
         SandboxService {
+            admission: config.admission,
+            host,
             db,
             runtime,
             dirs,
@@ -147,8 +161,18 @@ impl SandboxService {
             live: Mutex::new(HashMap::new()),
             networks,
             ops: Default::default(),
+            admission_lock: tokio::sync::Mutex::new(()),
             samples: Default::default(),
         }
+    }
+
+    /// Reads the host through `probe` instead of /proc and the data dir (tests).
+    pub fn with_host_probe(
+        mut self,
+        probe: Arc<dyn crate::sandboxes::admission::HostProbe>,
+    ) -> SandboxService {
+        self.host = probe;
+        self
     }
 
     /// The network of sandbox `id` if this daemon runs it and it has one (through the

@@ -128,15 +128,8 @@ impl SandboxService {
             end_reason: None,
             handle: None,
         };
-        if !self
-            .db
-            .insert_sandbox_within_limit(&row, key.max_sandboxes)
-            .await?
-        {
-            return Err(SandboxError::LimitReached {
-                limit: key.max_sandboxes.unwrap_or(0),
-            });
-        }
+        // The key's quotas and the host's capacity (sandboxes/admission.rs).
+        self.admit_new(key, &row).await?;
         self.db
             .set_sandbox_lifecycle(
                 &id,

@@ -60,6 +60,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "template tags",
         include_str!("../../migrations/0007_template_tags.sql"),
     ),
+    (
+        9,
+        "key quotas",
+        include_str!("../../migrations/0009_key_quotas.sql"),
+    ),
 ];
 
 pub use crate::sandboxes::state::State;
