@@ -163,6 +163,8 @@ pub struct App {
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub domain: Option<String>,
+    /// `/mcp` (none: no route).
+    pub mcp: Option<http::mcp::McpConfig>,
 }
 
 async fn open_runtime(
@@ -245,22 +247,25 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             args.template_cache_days,
         ));
     }
-    let app = Arc::new(App {
-        db: db.clone(),
-        lifecycle: lifecycle.clone(),
-        config: Config {
-            domain: args.domain.clone(),
-        },
-        metrics,
-        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
-        uploads: Default::default(),
-    });
+    // Bound before the App is made: /mcp calls the API at the address actually bound
+    // (`--listen 127.0.0.1:0` picks a port).
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(Error::io(format!("listening on {}", args.listen)))?;
     let addr = listener
         .local_addr()
         .map_err(Error::io("reading the listening address"))?;
+    let app = Arc::new(App {
+        db: db.clone(),
+        lifecycle: lifecycle.clone(),
+        config: Config {
+            domain: args.domain.clone(),
+            mcp: Some(http::mcp::McpConfig::new(addr, args.domain.as_deref())),
+        },
+        metrics,
+        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
+        uploads: Default::default(),
+    });
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");
 
