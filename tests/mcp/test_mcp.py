@@ -287,3 +287,33 @@ async def test_exec_timeout_kills_and_says_so():
             assert out["stdout"] == "a\n"
             left = await call(s, "exec", sandbox_id=sid, command=PS.replace("313", "317"))
             assert left["stdout"].strip() == "0", left
+
+
+@pytest.mark.anyio
+async def test_snapshot_pause_resume_and_egress_rules():
+    async with stdio_session(KEY_A) as s:
+        async with sandbox(s) as sid:
+            await call(s, "file_write", sandbox_id=sid, path="/tmp/state", content="kept")
+            snap = await call(s, "sandbox_snapshot", sandbox_id=sid)
+            assert snap["snapshot_id"], snap
+            copy = (await call(s, "sandbox_create", template=snap["snapshot_id"]))["sandbox_id"]
+            try:
+                out = await call(s, "exec", sandbox_id=copy, command="cat /tmp/state")
+                assert out["stdout"] == "kept"
+            finally:
+                await s.call_tool("sandbox_kill", {"sandbox_id": copy})
+
+            rules = await call(s, "network_update", sandbox_id=sid, allow_out=["192.0.2.1"],
+                               allow_internet=False)
+            assert rules["allow_internet"] is False
+            bad = await s.call_tool("network_update", {"sandbox_id": sid, "deny_out": ["nonsense/99"]})
+            assert bad.is_error, text_of(bad)
+
+            await call(s, "sandbox_pause", sandbox_id=sid)
+            paused = await call(s, "sandbox_list", state=["paused"])
+            assert sid in [x["sandbox_id"] for x in paused["sandboxes"]]
+            busy = await s.call_tool("exec", {"sandbox_id": sid, "command": "true"})
+            assert busy.is_error and "sandbox_resume" in text_of(busy), text_of(busy)
+            await call(s, "sandbox_resume", sandbox_id=sid)
+            out = await call(s, "exec", sandbox_id=sid, command="cat /tmp/state")
+            assert out["stdout"] == "kept"

@@ -188,6 +188,7 @@ pub async fn exec(
                 continue;
             }
             _ = ctx.ct.cancelled(), if killed.is_none() => {
+                tracing::info!("exec in sandbox {id} cancelled by the client: killing process {:?}", guard.pid);
                 killed = Some(Ending::Cancelled);
                 kill_now(&envd, guard.pid).await;
                 grace.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
