@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The MCP server (crates/mcp) with real MCP clients: the official Python SDK (PyPI `mcp`,
 # pinned below) over stdio (`sandcell mcp`) and over streamable HTTP (the daemon's /mcp),
-# against a real `sandcell serve` on loopback (gvisor runtime, temp data and run dirs).
+# then the MCP Inspector's CLI mode (npm @modelcontextprotocol/inspector, tests/mcp/
+# inspector.sh), against a real `sandcell serve` on loopback (gvisor runtime, temp data and
+# run dirs).
 #
 # Needs root and runsc (as every gvisor test), the installed images (`make images install`,
-# looked up in $SANDCELL_DATA_DIR or /var/lib/sandcell), python3 >= 3.10 and, the first
-# time, PyPI (the venv is cached under ~/.cache/sandcell/mcp-test/, keyed by the pins).
+# looked up in $SANDCELL_DATA_DIR or /var/lib/sandcell), python3 >= 3.10, node >= 20 and,
+# the first time, PyPI and npm (venv and node_modules are cached under
+# ~/.cache/sandcell/mcp-test/, keyed by the pins).
 # Environment:
 #   SANDCELL_BIN=PATH        the sandcell binary [default: cargo build -p sandcell-cli, debug]
 #   SANDCELL_TEMPLATE=NAME   the template [default: base, else minimal]
@@ -17,6 +20,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/tests/mcp"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/sandcell/mcp-test"
 PINS="mcp==2.3.0 pytest==9.2.0"
+NPM_PIN="@modelcontextprotocol/inspector@2.12.0"
 INSTALLED="${SANDCELL_DATA_DIR:-/var/lib/sandcell}"
 
 say() { echo "==> $*" >&2; }
@@ -36,6 +40,15 @@ if [ "$(cat "$CACHE/venv/.sandcell-pins" 2>/dev/null)" != "$PINS" ]; then
     # shellcheck disable=SC2086
     "$CACHE/venv/bin/pip" install -q $PINS
     echo "$PINS" >"$CACHE/venv/.sandcell-pins"
+fi
+
+if [ "$(cat "$CACHE/node/.sandcell-pins" 2>/dev/null)" != "$NPM_PIN" ]; then
+    say "node_modules with $NPM_PIN ($CACHE/node)"
+    rm -rf "$CACHE/node"
+    mkdir -p "$CACHE/node"
+    (cd "$CACHE/node" && echo '{"private":true}' >package.json &&
+        npm install --silent --no-audit --no-fund "$NPM_PIN" >/dev/null)
+    echo "$NPM_PIN" >"$CACHE/node/.sandcell-pins"
 fi
 
 # --- the daemon ---
@@ -98,6 +111,9 @@ status=0
 say "python: pytest tests/mcp/test_mcp.py ($PINS)"
 # shellcheck disable=SC2086
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_mcp.py" ${PYTEST_ARGS:-} || status=1
+say "node: tests/mcp/inspector.sh ($NPM_PIN)"
+INSPECTOR="$CACHE/node/node_modules/.bin/mcp-inspector" PY="$CACHE/venv/bin/python" \
+    "$HERE/inspector.sh" || status=1
 
 if [ "$status" != 0 ]; then
     echo "---- daemon stderr (last 40 lines) ----" >&2

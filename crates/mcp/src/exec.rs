@@ -41,16 +41,19 @@ pub struct ExecArgs {
     /// A shell command line, run as `sh -c COMMAND` (pipes, redirections and && work).
     pub command: String,
     /// Working directory (default: the user's home).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub cwd: Option<String>,
     /// Run as this user: `user` (default in most templates) or `root`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub user: Option<String>,
     /// Extra environment variables for this command.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Seconds before the command is killed (default 60, at most 3600).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64")]
     pub timeout_seconds: Option<u64>,
 }
 

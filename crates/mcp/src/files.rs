@@ -40,7 +40,8 @@ pub struct ReadArgs {
     #[serde(default)]
     pub encoding: Encoding,
     /// Read as this user: `user` or `root` (default: the sandbox's default user).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub user: Option<String>,
 }
 
@@ -57,7 +58,8 @@ pub struct WriteArgs {
     #[serde(default)]
     pub encoding: Encoding,
     /// Write as this user: `user` or `root` (default: the sandbox's default user).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub user: Option<String>,
 }
 
@@ -72,7 +74,8 @@ pub struct ListArgs {
     #[serde(default = "one")]
     pub depth: u32,
     /// List as this user (default: the sandbox's default user).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub user: Option<String>,
 }
 
@@ -88,7 +91,8 @@ pub struct PathArgs {
     /// The path.
     pub path: String,
     /// As this user (default: the sandbox's default user).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub user: Option<String>,
 }
 

@@ -26,7 +26,8 @@ pub struct CreateArgs {
     #[serde(default = "default_template")]
     pub template: String,
     /// Seconds until the daemon kills the sandbox (default 300).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64")]
     pub timeout_seconds: Option<u64>,
     /// Environment variables of every command run in the sandbox.
     #[serde(default)]
@@ -42,7 +43,8 @@ pub struct CreateArgs {
     #[serde(default)]
     pub deny_out: Vec<String>,
     /// false: no internet access at all, except what allow_out allows (default true).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "bool")]
     pub allow_internet: Option<bool>,
     /// Private networks of this API key to join (members reach each other by IP and id).
     #[serde(default)]
@@ -77,7 +79,8 @@ pub struct ResumeArgs {
     /// The paused sandbox's id.
     pub sandbox_id: String,
     /// Seconds from now until the daemon pauses or kills it again (default 300).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64")]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -90,7 +93,8 @@ pub struct ForkArgs {
     #[serde(default = "one")]
     pub count: u32,
     /// Seconds until each new sandbox's timeout (default 300).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64")]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -104,7 +108,8 @@ pub struct SnapshotArgs {
     /// The running sandbox to snapshot.
     pub sandbox_id: String,
     /// A name to create sandboxes from (a later snapshot of the same name replaces it).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub name: Option<String>,
 }
 
