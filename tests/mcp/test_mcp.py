@@ -317,3 +317,47 @@ async def test_snapshot_pause_resume_and_egress_rules():
             await call(s, "sandbox_resume", sandbox_id=sid)
             out = await call(s, "exec", sandbox_id=sid, command="cat /tmp/state")
             assert out["stdout"] == "kept"
+
+
+@pytest.mark.anyio
+async def test_stdio_explains_a_missing_daemon_and_a_bad_key():
+    params = StdioServerParameters(
+        command=BIN, args=["mcp"],
+        env={"SANDCELL_URL": "http://127.0.0.1:9", "SANDCELL_API_KEY": KEY_A,
+             "SANDCELL_CONFIG": "/nonexistent"},
+    )
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            r = await s.call_tool("sandbox_list", {})
+            assert r.is_error and "does not answer" in text_of(r), text_of(r)
+    async with stdio_session("e2b_" + "0" * 40) as s:
+        r = await s.call_tool("sandbox_list", {})
+        assert r.is_error and "API key" in text_of(r), text_of(r)
+
+
+@pytest.mark.anyio
+async def test_a_session_belongs_to_the_key_that_opened_it():
+    accept = {"Accept": "application/json, text/event-stream",
+              "MCP-Protocol-Version": "2025-06-18"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        r = await http.post(f"{URL}/mcp", json=init, headers={**accept, "X-API-KEY": KEY_A})
+        assert r.status_code == 200, r.text
+        session = r.headers["mcp-session-id"]
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        with_a = {**accept, "X-API-KEY": KEY_A, "Mcp-Session-Id": session}
+        with_b = {**accept, "X-API-KEY": KEY_B, "Mcp-Session-Id": session}
+        r = await http.post(f"{URL}/mcp", json=done, headers=with_a)
+        assert r.status_code in (200, 202), r.text
+        r = await http.post(f"{URL}/mcp", json=listing, headers=with_b)
+        assert r.status_code == 404, r.text
+        r = await http.delete(f"{URL}/mcp", headers=with_b)
+        assert r.status_code == 404, r.text
+        r = await http.post(f"{URL}/mcp", json=listing, headers=with_a)
+        assert r.status_code == 200 and "sandbox_create" in r.text, r.text
+        r = await http.delete(f"{URL}/mcp", headers=with_a)
+        assert r.status_code in (200, 202, 204), r.text

@@ -5,16 +5,30 @@
 //! this daemon's REST API on loopback with that key, so what an MCP session may see and do
 //! is decided by the REST routes' owner checks alone, not by a second copy of them here;
 //! the cost is one loopback HTTP request per daemon call, small next to a sandbox's work.
+//!
+//! A session belongs to the key that opened it ([`Sessions`]): a request naming another
+//! key's session (`Mcp-Session-Id`) is answered 404 as if there were none, so a leaked
+//! session id gives another key neither the session's stream nor a way to end it.
 
 use crate::App;
+use crate::http::error::ApiError;
 use crate::http::extract::Caller;
 use axum::Router;
 use axum::extract::Request;
+use axum::http::Method;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use sandcell_client::Client;
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// rmcp's session header.
+const SESSION_HEADER: &str = "mcp-session-id";
+/// Sessions whose owner is remembered; past this the oldest is forgotten (then rmcp's
+/// own answer for it stands: a session it still has is reachable by any valid key).
+const MAX_SESSIONS: usize = 10_000;
 
 /// Where the MCP service finds the daemon, and the hosts it answers.
 #[derive(Debug, Clone)]
@@ -50,17 +64,74 @@ pub fn routes(app: &Arc<App>) -> Option<Router<Arc<App>>> {
     };
     let service =
         sandcell_mcp::http::service(api, config.public_url.clone(), config.allowed_hosts.clone());
+    let sessions = Arc::new(Sessions::default());
     Some(
         Router::new()
             .route_service("/mcp", service)
             .layer(axum::middleware::from_fn_with_state(
                 app.clone(),
-                require_key,
+                move |caller: Caller, req: Request, next: Next| {
+                    let sessions = sessions.clone();
+                    async move { sessions.admit(caller, req, next).await }
+                },
             )),
     )
 }
 
-/// Refuses a request without a valid key (401 in E2B's error shape) before rmcp reads it.
-async fn require_key(_caller: Caller, req: Request, next: Next) -> Response {
-    next.run(req).await
+/// The key (id) that opened each MCP session.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    owners: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl Sessions {
+    /// A request with a valid key (the [`Caller`] extractor answered 401 otherwise): on to
+    /// rmcp unless it names another key's session; a session rmcp opens is the caller's.
+    async fn admit(&self, Caller(key): Caller, req: Request, next: Next) -> Response {
+        let session = req
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let ending = req.method() == Method::DELETE;
+        if let Some(id) = &session
+            && self.owner(id).is_some_and(|owner| owner != key.id)
+        {
+            return ApiError::not_found(format!("no MCP session {id} for this API key"))
+                .into_response();
+        }
+        let resp = next.run(req).await;
+        match (&session, resp.headers().get(SESSION_HEADER)) {
+            (None, Some(new)) => {
+                if let Ok(new) = new.to_str() {
+                    self.insert(new, &key.id);
+                }
+            }
+            (Some(id), _) if ending && resp.status().is_success() => self.forget(id),
+            _ => {}
+        }
+        resp
+    }
+
+    fn owner(&self, session: &str) -> Option<String> {
+        let owners = sandcell_proto::sync::lock(&self.owners);
+        owners.get(session).map(|(key, _)| key.clone())
+    }
+
+    fn insert(&self, session: &str, key: &str) {
+        let mut owners = sandcell_proto::sync::lock(&self.owners);
+        if owners.len() >= MAX_SESSIONS
+            && let Some(oldest) = owners
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(id, _)| id.clone())
+        {
+            owners.remove(&oldest);
+        }
+        owners.insert(session.to_string(), (key.to_string(), Instant::now()));
+    }
+
+    fn forget(&self, session: &str) {
+        sandcell_proto::sync::lock(&self.owners).remove(session);
+    }
 }
