@@ -177,9 +177,10 @@ pub async fn exec(
     let mut sent = 0usize;
     let deadline = tokio::time::sleep(Duration::from_secs(secs));
     tokio::pin!(deadline);
-    // Set once the process was told to die: then only its end is waited for, KILL_GRACE.
+    // Set once the process was told to die: then only its end is waited for, KILL_GRACE
+    // (the grace timer is re-armed then; until then it is past the command's own timeout).
     let mut killed: Option<Ending> = None;
-    let grace = tokio::time::sleep(Duration::from_secs(u64::MAX / 4));
+    let grace = tokio::time::sleep(Duration::from_secs(MAX_TIMEOUT_SECS * 2));
     tokio::pin!(grace);
     let ending = loop {
         let event = tokio::select! {
