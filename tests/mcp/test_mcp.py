@@ -361,3 +361,42 @@ async def test_a_session_belongs_to_the_key_that_opened_it():
         assert r.status_code == 200 and "sandbox_create" in r.text, r.text
         r = await http.delete(f"{URL}/mcp", headers=with_a)
         assert r.status_code in (200, 202, 204), r.text
+
+
+@pytest.mark.anyio
+async def test_a_client_going_away_mid_exec_leaves_no_process():
+    """A client that exits mid-call (its stdin to `sandcell mcp` closes, no cancel sent)."""
+    import json
+    import subprocess
+
+    async with stdio_session(KEY_A) as keeper:
+        async with sandbox(keeper) as sid:
+            env = {**os.environ, "SANDCELL_URL": URL, "SANDCELL_API_KEY": KEY_A,
+                   "SANDCELL_CONFIG": "/nonexistent"}
+            proc = subprocess.Popen([BIN, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, env=env, text=True)
+            try:
+                def send(msg):
+                    proc.stdin.write(json.dumps(msg) + "\n")
+                    proc.stdin.flush()
+
+                send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                 "clientInfo": {"name": "raw", "version": "1"}}})
+                assert json.loads(proc.stdout.readline())["id"] == 1
+                send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "exec", "_meta": {"progressToken": "p"},
+                                 "arguments": {"sandbox_id": sid, "timeout_seconds": 600,
+                                               "command": "echo started; sleep 319"}}})
+                for line in proc.stdout:
+                    msg = json.loads(line)
+                    if "started" in msg.get("params", {}).get("message", ""):
+                        break
+                proc.stdin.close()
+                proc.wait(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            ps = PS.replace("313", "319")
+            assert (await call(keeper, "exec", sandbox_id=sid, command=ps))["stdout"].strip() == "0"

@@ -57,6 +57,44 @@ pub struct ExecArgs {
     pub timeout_seconds: Option<u64>,
 }
 
+/// How many `exec` calls run a command, for a server that must not exit under them.
+#[derive(Debug, Clone)]
+pub struct Running(tokio::sync::watch::Sender<usize>);
+
+impl Default for Running {
+    fn default() -> Self {
+        Running(tokio::sync::watch::Sender::new(0))
+    }
+}
+
+impl Running {
+    /// Counts one command until the returned guard drops.
+    fn enter(&self) -> RunningGuard {
+        self.0.send_modify(|n| *n += 1);
+        RunningGuard(self.0.clone())
+    }
+
+    /// Waits until no command runs, at most the time a killed one is given to end.
+    pub async fn wait_idle(&self) {
+        let mut rx = self.0.subscribe();
+        let idle = rx.wait_for(|n| *n == 0);
+        if tokio::time::timeout(KILL_GRACE + Duration::from_secs(5), idle)
+            .await
+            .is_err()
+        {
+            tracing::warn!("exiting with exec calls still running in sandboxes");
+        }
+    }
+}
+
+struct RunningGuard(tokio::sync::watch::Sender<usize>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
 /// Kills the process when dropped before [`KillOnDrop::disarm`]: the call's future went
 /// away (cancelled or shut down) while the process ran.
 struct KillOnDrop {
@@ -133,9 +171,11 @@ enum Ending {
 
 pub async fn exec(
     client: &Client,
+    running: &Running,
     a: ExecArgs,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<CallToolResult, ToolError> {
+    let _running = running.enter();
     let secs = a.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECS);
     if secs == 0 || secs > MAX_TIMEOUT_SECS {
         return Err(ToolError::Invalid(format!(

@@ -55,6 +55,8 @@ pub struct Sandcell {
     keys: Keys,
     /// The daemon's URL as a model should be told it (port_url without a domain).
     public_url: String,
+    /// Commands running in `exec` calls (shared by the clones).
+    running: exec::Running,
 }
 
 impl Sandcell {
@@ -64,6 +66,7 @@ impl Sandcell {
             client,
             keys: Keys::Fixed,
             public_url: public_url.into(),
+            running: exec::Running::default(),
         }
     }
 
@@ -73,6 +76,7 @@ impl Sandcell {
             client: client.with_api_key(None),
             keys: Keys::PerRequest,
             public_url: public_url.into(),
+            running: exec::Running::default(),
         }
     }
 
@@ -118,14 +122,20 @@ impl ServerHandler for Sandcell {
 
 /// Serves MCP on stdin/stdout until the client closes it. Logs go to stderr (stdout is
 /// the protocol's).
+///
+/// A client that goes away mid-`exec` (stdin closed, no cancel sent) ends the session with
+/// the command still running; rmcp then cancels the call, and the process must stay up
+/// until that call has killed the command: it waits for every `exec` to end, bounded.
 pub async fn serve_stdio(server: Sandcell) -> Result<(), std::io::Error> {
-    let running = server
+    let running = server.running.clone();
+    let session = server
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| std::io::Error::other(format!("MCP handshake on stdio: {e}")))?;
-    running
+    let ended = session
         .waiting()
         .await
-        .map_err(|e| std::io::Error::other(format!("MCP session on stdio: {e}")))?;
-    Ok(())
+        .map_err(|e| std::io::Error::other(format!("MCP session on stdio: {e}")));
+    running.wait_idle().await;
+    ended.map(drop)
 }

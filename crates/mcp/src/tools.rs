@@ -229,7 +229,7 @@ async fn dispatch(
         "sandbox_fork" => sandboxes::fork(&client, args(name, arguments)?).await,
         "sandbox_snapshot" => sandboxes::snapshot(&client, args(name, arguments)?).await,
         "sandbox_set_timeout" => sandboxes::set_timeout(&client, args(name, arguments)?).await,
-        "exec" => exec::exec(&client, args(name, arguments)?, &ctx).await,
+        "exec" => exec::exec(&client, &server.running, args(name, arguments)?, &ctx).await,
         "file_read" => files::read(&client, args(name, arguments)?).await,
         "file_write" => files::write(&client, args(name, arguments)?).await,
         "file_list" => files::list(&client, args(name, arguments)?).await,
