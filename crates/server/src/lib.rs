@@ -236,6 +236,8 @@ pub struct Config {
     pub domain: Option<String>,
     /// `/metrics` has one series per sandbox (`--metrics-per-sandbox`).
     pub metrics_per_sandbox: bool,
+    /// `/mcp` (none: no route).
+    pub mcp: Option<http::mcp::McpConfig>,
 }
 
 async fn open_runtime(
@@ -321,23 +323,26 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             args.template_cache_days,
         ));
     }
-    let app = Arc::new(App {
-        db: db.clone(),
-        lifecycle: lifecycle.clone(),
-        config: Config {
-            domain: args.domain.clone(),
-            metrics_per_sandbox: args.metrics_per_sandbox,
-        },
-        metrics,
-        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
-        uploads: Default::default(),
-    });
+    // Bound before the App is made: /mcp calls the API at the address actually bound
+    // (`--listen 127.0.0.1:0` picks a port).
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(Error::io(format!("listening on {}", args.listen)))?;
     let addr = listener
         .local_addr()
         .map_err(Error::io("reading the listening address"))?;
+    let app = Arc::new(App {
+        db: db.clone(),
+        lifecycle: lifecycle.clone(),
+        config: Config {
+            domain: args.domain.clone(),
+            metrics_per_sandbox: args.metrics_per_sandbox,
+            mcp: Some(http::mcp::McpConfig::new(addr, args.domain.as_deref())),
+        },
+        metrics,
+        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
+        uploads: Default::default(),
+    });
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");
 
