@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod extract;
+pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod trace;

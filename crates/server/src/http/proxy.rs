@@ -14,6 +14,8 @@
 //! sandbox's envd access token (the agent checks it too once `/init` gave it the token, but
 //! the proxy does not rely on the agent version). Routes envd keeps internal (`/init`) and
 //! our agent's `/sandcell/...` routes answer 404 through the proxy, as E2B's proxy does.
+//! Nothing that authenticates the caller to the daemon reaches the sandbox
+//! ([`strip_credentials`]).
 
 use crate::App;
 use crate::http::error::ApiError;
@@ -129,6 +131,8 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
                 ));
             }
         }
+        let mut req = req;
+        strip_credentials(req.headers_mut(), false);
         return Ok(forward_port(&net, &target.sandbox_id, target.port, req).await);
     }
     if let Some(token) = &live.access_token {
@@ -147,9 +151,41 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
     if path == "/init" || path.starts_with("/sandcell/") {
         return Err(ApiError::not_found(format!("no route {path}")));
     }
+    let mut req = req;
+    // envd checks the access token itself: that one stays.
+    strip_credentials(req.headers_mut(), true);
     forward(&live.sandbox, target.port, req)
         .await
         .map(IntoResponse::into_response)
+}
+
+/// Removes what authenticates the caller to this daemon before a request goes into the
+/// sandbox, whose code may be hostile: `X-API-KEY` (the owner's key), an `Authorization`
+/// carrying one of our API keys (`Bearer e2b_...`), the traffic token our proxy checked,
+/// and, unless it goes to envd (`keep_access_token`, envd checks it), the envd access
+/// token. Any other `Authorization` (Basic, an app's own bearer token) goes through: apps
+/// served on a sandbox port may use their own, and envd takes its user from `Basic`.
+pub fn strip_credentials(headers: &mut HeaderMap, keep_access_token: bool) {
+    headers.remove("x-api-key");
+    headers.remove(TRAFFIC_TOKEN_HEADER);
+    if !keep_access_token {
+        headers.remove(ACCESS_TOKEN_HEADER);
+    }
+    let carries_our_key = |v: &HeaderValue| {
+        v.to_str().ok().is_some_and(|v| {
+            let mut words = v.split_whitespace();
+            let (scheme, cred) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            scheme.eq_ignore_ascii_case("bearer") && crate::keys::looks_like_key(cred)
+                || crate::keys::looks_like_key(v.trim())
+        })
+    };
+    if headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .any(carries_our_key)
+    {
+        headers.remove(header::AUTHORIZATION);
+    }
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, not the message.
@@ -365,6 +401,35 @@ mod tests {
             None
         );
         assert_eq!(host_target("99999-sc-1.sandbox.test", "sandbox.test"), None);
+    }
+
+    #[test]
+    fn credentials_do_not_reach_the_sandbox() {
+        let key = format!("e2b_{}", "ab".repeat(20));
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_str(&key).unwrap());
+        h.insert(ACCESS_TOKEN_HEADER, HeaderValue::from_static("tok"));
+        h.insert(TRAFFIC_TOKEN_HEADER, HeaderValue::from_static("traffic"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+        );
+        h.insert("x-app", HeaderValue::from_static("kept"));
+        let mut envd = h.clone();
+        strip_credentials(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-app"));
+        strip_credentials(&mut envd, true);
+        assert_eq!(envd.len(), 2, "{envd:?}");
+        assert!(envd.contains_key(ACCESS_TOKEN_HEADER));
+        // an app's own Authorization passes
+        let mut app = HeaderMap::new();
+        app.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer app-token"),
+        );
+        strip_credentials(&mut app, false);
+        assert!(app.contains_key(header::AUTHORIZATION));
     }
 
     #[test]
