@@ -111,6 +111,35 @@ pub struct ServeArgs {
     /// DAYS are pruned daily, as `sandcell template prune --older-than DAYS`; 0: never
     #[arg(long, default_value_t = 7, value_name = "DAYS")]
     pub template_cache_days: u32,
+    /// `/metrics` gets one series per sandbox (label `sandbox_id`) for CPU, memory and disk,
+    /// instead of their sums
+    #[arg(long)]
+    pub metrics_per_sandbox: bool,
+    /// The longest a sandbox may run (`90m`, `24h`, `7d`; time paused does not count), and
+    /// so the longest `timeout` a request may ask for; past it the sandbox is killed
+    #[arg(long, default_value = "24h", value_parser = parse_lifetime, value_name = "DURATION")]
+    pub max_lifetime: u64,
+}
+
+/// `--max-lifetime`: a whole number with a unit (`s`, `m`, `h`, `d`), in seconds; from one
+/// second to a year.
+fn parse_lifetime(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a duration: send e.g. 90m, 24h or 7d");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    let secs = n.checked_mul(scale).ok_or_else(bad)?;
+    if !(1..=365 * 86_400).contains(&secs) {
+        return Err(format!("{s:?} is out of range: 1s to 365d"));
+    }
+    Ok(secs)
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -184,6 +213,8 @@ pub struct App {
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub domain: Option<String>,
+    /// `/metrics` has one series per sandbox (`--metrics-per-sandbox`).
+    pub metrics_per_sandbox: bool,
 }
 
 async fn open_runtime(
@@ -238,6 +269,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             max_vcpus: args.max_vcpus,
             max_memory_mib: args.max_memory_mib,
             kill_on_exit: args.kill_on_exit,
+            max_lifetime_secs: args.max_lifetime,
         },
         metrics.clone(),
         networks.clone(),
@@ -260,6 +292,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     // After reconcile, which removes this daemon's unused networks, prepared ones too.
     networks.start_pool()?;
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
+    let sampler = tokio::spawn(lifecycle.clone().sample_forever());
     if args.template_cache_days > 0 {
         tokio::spawn(templates::builds::prune_caches_daily(
             dirs.data.clone(),
@@ -271,6 +304,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         lifecycle: lifecycle.clone(),
         config: Config {
             domain: args.domain.clone(),
+            metrics_per_sandbox: args.metrics_per_sandbox,
         },
         metrics,
         builds: templates::builds::Builds::new(args.insecure_registries.clone()),
@@ -306,6 +340,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         tracing::info!("{signal}: stopping; the sandboxes keep running for the next start");
     }
     reaper.abort();
+    sampler.abort();
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
     lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;
@@ -339,6 +374,32 @@ pub async fn serve(dirs: Dirs, args: ServeArgs) -> i32 {
         Err(e) => {
             eprintln!("sandcell serve: {e}");
             1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lifetime;
+
+    #[test]
+    fn lifetimes_take_a_unit_and_a_sane_range() {
+        assert_eq!(parse_lifetime("24h"), Ok(86_400));
+        assert_eq!(parse_lifetime("90m"), Ok(5_400));
+        assert_eq!(parse_lifetime("7d"), Ok(604_800));
+        assert_eq!(parse_lifetime("5s"), Ok(5));
+        for bad in [
+            "",
+            "24",
+            "h",
+            "-1h",
+            "1.5h",
+            "24 h",
+            "0s",
+            "366d",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_lifetime(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::sandboxes::models::{
     ConnectRequest, LifecycleInfo, ListedSandbox, NewSandbox, RefreshRequest, Sandbox,
     SandboxDetail, SandboxState, TimeoutRequest,
 };
-use crate::sandboxes::service::{MAX_REFRESH_SECS, MAX_TIMEOUT_SECS};
+use crate::sandboxes::service::MAX_REFRESH_SECS;
 use crate::store::{SandboxRow, State as DbState};
 use crate::util::{now_ms, parse_rfc3339, rfc3339};
 use axum::Json;
@@ -390,12 +390,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<TimeoutRequest>,
 ) -> ApiResult<StatusCode> {
-    if req.timeout > MAX_TIMEOUT_SECS {
-        return Err(ApiError::bad_request(format!(
-            "timeout {} s is above the maximum of {MAX_TIMEOUT_SECS} s",
-            req.timeout
-        )));
-    }
+    app.lifecycle.check_timeout(req.timeout)?;
     running_of(&app, &caller, &id).await?;
     let end_at = now_ms() + (req.timeout as i64) * 1000;
     if app.db.set_end_at(&id, end_at, false).await? {
@@ -442,11 +437,7 @@ async fn connect(
     let timeout = req
         .timeout
         .unwrap_or(crate::sandboxes::service::DEFAULT_TIMEOUT_SECS);
-    if timeout > MAX_TIMEOUT_SECS {
-        return Err(ApiError::bad_request(format!(
-            "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
-        )));
-    }
+    app.lifecycle.check_timeout(timeout)?;
     let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
         Some(row) if row.state.is_addressable() => row,
         _ => return Err(ApiError::sandbox_not_found(&id)),

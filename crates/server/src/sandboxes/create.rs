@@ -26,7 +26,7 @@ use crate::sandboxes::error::{InitError, SandboxError};
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{
     BOOT_TIMEOUT, DEFAULT_TIMEOUT_SECS, DEFAULT_VCPUS, DESTROY_TIMEOUT, INIT_TIMEOUT, Live,
-    MAX_TIMEOUT_SECS, SandboxService, disk_mib, init_agent_with, lock, resolve_template,
+    SandboxService, disk_mib, init_agent_with, lock, resolve_template,
 };
 use crate::snapshots::restore::RestoredNetwork;
 use crate::store::snapshots::{LifecycleRow, SnapshotRow};
@@ -192,11 +192,7 @@ impl SandboxService {
         let (vcpus, memory_mib) = self.size(cpu_count, memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
-        if timeout > MAX_TIMEOUT_SECS {
-            return Err(SandboxError::Invalid(format!(
-                "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
-            )));
-        }
+        self.check_timeout(timeout)?;
         let env = req.env_vars.unwrap_or_default();
         if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
             return Err(SandboxError::Invalid(format!(

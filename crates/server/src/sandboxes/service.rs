@@ -31,7 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
-pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+/// The default longest lifetime (`serve --max-lifetime`): E2B's 24 hours.
+pub const DEFAULT_MAX_LIFETIME_SECS: u64 = 86_400;
 pub const MAX_REFRESH_SECS: u64 = 3_600;
 /// Reported when the agent has no `/init` to tell its version (envd's first SDK-compatible
 /// version: the SDKs refuse anything lower).
@@ -54,6 +55,9 @@ pub struct SandboxServiceConfig {
     /// Kill every sandbox when the daemon stops gracefully (default: they keep running and
     /// the next daemon adopts them).
     pub kill_on_exit: bool,
+    /// The longest a sandbox may run, in seconds of running (paused time does not count),
+    /// and so the longest `timeout` a request may ask for.
+    pub max_lifetime_secs: u64,
 }
 
 impl Default for SandboxServiceConfig {
@@ -62,6 +66,7 @@ impl Default for SandboxServiceConfig {
             max_vcpus: 8,
             max_memory_mib: 8192,
             kill_on_exit: false,
+            max_lifetime_secs: DEFAULT_MAX_LIFETIME_SECS,
         }
     }
 }
@@ -84,6 +89,8 @@ pub struct SandboxService {
     pub networks: Arc<crate::networks::service::Networks>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
     pub(crate) ops: crate::snapshots::ops::OpLocks,
+    /// CPU, memory and disk samples of the running sandboxes (sandboxes/metrics.rs).
+    pub samples: super::metrics::SampleStore,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -140,6 +147,7 @@ impl SandboxService {
             live: Mutex::new(HashMap::new()),
             networks,
             ops: Default::default(),
+            samples: Default::default(),
         }
     }
 
@@ -171,6 +179,22 @@ impl SandboxService {
             )));
         }
         Ok((vcpus as u8, memory))
+    }
+
+    /// Refuses a `timeout` longer than the longest lifetime.
+    pub fn check_timeout(&self, timeout: u64) -> Result<(), SandboxError> {
+        let max = self.config.max_lifetime_secs;
+        if timeout > max {
+            return Err(SandboxError::Invalid(format!(
+                "timeout {timeout} s is above this server's longest sandbox lifetime of {max} s \
+                 (serve --max-lifetime): ask for {max} s or less"
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn max_lifetime_secs(&self) -> u64 {
+        self.config.max_lifetime_secs
     }
 
     pub fn runtime_name(&self) -> &'static str {
