@@ -83,8 +83,12 @@ def test_ten_thousand_idle_connections_are_capped(env):
                 s.close()
                 continue
             conns.append(s)
-        time.sleep(2)
-        fds = _open_fds(env["daemon_pid"])
+        # Let the kernel complete what handshakes it will and the daemon accept what it
+        # will (an uncapped daemon takes them all within seconds).
+        fds = 0
+        for _ in range(10):
+            time.sleep(1)
+            fds = max(fds, _open_fds(env["daemon_pid"]))
         # The cap (1024) plus the daemon's own files (db, sandboxes, sockets).
         assert fds < 1024 + 600, f"the daemon holds {fds} descriptors under 10k idle connections"
         # The daemon still answers: idle connections are dropped after the header timeout,

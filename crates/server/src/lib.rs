@@ -242,8 +242,26 @@ async fn open_runtime(
     })
 }
 
+/// Raises the soft open-files limit to the hard one: the API port alone may hold
+/// `--max-connections` sockets, and each sandbox holds files too (systemd's default soft
+/// limit, 1024, would make accepts and opens fail with EMFILE first).
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own; setrlimit reads it. No other memory.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
+    raise_open_files_limit();
     let db = keys::open_db(&dirs.data).await?;
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
