@@ -83,6 +83,19 @@ pub struct ServeArgs {
     /// Sandbox networks kept prepared ahead of creates
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub net_warm: usize,
+    /// Most connections the API port serves at once; beyond, accepting pauses (clients wait
+    /// in the backlog)
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_connections: usize,
+    /// Seconds a client has to send a whole request head (also how long an idle
+    /// keep-alive connection stays open)
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub header_timeout_secs: u64,
+    /// Private ranges (inside 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) that
+    /// sandboxes' `allowOut` rules may open; by default none. Loopback, link-local (cloud
+    /// metadata), the pool and the host's own addresses are never opened
+    #[arg(long, default_value = "", value_name = "CIDR[,CIDR...]")]
+    pub allow_private_egress: String,
     /// A registry (`host` or `host:port`) that template builds pull `fromImage` images
     /// from over plain HTTP
     #[arg(long = "insecure-registry", value_name = "HOST")]
@@ -193,6 +206,7 @@ fn net_settings(
             sandcell_runtime::net::NetConfig {
                 pool,
                 upstream_dns: Vec::new(),
+                allow_private: Default::default(),
             }
         })
     } else {
@@ -203,9 +217,16 @@ fn net_settings(
                 .iter()
                 .map(|ip| SocketAddr::from((*ip, 53)))
                 .collect(),
+            allow_private: Default::default(),
         }
     };
     config.pool = pool;
+    config.allow_private = args.allow_private_egress.parse().map_err(|e| {
+        bad(format!(
+            "--allow-private-egress {}: {e}",
+            args.allow_private_egress
+        ))
+    })?;
     Ok(Some(networks::service::NetSettings {
         config,
         prefix: networks::service::prefix_for(&dirs.data),
@@ -265,8 +286,26 @@ async fn open_runtime(
     })
 }
 
+/// Raises the soft open-files limit to the hard one: the API port alone may hold
+/// `--max-connections` sockets, and each sandbox holds files too (systemd's default soft
+/// limit, 1024, would make accepts and opens fail with EMFILE first).
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own; setrlimit reads it. No other memory.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
+    raise_open_files_limit();
     let db = keys::open_db(&dirs.data).await?;
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
@@ -347,13 +386,19 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     println!("sandcell serve: listening on http://{addr}");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, router(app))
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
-    );
+    let limits = http::listener::Limits {
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs(args.header_timeout_secs.max(1)),
+        ..Default::default()
+    };
+    let server = tokio::spawn(http::listener::serve(
+        listener,
+        router(app),
+        limits,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
     let signal = stop_signal().await;
     if args.kill_on_exit {
         tracing::info!("{signal}: killing the sandboxes and stopping");

@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod extract;
+pub mod listener;
 pub mod mcp;
 pub mod metrics;
 pub mod proxy;
