@@ -14,6 +14,7 @@
 //! removes both, and [`Runtime::sweep`] removes those whose owning process died.
 
 pub mod build_steps;
+pub mod capped_log;
 pub mod cgroup;
 mod detach;
 pub mod dirs;
@@ -22,6 +23,7 @@ pub mod gvisor;
 pub mod host;
 pub mod image;
 pub mod microvm;
+pub mod nofollow;
 mod owner;
 pub mod select;
 pub mod snapshot;

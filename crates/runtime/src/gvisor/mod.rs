@@ -26,6 +26,7 @@
 //! (the sandbox processes themselves die with `runsc run`: runsc boots them `--attached`).
 
 pub mod bundle;
+mod host_sockets;
 pub mod network;
 pub mod runsc;
 mod sandbox;
