@@ -273,15 +273,17 @@ async fn freeze_checked(sb: &GvisorSandbox, pid: u32) -> Result<()> {
         return Ok(());
     }
     thaw(sb).await;
-    Err(unsupported(
-        "snapshot",
-        format!(
+    Err(Error::Refused {
+        runtime: RT,
+        id: sb.id.clone(),
+        op: "checkpoint",
+        why: format!(
             "a process in the sandbox holds a Unix socket bound in its agent directory \
              /run/sandcell-host ({}), which gVisor cannot checkpoint; close it (and bind \
              sockets elsewhere, e.g. /tmp) and retry; the sandbox keeps running",
             bound.join(", ")
         ),
-    ))
+    })
 }
 
 /// Undoes [`freeze_checked`] after a refusal: the sandbox runs and its agent listens again.

@@ -153,6 +153,10 @@ impl From<Error> for ApiError {
             Error::Runtime(sandcell_runtime::Error::Image { .. }) => {
                 ApiError::bad_request(e.to_string())
             }
+            // The sandbox's own state (its guest's doing) prevents it; it runs on as it was.
+            Error::Runtime(sandcell_runtime::Error::Refused { .. }) => {
+                ApiError::conflict(e.to_string())
+            }
             _ => ApiError::internal(e.to_string()),
         }
     }
