@@ -11,7 +11,13 @@
 //!   endpoint with bound host socket"): the agent's listener and its connections are such
 //!   sockets. So the agent is asked to close them first (`/sandcell/checkpoint-hold`, see
 //!   `crates/agent/src/checkpoint.rs`) and listens again, in the restored sandbox, once the
-//!   runtime puts the resume marker in its socket directory.
+//!   runtime puts the resume marker in its socket directory. A failed save ends the sandbox
+//!   (runsc 20240729, measured), and a guest can bind host sockets of its own in that
+//!   directory: so the sandbox is paused (`runsc pause`) once the agent holds, checked for
+//!   such sockets (host_sockets.rs) and, if it has any, resumed and refused
+//!   ([`Error::Refused`]: it runs on as it was); else the paused sandbox is checkpointed.
+//! - That directory is the guest's to write: the resume marker is made without following
+//!   a link there (crate::nofollow).
 //! - The checkpointed sandbox stops (`--leave-running` hangs in this version and leaves the
 //!   sandbox unusable), so a snapshot or fork of a running sandbox restores the parent in
 //!   place at once from the same image: same id, same socket, its processes continue; open

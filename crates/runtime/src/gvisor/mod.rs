@@ -7,8 +7,10 @@
 //! bundle/config.json the OCI spec (bundle.rs)
 //! layer/{upper,work} host overlayfs layer over the image tree
 //! rootfs/           the overlayfs mount: the container's root
-//! host/agent.sock   the agent's socket (bind-mounted at /run/sandcell-host)
-//! console.log       output of `runsc run` (the agent's stdout/stderr and runsc's errors)
+//! host/agent.sock   the agent's socket (bind-mounted at /run/sandcell-host; the guest
+//!                   writes there too: the host goes through nofollow.rs)
+//! console.log       output of `runsc run` (the agent's stdout/stderr and runsc's errors),
+//!                   capped and rotated to console.log.1 (capped_log.rs)
 //! ```
 //!
 //! Writes never reach the image: the root is a host overlayfs whose lower layer is the
