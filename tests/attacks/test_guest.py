@@ -143,3 +143,18 @@ def test_a_fork_bomb_and_a_memory_hog_leave_another_sandbox_answering(env, sandb
         hostile.kill()
     except Exception:  # noqa: BLE001 - it may have been ended for its memory already
         pass
+
+
+def test_writing_past_the_disk_is_enospc_and_the_sandbox_runs_on(env, api, sandbox):
+    sbx = sandbox(env["key_a"])
+    info = api(env["key_a"]).get(f"/sandboxes/{sbx.sandbox_id}").json()
+    disk_mb = info.get("diskSizeMB", 0)
+    if not disk_mb:
+        pytest.skip("the daemon runs without `serve --disk-mib` (root writes live in memory)")
+    df = _root(sbx, "df -m / | tail -1").stdout.split()
+    assert abs(int(df[1]) - disk_mb) <= disk_mb // 10 + 16, f"df / says {df}, the API {disk_mb}"
+    out = _root(sbx, f"dd if=/dev/zero of=/root/fill bs=1M count={disk_mb + 512} 2>&1; echo rc=$?",
+                timeout=900)
+    assert "No space left on device" in out.stdout, out.stdout
+    _root(sbx, "rm -f /root/fill")
+    _answers(sbx)

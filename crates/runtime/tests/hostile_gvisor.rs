@@ -155,3 +155,93 @@ async fn a_guest_flooding_its_console_leaves_a_capped_log() {
     sb.destroy().await.unwrap();
     common::assert_gone(&env.dirs, &rt, sb.id()).await;
 }
+
+/// Loop devices backed by `file` (`losetup -j`).
+fn loops_of(file: &Path) -> String {
+    let out = std::process::Command::new("losetup")
+        .arg("-j")
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_enospc_and_survives_snapshots_and_nothing_leaks() {
+    let env = env();
+    let rt = common::gvisor_runtime(&env.dirs).await;
+    let mut spec = common::sandbox_spec(&common::minimal_image(), 256);
+    spec.disk_mib = Some(128);
+    let id = spec.id.clone();
+    let sb: Arc<dyn Sandbox> = Arc::from(rt.create(spec).await.unwrap());
+    sb.start().await.unwrap();
+    let disk = env.dirs.data.join("disks").join(format!("{id}.ext4"));
+    assert!(
+        !loops_of(&disk).is_empty(),
+        "no loop device for {}",
+        disk.display()
+    );
+
+    // `df /` tells the disk's size (in 1K blocks: ext4 keeps some for itself).
+    let (df, status) = sh(&sb, "df -k / | tail -1").await;
+    assert_eq!(status, 0, "{df}");
+    let size_k: u64 = df.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        (100_000..=131_072).contains(&size_k),
+        "df / says {size_k} KiB: {df}"
+    );
+
+    // Writing past it is ENOSPC, not the end of the sandbox (256 MiB of memory > 128 MiB).
+    let (out, status) = sh(
+        &sb,
+        "dd if=/dev/zero of=/root/big bs=1M count=400 2>&1; echo rc=$?",
+    )
+    .await;
+    assert_eq!(status, 0);
+    assert!(out.contains("No space left on device"), "{out}");
+    assert!(!out.contains("rc=0"), "{out}");
+    assert_eq!(
+        sh(&sb, "rm /root/big; echo kept > /root/file; cat /root/file")
+            .await
+            .0,
+        "kept\n"
+    );
+
+    // A snapshot restores in place onto the same disk, a restore gets a disk of its own.
+    let snap = sb
+        .snapshot(&env.tmp.path().join("snap"), SnapshotKind::Full)
+        .await
+        .unwrap();
+    assert_eq!(sh(&sb, "cat /root/file").await.0, "kept\n");
+    let mut restore =
+        sandcell_runtime::RestoreSpec::new(sandcell_runtime::new_sandbox_id().unwrap());
+    restore.boot_timeout = std::time::Duration::from_secs(60);
+    let child: Arc<dyn Sandbox> = Arc::from(rt.restore(&snap, restore).await.unwrap());
+    assert_eq!(sh(&child, "cat /root/file").await.0, "kept\n");
+    let (out, _) = sh(&child, "dd if=/dev/zero of=/root/big bs=1M count=400 2>&1").await;
+    assert!(out.contains("No space left on device"), "{out}");
+    let child_disk = env
+        .dirs
+        .data
+        .join("disks")
+        .join(format!("{}.ext4", child.id()));
+    assert!(child_disk.exists());
+
+    for s in [&sb, &child] {
+        s.destroy().await.unwrap();
+        common::assert_gone(&env.dirs, &rt, s.id()).await;
+    }
+    for d in [&disk, &child_disk] {
+        assert!(!d.exists(), "{} is left", d.display());
+    }
+    // losetup -j needs the file; the autoclear loop devices are gone with their mounts.
+    let all = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    let all = String::from_utf8_lossy(&all.stdout);
+    assert!(
+        !all.contains(&id) && !all.contains(child.id()),
+        "loop devices left: {all}"
+    );
+}

@@ -98,9 +98,10 @@ impl Shared {
         bundle: &Path,
         id: &str,
         network: bool,
+        host_writes: bool,
         image: &Path,
     ) -> tokio::process::Command {
-        let mut cmd = self.sandbox_command(network);
+        let mut cmd = self.sandbox_command_root(network, host_writes);
         cmd.arg("restore")
             .arg(format!("--image-path={}", image.display()))
             .arg(format!("--bundle={}", bundle.display()))
@@ -156,6 +157,7 @@ async fn checkpoint_to(
         files: SnapshotFiles::Gvisor {
             checkpoint_dir: images,
             upper_dir: upper,
+            disk_mib: sb.disk_mib,
         },
     };
     handle.save()?;
@@ -522,6 +524,7 @@ pub(in crate::gvisor) async fn restore_new(
     let SnapshotFiles::Gvisor {
         checkpoint_dir,
         upper_dir,
+        disk_mib,
     } = &snapshot.files
     else {
         return Err(Error::InvalidSpec {
@@ -551,11 +554,18 @@ pub(in crate::gvisor) async fn restore_new(
     spec.env = snapshot.env.clone();
     spec.boot_timeout = restore.boot_timeout;
     spec.outlive_owner = restore.outlive_owner;
+    spec.disk_mib = *disk_mib;
     let paths = Paths::new(&shared.dirs, &spec.id);
     crate::owner::create_run_dir(&shared.dirs, &spec.id, RT, spec.outlive_owner)?;
     let _one_at_a_time = one_at_a_time(&shared).await?;
+    let dirs = shared.dirs.clone();
     let sandbox = GvisorSandbox::new(shared, &spec, paths);
     let started = async {
+        // A disk of the same size under the restored root (the frozen upper layer is one of
+        // its lowers; the new upper is on the new disk).
+        if let Some(mib) = spec.disk_mib {
+            super::super::disk::create(&dirs, &spec.id, mib).await?;
+        }
         // Before prepare: the bundle names the namespace, and prepare points the restored
         // root's resolv.conf at this network's DNS server.
         if let Some(net) = &restore.network {

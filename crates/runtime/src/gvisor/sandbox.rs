@@ -90,8 +90,11 @@ pub struct GvisorSandbox {
     /// Bumped when a checkpoint replaces the `runsc` process: the end of an older one is
     /// then not the sandbox's end.
     launch: Arc<std::sync::atomic::AtomicU64>,
-    /// [`SandboxSpec::host_layer`]: runsc keeps no memory overlay over the root.
+    /// [`SandboxSpec::host_layer`] or [`SandboxSpec::disk_mib`]: runsc keeps no memory
+    /// overlay over the root.
     host_writes: bool,
+    /// [`SandboxSpec::disk_mib`] (disk.rs), recorded in its snapshots.
+    pub(super) disk_mib: Option<u32>,
 }
 
 impl GvisorSandbox {
@@ -118,7 +121,8 @@ impl GvisorSandbox {
             env: spec.env.clone(),
             restore_from: Mutex::new(None),
             launch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-            host_writes: spec.host_layer.is_some(),
+            host_writes: spec.host_layer.is_some() || spec.disk_mib.is_some(),
+            disk_mib: spec.disk_mib,
         }
     }
 
@@ -497,6 +501,7 @@ impl Sandbox for GvisorSandbox {
                 &self.paths.bundle,
                 &self.id,
                 netns_path.is_some(),
+                self.host_writes,
                 image,
             ),
             None => self.shared.run_command_root(

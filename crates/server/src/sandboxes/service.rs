@@ -54,6 +54,8 @@ pub struct SandboxServiceConfig {
     /// Kill every sandbox when the daemon stops gracefully (default: they keep running and
     /// the next daemon adopts them).
     pub kill_on_exit: bool,
+    /// `serve --disk-mib` (gvisor): each sandbox's disk; 0: none (root writes in memory).
+    pub disk_mib: u32,
 }
 
 impl Default for SandboxServiceConfig {
@@ -62,6 +64,7 @@ impl Default for SandboxServiceConfig {
             max_vcpus: 8,
             max_memory_mib: 8192,
             kill_on_exit: false,
+            disk_mib: 0,
         }
     }
 }
@@ -144,6 +147,13 @@ impl SandboxService {
             ops: Default::default(),
             samples: Default::default(),
         }
+    }
+
+    /// The disk a new sandbox gets (`serve --disk-mib`, gvisor only; the runtime's
+    /// gvisor/disk.rs), or `None`: its root's writes live in its memory.
+    pub fn sandbox_disk_mib(&self) -> Option<u32> {
+        (self.config.disk_mib > 0 && self.runtime.kind() == sandcell_runtime::RuntimeKind::Gvisor)
+            .then_some(self.config.disk_mib)
     }
 
     /// The network of sandbox `id` if this daemon runs it and it has one (through the
