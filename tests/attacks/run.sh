@@ -134,7 +134,7 @@ ln -s "$INSTALLED/images/base" "$DATA/images/base"
 ln -s "$INSTALLED/images/minimal" "$DATA/images/minimal"
 [ -d "$INSTALLED/kernels" ] && ln -s "$INSTALLED/kernels" "$DATA/kernels"
 say "sandcell serve (gvisor, data dir $DATA)"
-"$SANDCELL_BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit \
+"$SANDCELL_BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit --disk-mib 1024 ${SANDCELL_SERVE_ARGS:-} \
     --net-dns 203.0.113.53 --net-pool 10.213.0.0/16 \
     >"$TMP/serve.out" 2>"$TMP/serve.err" &
 DAEMON_PID=$!

@@ -110,7 +110,7 @@ fi
 export SANDCELL_TEMPLATE
 
 say "sandcell serve (gvisor, data dir $DATA, template $SANDCELL_TEMPLATE)"
-"$SANDCELL_BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit \
+"$SANDCELL_BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit ${SANDCELL_SERVE_ARGS:-} \
     >"$TMP/serve.out" 2>"$TMP/serve.err" &
 DAEMON_PID=$!
 URL=

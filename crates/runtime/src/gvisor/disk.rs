@@ -30,6 +30,27 @@ pub(super) fn mount_point(dirs: &Dirs, id: &str) -> PathBuf {
     dirs.sandbox_run_dir(id).join("layer")
 }
 
+/// What sandbox `id`'s mounted disk holds and can hold, from the host's `statvfs` of it
+/// (`None` when it has no disk mounted).
+pub(super) fn usage(dirs: &Dirs, id: &str) -> Option<crate::DiskUsage> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(mount_point(dirs, id).as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data: all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string that outlives the call, and `st` is a
+    // statvfs the call fills in; nothing else is read or kept.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    let total = (st.f_blocks as u64).saturating_mul(frsize);
+    let free = (st.f_bfree as u64).saturating_mul(frsize);
+    Some(crate::DiskUsage {
+        used_bytes: total.saturating_sub(free),
+        total_bytes: total,
+    })
+}
+
 /// Makes sandbox `id`'s disk of `mib` MiB and mounts it (see the module docs).
 pub(super) async fn create(dirs: &Dirs, id: &str, mib: u32) -> Result<()> {
     if mib < MIN_DISK_MIB {

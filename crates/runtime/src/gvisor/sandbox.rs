@@ -642,6 +642,11 @@ impl Sandbox for GvisorSandbox {
         crate::util::tail_lines(&self.paths.console, max_bytes)
     }
 
+    async fn disk_usage(&self) -> Option<crate::DiskUsage> {
+        self.disk_mib?;
+        super::disk::usage(&self.shared.dirs, &self.id)
+    }
+
     async fn usage(&self) -> Result<ResourceUsage> {
         Ok(self.cgroup.usage())
     }
