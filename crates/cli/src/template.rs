@@ -214,6 +214,7 @@ async fn build(dirs: &Dirs, args: BuildArgs) -> i32 {
             insecure_registries: args.insecure_registries.clone(),
             ..PullOptions::default()
         },
+        deadlines: Default::default(),
     };
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),

@@ -98,6 +98,21 @@ pub struct ServeArgs {
     /// DAYS are pruned daily, as `sandcell template prune --older-than DAYS`; 0: never
     #[arg(long, default_value_t = 7, value_name = "DAYS")]
     pub template_cache_days: u32,
+    /// A template build that runs longer fails (its RUN sandbox is killed)
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub build_timeout: u64,
+    /// A RUN step (or FROM pull) of a template build that runs longer fails the build
+    #[arg(long, default_value_t = 900, value_name = "SECS")]
+    pub build_step_timeout: u64,
+    /// A requested template build not started within this time expires, freeing its name
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub build_start_timeout: u64,
+    /// Template builds one key runs at once (more wait their turn)
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub max_builds_per_key: usize,
+    /// Bytes of uploaded COPY archives (extracted) one key may keep pending
+    #[arg(long, default_value_t = 4 << 30, value_name = "BYTES")]
+    pub max_upload_bytes_per_key: u64,
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -252,7 +267,17 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             domain: args.domain.clone(),
         },
         metrics,
-        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
+        builds: templates::builds::Builds::new(
+            args.insecure_registries.clone(),
+            templates::builds::BuildLimits {
+                build_timeout: Duration::from_secs(args.build_timeout.max(1)),
+                step_timeout: Duration::from_secs(args.build_step_timeout.max(1)),
+                start_timeout: Duration::from_secs(args.build_start_timeout.max(1)),
+                per_key: args.max_builds_per_key.max(1),
+                upload_bytes_per_key: args.max_upload_bytes_per_key,
+            },
+            vec![dirs.data.clone(), dirs.run.clone()],
+        ),
         uploads: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -59,6 +59,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "template tags",
         include_str!("../../migrations/0007_template_tags.sql"),
     ),
+    (
+        8,
+        "template ownership",
+        include_str!("../../migrations/0008_template_ownership.sql"),
+    ),
 ];
 
 pub use crate::sandboxes::state::State;

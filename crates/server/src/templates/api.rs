@@ -14,8 +14,9 @@
 //! 4. `GET /templates/{templateID}/builds/{buildID}/status?logsOffset&limit&level` until
 //!    `ready` or `error` (with `reason`).
 //!
-//! Templates built so are visible to every key (as all templates are: `GET /templates`);
-//! a build's status only to the key that made it.
+//! A template built so belongs to the key that first requested its name and is private to
+//! it (and admin keys) until made public (templates/access.rs); a build's status is seen
+//! only by the key that made it.
 
 use crate::App;
 use crate::http::error::{ApiError, ApiResult, ErrorBody};
@@ -196,6 +197,7 @@ pub async fn request_build(
             "template '{name}' is an installed image: choose another name"
         )));
     }
+    let public = claim(&app, &caller, name, dir.exists()).await?;
     if app.builds.active_for(name).is_some() {
         return Err(ApiError::conflict(format!(
             "template '{name}' is being built: wait for that build to end"
@@ -207,7 +209,8 @@ pub async fn request_build(
     tags.push(tags::DEFAULT_TAG.into());
     let tags = tags::check_tags(&tags)?;
     let build_id = random_hex(16).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
-    app.builds
+    let build = app
+        .builds
         .create(
             &app.db,
             build_id.clone(),
@@ -217,18 +220,49 @@ pub async fn request_build(
             req.memory_mb,
         )
         .await?;
+    // Never started, it expires and frees the name (`--build-start-timeout`).
+    builds::expire_unstarted(app.clone(), build);
     tags::request(&app.db, &build_id, &tags).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(BuildRequested {
             template_id: name.to_string(),
             build_id,
-            public: true,
+            public,
             names: vec![name.to_string()],
             tags,
             aliases: vec![name.to_string()],
         }),
     ))
+}
+
+/// The caller's right to build template `name` (templates/access.rs): a new name becomes
+/// the caller's (private); its own, or any for an admin key, is rebuilt; another key's
+/// public template or a system template is 403, another key's private one 409 "not
+/// available" (names are one namespace: that it is taken is all it tells). Whether the
+/// template is public.
+async fn claim(app: &App, caller: &Caller, name: &str, exists: bool) -> ApiResult<bool> {
+    use crate::templates::access::TemplateAccess;
+    use crate::templates::error::TemplateError;
+    let key = &caller.0;
+    let access = match app.db.template_access(name).await? {
+        Some(access) => access,
+        // Built on the host (`sandcell build`): a system template.
+        None if exists => TemplateAccess::SYSTEM,
+        // The first build request of a name claims it; of two at once, one wins.
+        None => app
+            .db
+            .claim_template(name, &key.id, crate::util::now_ms())
+            .await?
+            .unwrap_or(TemplateAccess::SYSTEM),
+    };
+    if access.changeable_by(key) {
+        Ok(access.public)
+    } else if access.visible_to(key) {
+        Err(TemplateError::NotOwner(name.to_string()).into())
+    } else {
+        Err(TemplateError::NameTaken(name.to_string()).into())
+    }
 }
 
 /// Whether the caller uploaded the COPY archive of `hash`; if not, where to PUT it.
@@ -449,14 +483,8 @@ pub async fn start_build(
         )));
     }
     let images = app.lifecycle.dirs().images();
+    let req = visible_base(&app, &caller, req).await?;
     let plan = plan::plan(&req, &plan::base_info(&images, &req)).map_err(ApiError::bad_request)?;
-    if let Some(base) = &req.from_template
-        && !images.join(base).join("rootfs").is_dir()
-    {
-        return Err(ApiError::bad_request(format!(
-            "fromTemplate '{base}': no such template"
-        )));
-    }
     let files = builds::files_dir(&app.lifecycle.dirs().data, &caller.0.id);
     for (i, step) in req.steps.iter().enumerate() {
         if let Some(hash) = &step.files_hash
@@ -475,6 +503,33 @@ pub async fn start_build(
         )));
     }
     Ok(StatusCode::ACCEPTED)
+}
+
+/// `req` with a base the caller may see (templates/access.rs): `fromTemplate` of a template
+/// it may not see is "no such template" (400, as an unknown one); a tagless `fromImage`
+/// (`python`) names a local template when there is one, so one the caller may not see is
+/// pulled from the registry instead (`docker.io/library/python`), as Docker would.
+async fn visible_base(app: &App, caller: &Caller, mut req: BuildStart) -> ApiResult<BuildStart> {
+    let images = app.lifecycle.dirs().images();
+    let local = |name: &str| valid_name(name) && images.join(name).join("rootfs").is_dir();
+    let visible = |name: String| async move {
+        crate::templates::access::access(&app.db, &name)
+            .await
+            .map(|a| a.visible_to(&caller.0))
+    };
+    if let Some(base) = &req.from_template {
+        if !local(base) || !visible(base.clone()).await? {
+            return Err(ApiError::bad_request(format!(
+                "fromTemplate '{base}': no such template"
+            )));
+        }
+    } else if let Some(image) = &req.from_image
+        && local(image)
+        && !visible(image.clone()).await?
+    {
+        req.from_image = Some(format!("docker.io/library/{image}"));
+    }
+    Ok(req)
 }
 
 /// Query of the status route.
@@ -682,15 +737,19 @@ pub async fn build_logs(
         (status = 404, body = ErrorBody)))]
 pub async fn alias(
     State(app): State<Arc<App>>,
-    _caller: Caller,
+    caller: Caller,
     Path(alias): Path<String>,
 ) -> ApiResult<Json<AliasInfo>> {
     let images = app.lifecycle.dirs().images();
     if valid_name(&alias) && sandcell_runtime::Image::resolve(&images, &alias).is_ok() {
-        return Ok(Json(AliasInfo {
-            template_id: alias,
-            public: true,
-        }));
+        let access = crate::templates::access::access(&app.db, &alias).await?;
+        // Another key's private template: as unknown.
+        if access.visible_to(&caller.0) {
+            return Ok(Json(AliasInfo {
+                template_id: alias,
+                public: access.public,
+            }));
+        }
     }
     Err(ApiError::not_found(format!("template '{alias}' not found")))
 }
