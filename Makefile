@@ -10,7 +10,7 @@ HOST_TRIPLE := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(HOST_TRIPLE)/release/sandcell-agent
 export SANDCELL_DATA_DIR := $(DATA_DIR)
 
-.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images test-e2b deps build build-release agent \
+.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images test-e2b test-attacks deps build build-release agent \
         kernel images install bench fmt lint clean
 
 ## make run: set everything up on a fresh machine, run a demo command in a sandbox, then
@@ -35,6 +35,7 @@ test: build agent install
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) test-images
 	$(MAKE) test-e2b
+	$(MAKE) test-attacks
 	$(MAKE) test-nested
 
 ## make test-microvm: the VMM's payload tests (native /dev/kvm) and the nested-KVM harness.
@@ -52,6 +53,10 @@ test-nested: build agent install
 ## The registry E2B SDKs (Python and JS) against a real `sandcell serve` on loopback.
 test-e2b: build install
 	tests/e2b/run.sh
+
+## The attack suite: a hostile tenant and a hostile guest against a real daemon (gvisor).
+test-attacks: build install
+	tests/attacks/run.sh
 
 test-images: build install
 	tests/images/base.sh

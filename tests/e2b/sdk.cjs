@@ -48,6 +48,19 @@ async function main() {
     await sbx.files.write('/tmp/node.txt', 'from node')
     assert.equal(await sbx.files.read('/tmp/node.txt'), 'from node')
   })
+  await check('getMetrics: sampled CPU and memory', async () => {
+    await sbx.commands.run('timeout 6 sh -c "while :; do :; done" || true')
+    let metrics = []
+    for (let i = 0; i < 40 && metrics.length < 2; i++) {
+      metrics = await sbx.getMetrics()
+      if (metrics.length < 2) await new Promise((r) => setTimeout(r, 500))
+    }
+    assert.ok(metrics.length >= 2, `metrics: ${JSON.stringify(metrics)}`)
+    const last = metrics[metrics.length - 1]
+    assert.ok(last.cpuCount >= 1)
+    assert.ok(last.memTotal > 0 && last.memUsed > 0, JSON.stringify(last))
+    assert.ok(last.timestamp instanceof Date)
+  })
   await check('list', async () => {
     const items = await Sandbox.list({ query: { metadata: { suite: 'node' } } }).nextItems()
     assert.deepEqual(items.map((s) => s.sandboxId), [sbx.sandboxId])

@@ -347,3 +347,45 @@ def test_envd_traffic_needs_the_access_token(sbx):
         },
     )
     assert r.is_success
+
+
+def test_get_metrics_reports_sampled_cpu_memory_and_disk(sbx):
+    info = sbx.get_info()
+    # Keep a vCPU busy across at least one sampling interval (5 s).
+    sbx.commands.run('timeout 7 sh -c "while :; do :; done" || true', timeout=30)
+    metrics = []
+    deadline = time.time() + 30
+    while len(metrics) < 2 and time.time() < deadline:
+        metrics = sbx.get_metrics()
+        time.sleep(0.5)
+    assert len(metrics) >= 2, metrics
+    last = metrics[-1]
+    assert last.cpu_count == info.cpu_count
+    assert last.mem_total == info.memory_mb * 1024 * 1024
+    assert 0 < last.mem_used
+    assert any(m.cpu_used_pct > 10 for m in metrics), [m.cpu_used_pct for m in metrics]
+    assert all(0 <= m.cpu_used_pct <= 100 for m in metrics)
+    stamps = [m.timestamp for m in metrics]
+    assert stamps == sorted(stamps)
+    # A window before the sandbox existed is empty; the class method sees the same series.
+    from datetime import datetime, timedelta, timezone
+
+    old = datetime.now(timezone.utc) - timedelta(days=2)
+    assert Sandbox.get_metrics(sbx.sandbox_id, start=old, end=old + timedelta(hours=1)) == []
+    assert len(Sandbox.get_metrics(sbx.sandbox_id)) >= len(metrics)
+    # Another key's sandbox does not exist for it, and bad ranges say what to send.
+    with pytest.raises(NotFoundException):
+        Sandbox.get_metrics(sbx.sandbox_id, api_key=os.environ["SANDCELL_OTHER_KEY"])
+    r = httpx.get(
+        f"{API_URL}/sandboxes/{sbx.sandbox_id}/metrics",
+        params={"start": "yesterday"},
+        headers={"X-API-KEY": API_KEY},
+    )
+    assert r.status_code == 400 and "Unix seconds" in r.json()["message"]
+    r = httpx.get(
+        f"{API_URL}/sandboxes/metrics",
+        params={"sandbox_ids": f"{sbx.sandbox_id},sbx-nope"},
+        headers={"X-API-KEY": API_KEY},
+    )
+    assert r.status_code == 200
+    assert list(r.json()["sandboxes"]) == [sbx.sandbox_id]

@@ -210,11 +210,13 @@ impl SandboxCgroup {
                 memory_bytes: num(self.memory_dir.join("memory.usage_in_bytes")),
                 memory_limit_bytes: num(self.memory_dir.join("memory.limit_in_bytes")),
                 cpu_usec: num(self.cpu_usage_dir.join("cpuacct.usage")).map(|ns| ns / 1000),
+                memory_cache_bytes: keyed(&self.memory_dir.join("memory.stat"), "cache"),
             },
             CgroupVersion::V2 => ResourceUsage {
                 memory_bytes: num(self.memory_dir.join("memory.current")),
                 memory_limit_bytes: num(self.memory_dir.join("memory.max")),
                 cpu_usec: keyed(&self.cpu_usage_dir.join("cpu.stat"), "usage_usec"),
+                memory_cache_bytes: keyed(&self.memory_dir.join("memory.stat"), "file"),
             },
         }
     }

@@ -256,6 +256,15 @@ pub struct ResourceUsage {
     pub memory_limit_bytes: Option<u64>,
     /// CPU time consumed, user + system, in microseconds.
     pub cpu_usec: Option<u64>,
+    /// The part of `memory_bytes` that is page cache (reclaimable file pages).
+    pub memory_cache_bytes: Option<u64>,
+}
+
+/// A sandbox's disk as the host sees it: what its writes take and may take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskUsage {
+    pub used_bytes: u64,
+    pub total_bytes: u64,
 }
 
 /// An isolation technology.
@@ -323,6 +332,10 @@ pub trait Sandbox: Send + Sync {
     async fn resume(&self) -> Result<()>;
     async fn status(&self) -> Result<SandboxStatus>;
     async fn usage(&self) -> Result<ResourceUsage>;
+    /// Its disk, where the runtime can measure it from the host (default: it cannot).
+    async fn disk_usage(&self) -> Option<DiskUsage> {
+        None
+    }
 
     /// Resolves when the sandbox has ended, with how. Cancel-safe.
     async fn wait(&self) -> SandboxExit;

@@ -113,6 +113,10 @@ pub struct ServeArgs {
     /// Bytes of uploaded COPY archives (extracted) one key may keep pending
     #[arg(long, default_value_t = 4 << 30, value_name = "BYTES")]
     pub max_upload_bytes_per_key: u64,
+    /// `/metrics` gets one series per sandbox (label `sandbox_id`) for CPU, memory and disk,
+    /// instead of their sums
+    #[arg(long)]
+    pub metrics_per_sandbox: bool,
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -178,6 +182,8 @@ pub struct App {
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub domain: Option<String>,
+    /// `/metrics` has one series per sandbox (`--metrics-per-sandbox`).
+    pub metrics_per_sandbox: bool,
 }
 
 async fn open_runtime(
@@ -254,6 +260,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     // After reconcile, which removes this daemon's unused networks, prepared ones too.
     networks.start_pool()?;
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
+    let sampler = tokio::spawn(lifecycle.clone().sample_forever());
     if args.template_cache_days > 0 {
         tokio::spawn(templates::builds::prune_caches_daily(
             dirs.data.clone(),
@@ -265,6 +272,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         lifecycle: lifecycle.clone(),
         config: Config {
             domain: args.domain.clone(),
+            metrics_per_sandbox: args.metrics_per_sandbox,
         },
         metrics,
         builds: templates::builds::Builds::new(
@@ -304,6 +312,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         tracing::info!("{signal}: stopping; the sandboxes keep running for the next start");
     }
     reaper.abort();
+    sampler.abort();
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
     lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;

@@ -13,9 +13,18 @@
 //!   snapshot), `fallback` (the restore failed: booted), `booted` (no usable snapshot, or
 //!   another size) (counter).
 //!
-//! `/metrics` needs no API key (scrapers rarely send one); it shows counts, no ids.
+//! - `sandcell_sandbox_cpu_used_cores`, `sandcell_sandbox_mem_used_bytes`,
+//!   `sandcell_sandbox_mem_total_bytes`, `sandcell_sandbox_disk_used_bytes`,
+//!   `sandcell_sandbox_disk_total_bytes`: the latest samples of sandboxes/metrics.rs, summed
+//!   over the running sandboxes (gauges); with `serve --metrics-per-sandbox`, one series per
+//!   sandbox instead, labelled `sandbox_id` (off by default: one series per sandbox is the
+//!   cardinality scrapers choke on).
+//!
+//! `/metrics` needs no API key (scrapers rarely send one); it shows counts, and ids only with
+//! `--metrics-per-sandbox`.
 
 use crate::App;
+use crate::sandboxes::metrics::Sample;
 use crate::store::State as SbState;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
@@ -160,6 +169,45 @@ impl Metrics {
     }
 }
 
+/// The sampled sandbox gauges (see the module doc), appended to `out`.
+pub fn render_samples(out: &mut String, latest: &[(String, Sample)], per_sandbox: bool) {
+    type Field = fn(&Sample) -> f64;
+    let families: [(&str, &str, Field); 5] = [
+        ("cpu_used_cores", "CPU in use, in whole vCPUs.", |s| {
+            f64::from(s.cpu_used_pct) / 100.0 * f64::from(s.cpu_count)
+        }),
+        ("mem_used_bytes", "Memory in use, page cache excluded.", |s| {
+            s.mem_used as f64
+        }),
+        ("mem_total_bytes", "Memory the sandboxes were given.", |s| {
+            s.mem_total as f64
+        }),
+        ("disk_used_bytes", "Disk the sandboxes' writes take.", |s| {
+            s.disk_used as f64
+        }),
+        ("disk_total_bytes", "Disk the sandboxes were given.", |s| {
+            s.disk_total as f64
+        }),
+    ];
+    for (name, help, field) in families {
+        let _ = writeln!(out, "# HELP sandcell_sandbox_{name} {help}");
+        let _ = writeln!(out, "# TYPE sandcell_sandbox_{name} gauge");
+        if per_sandbox {
+            for (id, s) in latest {
+                let _ = writeln!(
+                    out,
+                    "sandcell_sandbox_{name}{{sandbox_id=\"{}\"}} {}",
+                    escape(id),
+                    field(s)
+                );
+            }
+        } else {
+            let sum: f64 = latest.iter().map(|(_, s)| field(s)).sum();
+            let _ = writeln!(out, "sandcell_sandbox_{name} {sum}");
+        }
+    }
+}
+
 /// Label values escape `\`, `"` and newlines.
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
@@ -189,11 +237,12 @@ pub async fn track(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
 /// `GET /metrics`.
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {
     match app.db.count_by_state().await {
-        Ok(by_state) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            app.metrics.render(&by_state),
-        )
-            .into_response(),
+        Ok(by_state) => {
+            let mut text = app.metrics.render(&by_state);
+            let latest = app.lifecycle.samples.latest_all();
+            render_samples(&mut text, &latest, app.config.metrics_per_sandbox);
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+        }
         Err(e) => crate::http::error::ApiError::from(e).into_response(),
     }
 }
@@ -228,5 +277,32 @@ mod tests {
         assert!(text.contains(
             "sandcell_api_requests_total{route=\"/sandboxes\",method=\"POST\",status=\"201\"} 2\n"
         ));
+    }
+
+    #[test]
+    fn sampled_gauges_are_sums_unless_per_sandbox() {
+        let sample = |cpu_pct, mem| Sample {
+            at_ms: 0,
+            cpu_count: 2,
+            cpu_used_pct: cpu_pct,
+            mem_used: mem,
+            mem_total: 512 << 20,
+            mem_cache: 0,
+            disk_used: 10,
+            disk_total: 100,
+        };
+        let latest = vec![
+            ("sbx-a".to_string(), sample(50.0, 100)),
+            ("sbx-b".to_string(), sample(25.0, 50)),
+        ];
+        let mut sums = String::new();
+        render_samples(&mut sums, &latest, false);
+        assert!(sums.contains("sandcell_sandbox_cpu_used_cores 1.5\n"), "{sums}");
+        assert!(sums.contains("sandcell_sandbox_mem_used_bytes 150\n"));
+        assert!(sums.contains("sandcell_sandbox_disk_total_bytes 200\n"));
+        assert!(!sums.contains("sbx-a"), "no ids unless asked for");
+        let mut each = String::new();
+        render_samples(&mut each, &latest, true);
+        assert!(each.contains("sandcell_sandbox_mem_used_bytes{sandbox_id=\"sbx-b\"} 50\n"));
     }
 }

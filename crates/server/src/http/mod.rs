@@ -90,6 +90,8 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         ))
         .routes(routes!(templates::access::update_template_v2))
         .routes(routes!(sandboxes::metering::usage))
+        .routes(routes!(sandboxes::metrics_api::sandbox_metrics))
+        .routes(routes!(sandboxes::metrics_api::sandboxes_metrics))
         .routes(routes!(networks::api::set_network))
         .routes(routes!(networks::api::network_log))
         .routes(routes!(

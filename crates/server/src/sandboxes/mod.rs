@@ -1,11 +1,14 @@
 //! Sandboxes: the control API's sandbox routes ([`api`]), the service that creates, kills,
 //! times out and re-adopts them ([`service`]), their states ([`state`]), their JSON
-//! ([`models`]) and what they consumed ([`metering`]).
+//! ([`models`]) what they consumed ([`metering`]) and their
+//! CPU, memory and disk over time ([`metrics`], [`metrics_api`]).
 
 pub mod api;
 pub mod create;
 pub mod error;
 pub mod metering;
+pub mod metrics;
+pub mod metrics_api;
 pub mod models;
 pub mod reaper;
 pub mod reconcile;

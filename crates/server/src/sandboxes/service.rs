@@ -84,6 +84,8 @@ pub struct SandboxService {
     pub networks: Arc<crate::networks::service::Networks>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
     pub(crate) ops: crate::snapshots::ops::OpLocks,
+    /// CPU, memory and disk samples of the running sandboxes (sandboxes/metrics.rs).
+    pub samples: super::metrics::SampleStore,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -140,6 +142,7 @@ impl SandboxService {
             live: Mutex::new(HashMap::new()),
             networks,
             ops: Default::default(),
+            samples: Default::default(),
         }
     }
 
