@@ -217,6 +217,13 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
     }
+    // Image and layer trees keep their setuid files (crates/image unpack.rs): no host user
+    // but root may reach them.
+    for dir in [dirs.images(), dirs.data.join("cache")] {
+        if let Err(e) = sandcell_image::unpack::restrict_dir(&dir) {
+            tracing::warn!("{e}: other host users may reach the template trees under it");
+        }
+    }
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
@@ -284,7 +291,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
                 per_key: args.max_builds_per_key.max(1),
                 upload_bytes_per_key: args.max_upload_bytes_per_key,
             },
-            vec![dirs.data.clone(), dirs.run.clone()],
+            templates::builds::host_dirs(&dirs),
         ),
         uploads: Default::default(),
     });

@@ -176,9 +176,11 @@ pub fn render_samples(out: &mut String, latest: &[(String, Sample)], per_sandbox
         ("cpu_used_cores", "CPU in use, in whole vCPUs.", |s| {
             f64::from(s.cpu_used_pct) / 100.0 * f64::from(s.cpu_count)
         }),
-        ("mem_used_bytes", "Memory in use, page cache excluded.", |s| {
-            s.mem_used as f64
-        }),
+        (
+            "mem_used_bytes",
+            "Memory in use, page cache excluded.",
+            |s| s.mem_used as f64,
+        ),
         ("mem_total_bytes", "Memory the sandboxes were given.", |s| {
             s.mem_total as f64
         }),
@@ -297,7 +299,10 @@ mod tests {
         ];
         let mut sums = String::new();
         render_samples(&mut sums, &latest, false);
-        assert!(sums.contains("sandcell_sandbox_cpu_used_cores 1.5\n"), "{sums}");
+        assert!(
+            sums.contains("sandcell_sandbox_cpu_used_cores 1.5\n"),
+            "{sums}"
+        );
         assert!(sums.contains("sandcell_sandbox_mem_used_bytes 150\n"));
         assert!(sums.contains("sandcell_sandbox_disk_total_bytes 200\n"));
         assert!(!sums.contains("sbx-a"), "no ids unless asked for");

@@ -114,9 +114,7 @@ impl SampleStore {
             mem_total: u64::from(memory_mib) << 20,
             mem_cache,
             disk_used: reading.disk_used.unwrap_or(0),
-            disk_total: reading
-                .disk_total
-                .unwrap_or(u64::from(disk_mib) << 20),
+            disk_total: reading.disk_total.unwrap_or(u64::from(disk_mib) << 20),
         };
         series.push(sample);
         sample
@@ -249,12 +247,21 @@ mod tests {
     fn samples_carry_sizes_rates_and_cache_apart_from_use() {
         let store = SampleStore::default();
         let t0 = Instant::now();
-        let first = store.record("a", (1000, t0), (2, 512, 100), reading(0, 300 << 20, 100 << 20));
+        let first = store.record(
+            "a",
+            (1000, t0),
+            (2, 512, 100),
+            reading(0, 300 << 20, 100 << 20),
+        );
         assert_eq!(first.cpu_used_pct, 0.0, "no rate from a single reading");
         assert_eq!(first.mem_used, 200 << 20);
         assert_eq!(first.mem_cache, 100 << 20);
         assert_eq!(first.mem_total, 512 << 20);
-        assert_eq!(first.disk_total, 100 << 20, "the image's size when the runtime has none");
+        assert_eq!(
+            first.disk_total,
+            100 << 20,
+            "the image's size when the runtime has none"
+        );
         let t1 = t0 + Duration::from_secs(1);
         let second = store.record("a", (2000, t1), (2, 512, 100), reading(1_000_000, 1, 5));
         assert_eq!(second.cpu_used_pct, 50.0);
@@ -274,9 +281,19 @@ mod tests {
         }
         let all = store.range("a", 0, i64::MAX);
         assert!(all.len() <= MAX_SAMPLES);
-        assert_eq!(all.last().map(|s| s.at_ms), Some(MAX_SAMPLES as i64 * 3 - 1));
-        assert!(all.windows(2).all(|w| w[0].at_ms < w[1].at_ms), "still in order");
-        assert_eq!(all.first().map(|s| s.at_ms), Some(0), "the start is kept, coarser");
+        assert_eq!(
+            all.last().map(|s| s.at_ms),
+            Some(MAX_SAMPLES as i64 * 3 - 1)
+        );
+        assert!(
+            all.windows(2).all(|w| w[0].at_ms < w[1].at_ms),
+            "still in order"
+        );
+        assert_eq!(
+            all.first().map(|s| s.at_ms),
+            Some(0),
+            "the start is kept, coarser"
+        );
     }
 
     #[test]
@@ -287,7 +304,11 @@ mod tests {
         store.record("b", (1, t0), (1, 128, 0), Reading::default());
         store.retain_running(&["b".to_string()], t0);
         assert!(store.latest("a").is_some(), "readable after its end");
-        assert_eq!(store.latest_all().len(), 1, "but no longer a running sandbox's");
+        assert_eq!(
+            store.latest_all().len(),
+            1,
+            "but no longer a running sandbox's"
+        );
         store.retain_running(&["b".to_string()], t0 + KEEP_AFTER_END);
         assert!(store.latest("a").is_none());
         assert!(store.latest("b").is_some());

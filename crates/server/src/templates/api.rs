@@ -336,6 +336,7 @@ pub async fn upload_files(
     State(app): State<Arc<App>>,
     Path((_template_id, hash)): Path<(String, String)>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
     let token = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
@@ -352,9 +353,33 @@ pub async fn upload_files(
     let base = builds::files_dir(&app.lifecycle.dirs().data, &key_id);
     std::fs::create_dir_all(&base)
         .map_err(|e| ApiError::internal(format!("creating {}: {e}", base.display())))?;
+    // The key's uploads kept so far count against its cap (`--max-upload-bytes-per-key`);
+    // an archive that cannot fit is refused before a byte is read.
+    let cap = app.builds.limits.upload_bytes_per_key;
+    let used = {
+        let b = base.clone();
+        tokio::task::spawn_blocking(move || tree_bytes(&b))
+            .await
+            .map_err(|e| ApiError::internal(format!("the sizing thread failed: {e}")))?
+    };
+    let room = cap.saturating_sub(used);
+    let max = Limits::default().max_blob_bytes.min(room);
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) || room == 0 {
+        return Err(too_large(cap, used));
+    }
     let suffix = random_hex(8).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
     let archive = base.join(format!(".upload-{suffix}.tar"));
-    let result = receive(body, &archive).await;
+    let result = receive(body, &archive, max).await.map_err(|e| {
+        if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large(cap, used)
+        } else {
+            e
+        }
+    });
     let extracted = match result {
         Ok(()) => {
             let tree = base.join(format!(".tree-{suffix}"));
@@ -369,6 +394,15 @@ pub async fn upload_files(
     };
     let _ = std::fs::remove_file(&archive);
     let tree = extracted?;
+    // Extracted (a compressed archive grows): still within the cap?
+    let t = tree.clone();
+    let size = tokio::task::spawn_blocking(move || tree_bytes(&t))
+        .await
+        .map_err(|e| ApiError::internal(format!("the sizing thread failed: {e}")))?;
+    if used.saturating_add(size) > cap {
+        let _ = std::fs::remove_dir_all(&tree);
+        return Err(too_large(cap, used));
+    }
     let dest = base.join(&hash);
     if dest.exists() {
         let old = base.join(format!(".old-{suffix}"));
@@ -383,9 +417,42 @@ pub async fn upload_files(
     Ok(StatusCode::OK)
 }
 
-/// The body into `path`, refused past the image limits' largest blob.
-async fn receive(mut body: Body, path: &std::path::Path) -> ApiResult<()> {
-    let max = Limits::default().max_blob_bytes;
+/// 413: the key's uploads would pass `cap` (`used` kept already).
+fn too_large(cap: u64, used: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the upload does not fit: this key's COPY uploads may take {cap} bytes and keep \
+             {used}; they are pruned with the template caches (sandcell serve \
+             --template-cache-days), or the operator raises --max-upload-bytes-per-key"
+        ),
+    )
+}
+
+/// The bytes of the regular files under `dir` (0 when it is missing); links not followed.
+fn tree_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0u64;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else if meta.is_file() {
+                total = total.saturating_add(meta.len());
+            }
+        }
+    }
+    total
+}
+
+/// The body into `path`, refused (413) past `max` bytes.
+async fn receive(mut body: Body, path: &std::path::Path, max: u64) -> ApiResult<()> {
     let mut file = std::fs::File::create(path)
         .map_err(|e| ApiError::internal(format!("creating {}: {e}", path.display())))?;
     let mut total: u64 = 0;
@@ -827,6 +894,18 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let err = only_plain_files(dir.path()).unwrap_err();
         assert!(err.contains("a/b/fifo"), "{err}");
+    }
+
+    #[test]
+    fn tree_bytes_counts_files_not_links() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/f"), vec![0u8; 1000]).unwrap();
+        std::fs::write(dir.path().join("g"), vec![0u8; 24]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("a/link")).unwrap();
+        assert_eq!(tree_bytes(dir.path()), 1024);
+        assert_eq!(tree_bytes(&dir.path().join("missing")), 0);
+        assert_eq!(too_large(10, 4).status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 
     #[test]

@@ -289,6 +289,27 @@ impl Default for BuildLimits {
     }
 }
 
+/// The host directories build logs must not name: the data and run dirs, and where the
+/// data dir's images link to (installed images are often symbolic links to another tree,
+/// which build errors name resolved).
+pub fn host_dirs(dirs: &sandcell_runtime::Dirs) -> Vec<PathBuf> {
+    let mut out = vec![dirs.data.clone(), dirs.run.clone()];
+    if let Ok(entries) = std::fs::read_dir(dirs.images()) {
+        for entry in entries.flatten() {
+            let linked = entry.file_type().is_ok_and(|t| t.is_symlink());
+            if let Some(parent) = linked
+                .then(|| std::fs::canonicalize(entry.path()).ok())
+                .flatten()
+                .and_then(|target| target.parent().map(Path::to_path_buf))
+                && !out.contains(&parent)
+            {
+                out.push(parent);
+            }
+        }
+    }
+    out
+}
+
 /// One daemon's template builds (in [`App`]).
 pub struct Builds {
     /// The builds of this daemon's lifetime, by build id.
@@ -698,8 +719,24 @@ async fn build_image(
         sandcell_image::Error::StepFailed {
             step: text, code, ..
         } => (format!("{text}: exit status {code}"), step()),
+        // A registry's answer is not ours to pass on whole (its body could be anything
+        // a registry, or what it redirected to, sent): status and a short, plain text.
+        sandcell_image::Error::Registry { reference, source } => (
+            format!("pulling {reference}: {}", short_text(&source.to_string())),
+            step(),
+        ),
         other => (other.to_string(), step()),
     })
+}
+
+/// The first line of `text`, printable characters only, at most 200 of them.
+fn short_text(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    let mut out: String = line.chars().filter(|c| !c.is_control()).take(200).collect();
+    if line.chars().count() > 200 {
+        out.push('…');
+    }
+    out
 }
 
 /// Keeps the previous build's memory snapshot when the image was kept (unchanged) and so is
@@ -824,6 +861,20 @@ pub fn reason_entries(logs: &[LogEntry]) -> &[LogEntry] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registry_answers_are_cut_short() {
+        let body = format!(
+            "Server error: 500, message: {}\n<html>\x1b[31m",
+            "x".repeat(300)
+        );
+        let short = short_text(&body);
+        assert!(short.starts_with("Server error: 500"), "{short}");
+        assert!(
+            short.chars().count() <= 201 && !short.contains("html"),
+            "{short}"
+        );
+    }
 
     #[test]
     fn host_paths_are_redacted_and_the_rest_kept() {
