@@ -265,3 +265,21 @@ def test_oversized_upload_is_refused_before_it_is_read(api, env):
     uploads = os.path.join(env["data_dir"], "cache/e2b-files")
     left = [n for _, _, names in os.walk(uploads) for n in names if n.startswith(".upload-")]
     assert not left, left
+
+
+def test_from_image_on_the_host_loopback_is_refused(api, env):
+    """`fromImage` naming a registry on the host's loopback (the canary service) or the
+    metadata address: the pull is refused before a request is sent, and the reason carries
+    nothing the service answered."""
+    b = api(env["key_b"])
+    for image in (f"127.0.0.1:{env['canary_port']}/x:1", "169.254.169.254/latest:1"):
+        name = _name("atk-ssrf")
+        r = request_build(b, name)
+        assert r.status_code == 202, r.text
+        build_id = r.json()["buildID"]
+        r = start_build(b, name, build_id, [run_step("true")], fromImage=image)
+        assert r.status_code == 202, r.text
+        last = wait_build(b, name, build_id, timeout=120)
+        assert last["status"] == "error", last
+        assert "internal address" in last["reason"]["message"], last
+        assert env["canary"] not in str(last)
