@@ -229,13 +229,15 @@ def test_build_errors_carry_no_host_paths(api, env):
 
 def test_b_endless_build_does_not_block_a_build(api, env):
     """B's build sleeps (as `RUN sleep infinity` would, bounded so that it ends on its own
-    under this suite's default step deadline); A's build runs and finishes meanwhile."""
+    well within this suite's default step deadline, and is waited for: a daemon stopped
+    mid-build leaves the step's overlay mount behind); A's build runs and finishes
+    meanwhile. The deadline itself: crates/server/tests/template_limits.rs."""
     a, b = api(env["key_a"]), api(env["key_b"])
     slow = _name("atk-slow")
     r = request_build(b, slow)
     assert r.status_code == 202, r.text
     slow_id = r.json()["buildID"]
-    assert start_build(b, slow, slow_id, [run_step("sleep 120")]).status_code == 202
+    assert start_build(b, slow, slow_id, [run_step("sleep 45")]).status_code == 202
     # B's step is running before A asks.
     deadline = time.time() + 60
     while "sleep" not in str(b.get(f"/templates/{slow}/builds/{slow_id}/status").json()):
@@ -245,6 +247,7 @@ def test_b_endless_build_does_not_block_a_build(api, env):
     assert last["status"] == "ready", last
     r = b.get(f"/templates/{slow}/builds/{slow_id}/status")
     assert r.json()["status"] == "building", "B's build was to be still running"
+    assert wait_build(b, slow, slow_id, timeout=180)["status"] == "ready"
 
 
 def test_oversized_upload_is_refused_before_it_is_read(api, env):
