@@ -2,7 +2,7 @@
 // tests/e2b/run.sh, which sets E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, SANDCELL_TEMPLATE
 // and NODE_PATH). Exits non-zero on the first failed check.
 const assert = require('node:assert/strict')
-const { Sandbox, AuthenticationError, CommandExitError, NotFoundError } = require('e2b')
+const { Sandbox, AuthenticationError, CommandExitError, NotFoundError, TimeoutError, SandboxNotFoundError } = require('e2b')
 
 const template = process.env.SANDCELL_TEMPLATE
 
@@ -60,6 +60,18 @@ async function main() {
     assert.ok(last.cpuCount >= 1)
     assert.ok(last.memTotal > 0 && last.memUsed > 0, JSON.stringify(last))
     assert.ok(last.timestamp instanceof Date)
+  })
+  await check('errors: timeout, killed mid-stream, connect to a killed sandbox', async () => {
+    const s = await Sandbox.create(template, { timeoutMs: 120_000 })
+    await assert.rejects(s.commands.run('sleep 5', { timeoutMs: 1000 }), (e) => e instanceof TimeoutError)
+    setTimeout(() => Sandbox.kill(s.sandboxId), 1000)
+    const t = Date.now()
+    await assert.rejects(s.commands.run('sleep 30', { timeoutMs: 60_000 }), (e) => {
+      assert.ok(e instanceof Error, String(e))
+      return true
+    })
+    assert.ok(Date.now() - t < 20_000, 'the stream ends when the sandbox is killed')
+    await assert.rejects(Sandbox.connect(s.sandboxId), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
   })
   await check('list', async () => {
     const items = await Sandbox.list({ query: { metadata: { suite: 'node' } } }).nextItems()

@@ -242,6 +242,27 @@ def test_list_filters_by_metadata_and_paginates():
         second = pages.next_items()
         assert len(first) == 1 and len(second) == 1
         assert {first[0].sandbox_id, second[0].sandbox_id} == {a.sandbox_id, b.sandbox_id}
+        # The raw route's other filters: start time either side, template, order.
+        started_b = b.get_info().started_at.isoformat()
+        raw = lambda **p: [  # noqa: E731
+            x["sandboxID"]
+            for x in httpx.get(
+                f"{API_URL}/v2/sandboxes",
+                params={"metadata": "suite=list", **p},
+                headers={"X-API-KEY": API_KEY},
+            ).json()
+        ]
+        assert raw(startedBefore=started_b) == [a.sandbox_id]
+        assert raw(startedAfter=started_b) == []
+        assert raw(order="asc") == [a.sandbox_id, b.sandbox_id]
+        assert raw(order="desc") == [b.sandbox_id, a.sandbox_id]
+        assert raw(template="no-such-template") == []
+        bad = httpx.get(
+            f"{API_URL}/v2/sandboxes",
+            params={"startedBefore": "last week"},
+            headers={"X-API-KEY": API_KEY},
+        )
+        assert bad.status_code == 400 and "RFC 3339" in bad.json()["message"]
     finally:
         a.kill()
         b.kill()
@@ -389,3 +410,85 @@ def test_get_metrics_reports_sampled_cpu_memory_and_disk(sbx):
     )
     assert r.status_code == 200
     assert list(r.json()["sandboxes"]) == [sbx.sandbox_id]
+
+
+def test_signed_file_urls_work_once_bound_and_expire():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120, secure=True)
+    try:
+        sbx.files.write("/home/user/signed.txt", "signed content")
+        # The SDK's URLs point at E2B_SANDBOX_URL; a deployment routes them by Host
+        # (`49983-<id>.<domain>`), here the routing headers stand for that. No access token.
+        route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        url = sbx.download_url("/home/user/signed.txt")
+        assert "signature=v1_" in url
+        r = httpx.get(url, headers=route)
+        assert r.status_code == 200, r.text
+        assert r.text == "signed content"
+
+        up = sbx.upload_url("/home/user/uploaded.txt", use_signature_expiration=60)
+        r = httpx.post(up, headers=route, files={"file": ("uploaded.txt", b"via signed url")})
+        assert r.status_code == 200, r.text
+        assert sbx.files.read("/home/user/uploaded.txt") == "via signed url"
+
+        # Bound to its path, its operation and its time.
+        other_path = url.replace("signed.txt", "uploaded.txt")
+        assert httpx.get(other_path, headers=route).status_code == 401
+        r = httpx.post(url, headers=route, files={"file": ("x", b"overwrite")})
+        assert r.status_code == 401, "a read signature used to write"
+        assert sbx.files.read("/home/user/signed.txt") == "signed content"
+        expired = sbx.download_url("/home/user/signed.txt", use_signature_expiration=-5)
+        r = httpx.get(expired, headers=route)
+        assert r.status_code == 401 and "expired" in r.json()["message"]
+        forged = url.split("signature=")[0] + "signature=v1_AAAA"
+        assert httpx.get(forged, headers=route).status_code == 401
+        assert httpx.get(url.split("&signature=")[0], headers=route).status_code == 401
+    finally:
+        sbx.kill()
+
+
+def test_v2_logs_tell_the_sandboxes_life_and_filter():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120)
+    sbx_id = sbx.sandbox_id
+    headers = {"X-API-KEY": API_KEY}
+    url = f"{API_URL}/v2/sandboxes/{sbx_id}/logs"
+    live = httpx.get(url, headers=headers).json()["logs"]
+    sources = {e["fields"]["source"] for e in live}
+    assert "runtime" in sources
+    assert any("created from template" in e["message"] for e in live)
+    assert any(e["message"] == "started" for e in live)
+    sbx.kill()
+    logs = httpx.get(url, headers=headers).json()["logs"]
+    assert logs[-1]["message"].startswith("killed"), logs[-1]
+    stamps = [e["timestamp"] for e in logs]
+    assert stamps == sorted(stamps)
+    back = httpx.get(url, headers=headers, params={"direction": "backward", "limit": 1})
+    assert back.json()["logs"] == [logs[-1]]
+    assert httpx.get(url, headers=headers, params={"level": "error"}).json()["logs"] == []
+    found = httpx.get(url, headers=headers, params={"search": "CREATED FROM"}).json()["logs"]
+    assert len(found) == 1
+    r = httpx.get(url, headers=headers, params={"level": "loud"})
+    assert r.status_code == 400 and "debug, info, warn or error" in r.json()["message"]
+    other = {"X-API-KEY": os.environ["SANDCELL_OTHER_KEY"]}
+    assert httpx.get(url, headers=other).status_code == 404
+
+
+def test_errors_map_to_the_sdks_exceptions():
+    from e2b import SandboxNotFoundException
+    from e2b.exceptions import SandboxNotRunningException
+
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=120)
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 5", timeout=1)
+    import threading
+
+    threading.Timer(1.0, lambda: Sandbox.kill(sandbox.sandbox_id)).start()
+    started = time.time()
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.commands.run("sleep 30", timeout=60)
+    assert time.time() - started < 20, "the stream ends when the sandbox is killed"
+    started = time.time()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sandbox.sandbox_id)
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.commands.run("echo hi")
+    assert time.time() - started < 10, "a killed sandbox is 404 at once"

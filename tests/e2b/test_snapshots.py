@@ -72,3 +72,23 @@ def test_snapshot_is_a_template_and_fork_makes_independent_sandboxes():
         for s in made:
             s.kill()
         sbx.kill()
+
+
+def test_snapshot_names_that_look_like_ids_are_names():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120)
+    made = []
+    try:
+        sbx.files.write("/home/user/mark", "nightly")
+        info = sbx.create_snapshot(name="snap-nightly")
+        child = Sandbox.create(template="snap-nightly", timeout=60)
+        made.append(child)
+        assert child.files.read("/home/user/mark") == "nightly"
+        # The id's own form stays an id: refused as a name, with what to send instead.
+        with pytest.raises(Exception) as refused:
+            sbx.create_snapshot(name="snap-0123456789abcdef")
+        assert "snapshot id" in str(refused.value)
+        assert Sandbox.delete_snapshot("snap-nightly") is True
+    finally:
+        for s in made:
+            s.kill()
+        sbx.kill()

@@ -20,6 +20,11 @@ TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
 
 def test_template_build_round_trip(tmp_path):
     (tmp_path / "hello.txt").write_text("hello from the build context\n")
+    # Symlinks are copied as symlinks, dangling ones too (as Docker's COPY does).
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "real.txt").write_text("real\n")
+    os.symlink("real.txt", tmp_path / "links" / "link.txt")
+    os.symlink("missing.txt", tmp_path / "links" / "dangling")
     name = f"e2b-built-{os.getpid()}"
     template = (
         Template(file_context_path=str(tmp_path))
@@ -28,6 +33,7 @@ def test_template_build_round_trip(tmp_path):
         .run_cmd("whoami > who.txt; pwd >> who.txt")
         .run_cmd("mkdir -p /srv/app && echo built-by-run > /srv/app/run.txt", user="root")
         .copy("hello.txt", "/srv/app/")
+        .copy("links", "/srv/links/")
         .set_envs({"GREETING": "hi there", "ORIGIN": "e2b"})
         .set_workdir("/srv/app")
         .set_start_cmd("echo started-by-start-cmd > /tmp/started; sleep 3600", "test -s /tmp/started")
@@ -45,6 +51,10 @@ def test_template_build_round_trip(tmp_path):
         r = sandbox.commands.run("cat hello.txt run.txt; echo $GREETING/$ORIGIN; pwd; whoami")
         assert r.stdout == "hello from the build context\nbuilt-by-run\nhi there/e2b\n/srv/app\nuser\n"
         assert sandbox.commands.run("cat /home/user/who.txt").stdout == "user\n/home/user\n"
+        links = sandbox.commands.run(
+            "readlink /srv/links/link.txt /srv/links/dangling; cat /srv/links/link.txt"
+        )
+        assert links.stdout == "real.txt\nmissing.txt\nreal\n"
         # The start command ran (once, at build time: the template is its memory snapshot).
         assert sandbox.commands.run("cat /tmp/started").stdout == "started-by-start-cmd\n"
         # The build's cpuCount/memoryMB are the template's default size.

@@ -332,6 +332,13 @@ pub trait Sandbox: Send + Sync {
     async fn resume(&self) -> Result<()>;
     async fn status(&self) -> Result<SandboxStatus>;
     async fn usage(&self) -> Result<ResourceUsage>;
+    /// The last lines (at most `max_bytes` of them) of what the sandbox's init (the agent)
+    /// and the runtime wrote to its console, oldest first; guest-written text, so the
+    /// caller treats it as untrusted. Default: the runtime keeps no console.
+    fn console_tail(&self, max_bytes: u64) -> Vec<String> {
+        let _ = max_bytes;
+        Vec::new()
+    }
     /// Its disk, where the runtime can measure it from the host (default: it cannot).
     async fn disk_usage(&self) -> Option<DiskUsage> {
         None

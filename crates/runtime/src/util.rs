@@ -44,6 +44,33 @@ pub(crate) fn log_tail(path: &Path, label: &str, max_bytes: u64, max_lines: usiz
     )
 }
 
+/// The non-empty lines of the last `max_bytes` of a log file, oldest first (a first line
+/// cut by the window is dropped), invalid UTF-8 replaced.
+pub(crate) fn tail_lines(path: &Path, max_bytes: u64) -> Vec<String> {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(max_bytes);
+    if file.seek(SeekFrom::Start(start)).is_err() {
+        return Vec::new();
+    }
+    let mut buf = Vec::new();
+    if file.take(max_bytes).read_to_end(&mut buf).is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    if start > 0 && !lines.is_empty() {
+        lines.remove(0);
+    }
+    lines
+}
+
 /// The last non-empty line of the last `max_bytes` of a log file ("" if none): a process's
 /// final error message.
 pub(crate) fn last_line(path: &Path, max_bytes: u64) -> String {

@@ -113,10 +113,77 @@ pub struct ServeArgs {
     /// Bytes of uploaded COPY archives (extracted) one key may keep pending
     #[arg(long, default_value_t = 4 << 30, value_name = "BYTES")]
     pub max_upload_bytes_per_key: u64,
+    /// Live sandboxes of a key whose `--max-sandboxes` is `default` (admin keys: no limit)
+    #[arg(long, default_value = "20", value_name = "N|unlimited")]
+    pub default_max_sandboxes: keys::quota::DefaultLimit,
+    /// Memory of a key's running sandboxes, for keys whose `--max-memory-mib` is `default`
+    #[arg(long, default_value = "32768", value_name = "MIB|unlimited")]
+    pub default_max_memory_mib: keys::quota::DefaultLimit,
+    /// Disk of a key's live sandboxes, for keys whose `--max-disk-mib` is `default`
+    #[arg(long, default_value = "204800", value_name = "MIB|unlimited")]
+    pub default_max_disk_mib: keys::quota::DefaultLimit,
+    /// Template builds of a key at once, for keys whose `--max-builds` is `default`
+    #[arg(long, default_value = "2", value_name = "N|unlimited")]
+    pub default_max_builds: keys::quota::DefaultLimit,
+    /// Uploaded build archives of a key, for keys whose `--max-upload-mib` is `default`
+    #[arg(long, default_value = "16384", value_name = "MIB|unlimited")]
+    pub default_max_upload_mib: keys::quota::DefaultLimit,
+    /// Creates, restores, forks and resumes are refused (503) when the memory of all
+    /// running sandboxes would pass this many times the host's MemTotal
+    #[arg(long, default_value_t = 1.5, value_name = "RATIO")]
+    pub memory_overcommit: f64,
+    /// Creates, restores, forks and resumes are refused (503) while the data dir's
+    /// filesystem has less free than this
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
+    pub min_free_disk_mib: u64,
     /// `/metrics` gets one series per sandbox (label `sandbox_id`) for CPU, memory and disk,
     /// instead of their sums
     #[arg(long)]
     pub metrics_per_sandbox: bool,
+    /// The longest a sandbox may run (`90m`, `24h`, `7d`; time paused does not count), and
+    /// so the longest `timeout` a request may ask for; past it the sandbox is killed
+    #[arg(long, default_value = "24h", value_parser = parse_lifetime, value_name = "DURATION")]
+    pub max_lifetime: u64,
+}
+
+/// `--max-lifetime`: a whole number with a unit (`s`, `m`, `h`, `d`), in seconds; from one
+/// second to a year.
+fn parse_lifetime(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a duration: send e.g. 90m, 24h or 7d");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    let secs = n.checked_mul(scale).ok_or_else(bad)?;
+    if !(1..=365 * 86_400).contains(&secs) {
+        return Err(format!("{s:?} is out of range: 1s to 365d"));
+    }
+    Ok(secs)
+}
+
+impl ServeArgs {
+    /// Keys' default quotas and the host's limits, from the options.
+    fn admission(&self) -> sandboxes::admission::AdmissionConfig {
+        sandboxes::admission::AdmissionConfig {
+            key_defaults: keys::quota::QuotaDefaults {
+                sandboxes: self.default_max_sandboxes.0,
+                memory_mib: self.default_max_memory_mib.0,
+                disk_mib: self.default_max_disk_mib.0,
+                builds: self.default_max_builds.0,
+                upload_mib: self.default_max_upload_mib.0,
+            },
+            host: sandboxes::admission::HostLimits {
+                memory_overcommit: self.memory_overcommit,
+                min_free_disk_mib: self.min_free_disk_mib,
+            },
+        }
+    }
 }
 
 /// `sandcell serve`'s network options to settings (`None`: --no-network).
@@ -245,6 +312,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             max_vcpus: args.max_vcpus,
             max_memory_mib: args.max_memory_mib,
             kill_on_exit: args.kill_on_exit,
+            max_lifetime_secs: args.max_lifetime,
+            admission: args.admission(),
         },
         metrics.clone(),
         networks.clone(),
@@ -353,6 +422,62 @@ pub async fn serve(dirs: Dirs, args: ServeArgs) -> i32 {
         Err(e) => {
             eprintln!("sandcell serve: {e}");
             1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn admission_options_parse_with_their_defaults() {
+        let cli = Cli::try_parse_from(["serve"]).unwrap();
+        let a = cli.serve.admission();
+        assert_eq!(a.key_defaults, keys::quota::QuotaDefaults::default());
+        assert_eq!(a.host, sandboxes::admission::HostLimits::default());
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--default-max-sandboxes",
+            "unlimited",
+            "--default-max-memory-mib",
+            "1024",
+            "--memory-overcommit",
+            "0.8",
+        ])
+        .unwrap();
+        let a = cli.serve.admission();
+        assert_eq!(a.key_defaults.sandboxes, None);
+        assert_eq!(a.key_defaults.memory_mib, Some(1024));
+        assert_eq!(a.host.memory_overcommit, 0.8);
+        assert!(Cli::try_parse_from(["serve", "--default-max-builds", "default"]).is_err());
+    }
+
+    #[test]
+    fn lifetimes_take_a_unit_and_a_sane_range() {
+        assert_eq!(parse_lifetime("24h"), Ok(86_400));
+        assert_eq!(parse_lifetime("90m"), Ok(5_400));
+        assert_eq!(parse_lifetime("7d"), Ok(604_800));
+        assert_eq!(parse_lifetime("5s"), Ok(5));
+        for bad in [
+            "",
+            "24",
+            "h",
+            "-1h",
+            "1.5h",
+            "24 h",
+            "0s",
+            "366d",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_lifetime(bad).is_err(), "{bad:?}");
         }
     }
 }

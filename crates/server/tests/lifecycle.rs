@@ -160,6 +160,65 @@ async fn delete_leaves_no_process_container_cgroup_mount_or_file() {
 }
 
 #[tokio::test]
+async fn the_longest_lifetime_bounds_timeouts_and_ends_sandboxes_however_refreshed() {
+    let env = common::Env::new();
+    let daemon = env.start(&["--max-lifetime", "6s"]);
+    let c = &daemon.client;
+    let resp = c
+        .api(
+            Method::POST,
+            "/sandboxes",
+            Some(&serde_json::json!({"templateID": "minimal", "timeout": 7})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST);
+    let err: serde_json::Value = serde_json::from_slice(&resp.body).unwrap();
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("longest sandbox lifetime of 6 s"),
+        "{err}"
+    );
+    let sbx = c.create_sandbox(&minimal(Some(6))).await.unwrap();
+    // Refreshes keep pushing its end out; the lifetime ends it anyway (the reaper checks
+    // every 10 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let mut ended = false;
+    while std::time::Instant::now() < deadline {
+        let path = format!("/sandboxes/{}/refreshes", sbx.sandbox_id);
+        let body = serde_json::json!({"duration": 60});
+        let resp = c.api(Method::POST, &path, Some(&body)).await.unwrap();
+        if resp.status == StatusCode::NOT_FOUND {
+            ended = true;
+            break;
+        }
+        assert_eq!(resp.status, StatusCode::NO_CONTENT);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(ended, "the sandbox outlived the longest lifetime");
+    // 404 from the moment the kill begins; the reason is written when it is done.
+    let mut r = row(&env, &sbx.sandbox_id).await;
+    for _ in 0..100 {
+        if r.state.is_final() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        r = row(&env, &sbx.sandbox_id).await;
+    }
+    assert!(
+        r.end_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("longest sandbox lifetime"),
+        "{:?}",
+        r.end_reason
+    );
+    daemon.stop();
+}
+
+#[tokio::test]
 async fn vcpu_and_memory_are_validated_and_applied() {
     let env = common::Env::new();
     let daemon = env.start(&["--max-vcpus", "2", "--max-memory-mib", "1024"]);

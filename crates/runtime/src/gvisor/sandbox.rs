@@ -605,6 +605,10 @@ impl Sandbox for GvisorSandbox {
         })
     }
 
+    fn console_tail(&self, max_bytes: u64) -> Vec<String> {
+        crate::util::tail_lines(&self.paths.console, max_bytes)
+    }
+
     async fn usage(&self) -> Result<ResourceUsage> {
         Ok(self.cgroup.usage())
     }

@@ -164,7 +164,8 @@ impl From<crate::sandboxes::error::SandboxError> for ApiError {
         match e {
             SandboxError::Invalid(m) => ApiError::bad_request(m),
             SandboxError::TemplateNotFound(_) => ApiError::not_found(e.to_string()),
-            SandboxError::LimitReached { .. } => ApiError::too_many(e.to_string()),
+            SandboxError::Admission(a) if a.is_host() => ApiError::unavailable(a.to_string()),
+            SandboxError::Admission(a) => ApiError::too_many(a.to_string()),
             SandboxError::Network(e) => e.into(),
             SandboxError::Host(e) => e.into(),
             SandboxError::Agent(e) => e.into(),

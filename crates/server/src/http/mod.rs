@@ -6,6 +6,7 @@ pub mod error;
 pub mod extract;
 pub mod metrics;
 pub mod proxy;
+pub mod signed_url;
 pub mod trace;
 
 use crate::App;
@@ -91,6 +92,7 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(templates::access::update_template_v2))
         .routes(routes!(sandboxes::metering::usage))
         .routes(routes!(sandboxes::metrics_api::sandbox_metrics))
+        .routes(routes!(sandboxes::logs::sandbox_logs))
         .routes(routes!(sandboxes::metrics_api::sandboxes_metrics))
         .routes(routes!(networks::api::set_network))
         .routes(routes!(networks::api::network_log))

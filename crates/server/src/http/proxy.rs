@@ -11,7 +11,7 @@
 //! network ([`forward_port`]), HTTP and upgrades such as WebSocket.
 //!
 //! Access: for a `secure` sandbox the proxy itself requires `X-Access-Token` to equal the
-//! sandbox's envd access token (the agent checks it too once `/init` gave it the token, but
+//! sandbox's envd access token, or a signed file URL ([`crate::http::signed_url`]) (the agent checks it too once `/init` gave it the token, but
 //! the proxy does not rely on the agent version). Routes envd keeps internal (`/init`) and
 //! our agent's `/sandcell/...` routes answer 404 through the proxy, as E2B's proxy does.
 
@@ -20,7 +20,7 @@ use crate::http::error::ApiError;
 use crate::util::constant_time_eq;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
@@ -102,6 +102,17 @@ pub async fn route(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
     }
 }
 
+/// Whether header `name` carries exactly the sandbox's `token` (compared in constant time).
+/// The token is the target sandbox's own, looked up by the id the request names: another
+/// sandbox's token, a prefix of it, or the same header twice with it second never match.
+fn token_given(headers: &HeaderMap, name: &str, token: &str) -> bool {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(given), None) => constant_time_eq(given.as_bytes(), token.as_bytes()),
+        _ => false,
+    }
+}
+
 fn not_found_in_sandbox(id: &str) -> ApiError {
     // The SDKs recognise "was not found" in a 502 as "the sandbox is gone".
     ApiError::bad_gateway(format!("The sandbox {id} was not found"))
@@ -116,30 +127,36 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
     if target.port != sandcell_runtime::AGENT_PORT
         && let Some(net) = live.sandbox.network()
     {
-        if let Some(token) = app.lifecycle.networks.traffic_token(&target.sandbox_id) {
-            let given = req
-                .headers()
-                .get(TRAFFIC_TOKEN_HEADER)
-                .map(HeaderValue::as_bytes)
-                .unwrap_or_default();
-            if !constant_time_eq(given, token.as_bytes()) {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    format!("missing or invalid {TRAFFIC_TOKEN_HEADER} for this sandbox's ports"),
-                ));
-            }
+        if let Some(token) = app.lifecycle.networks.traffic_token(&target.sandbox_id)
+            && !token_given(req.headers(), TRAFFIC_TOKEN_HEADER, &token)
+        {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("missing or invalid {TRAFFIC_TOKEN_HEADER} for this sandbox's ports"),
+            ));
         }
         return Ok(forward_port(&net, &target.sandbox_id, target.port, req).await);
     }
+    let mut req = req;
     if let Some(token) = &live.access_token {
-        let given = req
-            .headers()
-            .get(ACCESS_TOKEN_HEADER)
-            .map(HeaderValue::as_bytes)
-            .unwrap_or_default();
-        if !constant_time_eq(given, token.as_bytes()) {
+        let given = req.headers().get(ACCESS_TOKEN_HEADER);
+        let signed = given.is_none()
+            && crate::http::signed_url::check(
+                req.method().as_str(),
+                req.uri().path(),
+                req.uri().query(),
+                token,
+                crate::util::now_ms() / 1000,
+            )?;
+        if signed {
+            // The agent checks the header too: a valid signature stands for the token.
+            let value = axum::http::HeaderValue::from_str(token).map_err(|_| {
+                ApiError::internal("the sandbox's access token is not a header value")
+            })?;
+            req.headers_mut().insert(ACCESS_TOKEN_HEADER, value);
+        } else if !token_given(req.headers(), ACCESS_TOKEN_HEADER, token) {
             return Err(ApiError::unauthorized(
-                "missing or invalid X-Access-Token for this sandbox",
+                "missing or invalid X-Access-Token for this sandbox (or a signed file URL)",
             ));
         }
     }
@@ -344,6 +361,60 @@ async fn upgrade(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
+
+    fn with(name: &str, values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn only_the_sandboxes_own_token_opens_it() {
+        let x = "0123456789abcdef0123456789abcdef01234567";
+        let y = "fedcba9876543210fedcba9876543210fedcba98";
+        assert!(token_given(
+            &with(ACCESS_TOKEN_HEADER, &[x]),
+            ACCESS_TOKEN_HEADER,
+            x
+        ));
+        // X's token on Y, a forged one, a prefix, a longer one, none, an empty one.
+        for given in [
+            y,
+            "0123456789abcdef0123456789abcdef01234568",
+            &x[..39],
+            &format!("{x}0"),
+            "",
+        ] {
+            assert!(
+                !token_given(&with(ACCESS_TOKEN_HEADER, &[given]), ACCESS_TOKEN_HEADER, x),
+                "{given:?}"
+            );
+        }
+        assert!(!token_given(&HeaderMap::new(), ACCESS_TOKEN_HEADER, x));
+        // The right token under the other header does not count.
+        assert!(!token_given(
+            &with(TRAFFIC_TOKEN_HEADER, &[x]),
+            ACCESS_TOKEN_HEADER,
+            x
+        ));
+        // Sent twice (a wrong one first, or the right one twice): refused, not "any matches".
+        assert!(!token_given(
+            &with(ACCESS_TOKEN_HEADER, &[y, x]),
+            ACCESS_TOKEN_HEADER,
+            x
+        ));
+        assert!(!token_given(
+            &with(ACCESS_TOKEN_HEADER, &[x, x]),
+            ACCESS_TOKEN_HEADER,
+            x
+        ));
+    }
 
     #[test]
     fn host_routing_parses_port_and_id() {

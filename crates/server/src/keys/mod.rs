@@ -3,13 +3,16 @@
 //! shown once, at creation. The first start of the daemon creates an admin key and writes it
 //! to `<data-dir>/admin.key` (mode 0600).
 //!
-//! `sandcell keys create|ls|revoke` work on the database file directly (SQLite in WAL mode
-//! lets them run next to the daemon), so they need access to the data dir (root), not a
-//! running daemon. Revoking a key kills its sandboxes at the daemon's next reaper tick.
+//! `sandcell keys create|update|ls|revoke` work on the database file directly (SQLite in
+//! WAL mode lets them run next to the daemon), so they need access to the data dir (root),
+//! not a running daemon. Revoking a key kills its sandboxes at the daemon's next reaper tick.
+//! A key's quotas ([`quota`]) are read on each create, so `keys update` applies at once.
 
 pub mod cli;
+pub mod quota;
 
 use crate::error::Error;
+use crate::store::keys::{KeyQuotas, Limit};
 use crate::store::{Db, KeyRow};
 use crate::util::{now_ms, random_hex, sha256_hex};
 use std::path::{Path, PathBuf};
@@ -35,10 +38,26 @@ pub fn looks_like_key(s: &str) -> bool {
         .is_some_and(|hex| hex.len() == 40 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// A key with the daemon's default quotas, except at most `max_sandboxes` sandboxes when
+/// given.
 pub async fn create_key(
     db: &Db,
     name: &str,
     max_sandboxes: Option<u32>,
+    is_admin: bool,
+) -> Result<NewKey, Error> {
+    let quotas = KeyQuotas {
+        sandboxes: max_sandboxes.map_or(Limit::Default, |n| Limit::Max(u64::from(n))),
+        ..KeyQuotas::default()
+    };
+    create_key_with(db, name, quotas, is_admin).await
+}
+
+/// A key with these quotas.
+pub async fn create_key_with(
+    db: &Db,
+    name: &str,
+    quotas: KeyQuotas,
     is_admin: bool,
 ) -> Result<NewKey, Error> {
     let secret = random_hex(20).map_err(Error::io("getrandom for an API key"))?;
@@ -52,7 +71,7 @@ pub async fn create_key(
         name: name.to_string(),
         key_prefix: format!("{KEY_PREFIX}{}", &secret[..4]),
         is_admin,
-        max_sandboxes,
+        quotas,
         created_at: now_ms(),
         revoked_at: None,
     };
@@ -151,7 +170,7 @@ mod tests {
         assert!(db.revoke_key("ci", now_ms()).await.unwrap().is_empty());
         let listed = db.list_keys().await.unwrap();
         assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].max_sandboxes, Some(2));
+        assert_eq!(listed[0].quotas.sandboxes, Limit::Max(2));
         assert!(listed[0].revoked_at.is_some());
     }
 }

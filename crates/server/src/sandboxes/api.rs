@@ -8,7 +8,7 @@ use crate::sandboxes::models::{
     ConnectRequest, LifecycleInfo, ListedSandbox, NewSandbox, RefreshRequest, Sandbox,
     SandboxDetail, SandboxState, TimeoutRequest,
 };
-use crate::sandboxes::service::{MAX_REFRESH_SECS, MAX_TIMEOUT_SECS};
+use crate::sandboxes::service::MAX_REFRESH_SECS;
 use crate::store::{SandboxRow, State as DbState};
 use crate::util::{now_ms, parse_rfc3339, rfc3339};
 use axum::Json;
@@ -52,6 +52,44 @@ fn listed_json(row: &SandboxRow) -> ListedSandbox {
         },
         envd_version: row.envd_version.clone(),
         metadata: row.metadata.clone(),
+        key_id: None,
+    }
+}
+
+/// An admin key's listing item: with the owning key.
+fn listed_json_of_any(row: &SandboxRow) -> ListedSandbox {
+    ListedSandbox {
+        key_id: Some(row.key_id.clone()),
+        ..listed_json(row)
+    }
+}
+
+/// The keys whose sandboxes a listing shows: the caller's, or with `all=true` every key's
+/// (admin keys only: the operator's view; 403 for others, so that a script expecting all
+/// does not silently get its own).
+fn listed_keys<'a>(caller: &'a Caller, q: &ListQuery) -> ApiResult<Option<&'a str>> {
+    match (q.all, caller.0.is_admin) {
+        (false, _) => Ok(Some(&caller.0.id)),
+        (true, true) => Ok(None),
+        (true, false) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "all=true lists every key's sandboxes and needs an admin key; without it you see \
+             your own",
+        )),
+    }
+}
+
+/// Sandbox `id` as the caller may address it by id (GET, DELETE): its own; an admin key's,
+/// any key's (the operator's view). Other keys' sandboxes do not exist for the caller.
+async fn addressable_of(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxRow> {
+    let row = if caller.0.is_admin {
+        app.db.sandbox(id).await?
+    } else {
+        app.db.sandbox_of_key(&caller.0.id, id).await?
+    };
+    match row {
+        Some(row) if row.state.is_addressable() => Ok(row),
+        _ => Err(ApiError::sandbox_not_found(id)),
     }
 }
 
@@ -120,9 +158,12 @@ struct ListQuery {
     states: Vec<SandboxState>,
     template: Option<String>,
     started_after: Option<i64>,
+    started_before: Option<i64>,
     ascending: bool,
     limit: Option<usize>,
     next_token: Option<String>,
+    /// `all=true`: every key's sandboxes (admin keys only).
+    all: bool,
 }
 
 /// Decodes `%XX` sequences (the SDKs encode metadata keys and values once more before
@@ -179,6 +220,13 @@ fn parse_list_query(raw: Option<&str>) -> ApiResult<ListQuery> {
                     ))
                 })?)
             }
+            "startedBefore" => {
+                q.started_before = Some(parse_rfc3339(&value).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "invalid startedBefore {value:?}: RFC 3339 expected"
+                    ))
+                })?)
+            }
             "order" => {
                 q.ascending = match &*value {
                     "asc" => true,
@@ -204,6 +252,17 @@ fn parse_list_query(raw: Option<&str>) -> ApiResult<ListQuery> {
                 )
             }
             "nextToken" => q.next_token = Some(value.into_owned()),
+            "all" => {
+                q.all = match &*value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "invalid all {other:?}: true or false"
+                        )));
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -241,12 +300,14 @@ async fn list_page(
     if q.states.is_empty() || q.states.contains(&SandboxState::Paused) {
         states.extend([DbState::Pausing, DbState::Paused, DbState::Resuming]);
     }
-    let mut rows = app.db.sandboxes_in(Some(&caller.0.id), &states).await?;
+    let keys = listed_keys(caller, q)?;
+    let mut rows = app.db.sandboxes_in(keys, &states).await?;
     let key = |r: &SandboxRow| (r.started_at.unwrap_or(r.created_at), r.id.clone());
     rows.retain(|r| {
         q.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
             && q.template.as_ref().is_none_or(|t| &r.template_id == t)
             && q.started_after.is_none_or(|t| key(r).0 > t)
+            && q.started_before.is_none_or(|t| key(r).0 < t)
     });
     rows.sort_by_key(key);
     if !q.ascending {
@@ -262,45 +323,60 @@ async fn list_page(
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     let next = (rows.len() > limit).then(|| page_token(&rows[limit - 1]));
     rows.truncate(limit);
-    Ok((rows.iter().map(listed_json).collect(), next))
+    let item = if q.all {
+        listed_json_of_any
+    } else {
+        listed_json
+    };
+    Ok((rows.iter().map(item).collect(), next))
 }
 
-/// Running sandboxes of the key (legacy; filter: `metadata`).
+/// Running sandboxes of the key (legacy; filter: `metadata`); an admin key's `all=true`:
+/// every key's.
 #[utoipa::path(get, path = "/sandboxes", tag = "sandboxes", security(("ApiKeyAuth" = [])),
-    params(("metadata" = Option<String>, Query, description = "URL-encoded k=v pairs")),
+    params(("metadata" = Option<String>, Query, description = "URL-encoded k=v pairs"),
+        ("all" = Option<bool>, Query, description = "admin keys: every key's sandboxes")),
     responses((status = 200, body = Vec<ListedSandbox>),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, description = "all=true without an admin key", body = ErrorBody)))]
 pub async fn list_v1(
     State(app): State<Arc<App>>,
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<Vec<ListedSandbox>>> {
     let q = parse_list_query(raw.as_deref())?;
-    let rows = app
-        .db
-        .sandboxes_in(Some(&caller.0.id), &[DbState::Running])
-        .await?;
+    let keys = listed_keys(&caller, &q)?;
+    let rows = app.db.sandboxes_in(keys, &[DbState::Running]).await?;
+    let item = if q.all {
+        listed_json_of_any
+    } else {
+        listed_json
+    };
     let listed = rows
         .iter()
         .filter(|r| q.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
-        .map(listed_json)
+        .map(item)
         .collect();
     Ok(Json(listed))
 }
 
 /// Sandboxes of the key, paginated: the next page's token is in the `x-next-token` header.
+/// An admin key's `all=true`: every key's, each with its `keyID`.
 #[utoipa::path(get, path = "/v2/sandboxes", tag = "sandboxes", security(("ApiKeyAuth" = [])),
     params(
+        ("all" = Option<bool>, Query, description = "admin keys: every key's sandboxes"),
         ("metadata" = Option<String>, Query, description = "URL-encoded k=v pairs"),
         ("state" = Option<String>, Query, description = "running,paused"),
         ("template" = Option<String>, Query),
         ("startedAfter" = Option<String>, Query, description = "RFC 3339"),
+        ("startedBefore" = Option<String>, Query, description = "RFC 3339"),
         ("order" = Option<String>, Query, description = "asc or desc (default) by startedAt"),
         ("limit" = Option<u32>, Query, description = "1 to 100 (default 100)"),
         ("nextToken" = Option<String>, Query)),
     responses((status = 200, body = Vec<ListedSandbox>,
             headers(("x-next-token" = String, description = "present when more pages follow"))),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, description = "all=true without an admin key", body = ErrorBody)))]
 pub async fn list_v2(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -324,10 +400,8 @@ pub async fn get_sandbox(
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxDetail>> {
-    let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
-        Some(row) if row.state.is_addressable() => row,
-        _ => return Err(ApiError::sandbox_not_found(&id)),
-    };
+    // An admin key sees any key's (the operator's view).
+    let row = addressable_of(&app, &caller, &id).await?;
     let life = app.db.sandbox_lifecycle(&id).await?;
     let listed = listed_json(&row);
     Ok(Json(SandboxDetail {
@@ -353,11 +427,9 @@ pub async fn kill_sandbox(
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    // Running or paused (a paused one's snapshot goes with it).
-    match app.db.sandbox_of_key(&caller.0.id, &id).await? {
-        Some(row) if row.state.is_addressable() => {}
-        _ => return Err(ApiError::sandbox_not_found(&id)),
-    }
+    // Running or paused (a paused one's snapshot goes with it); an admin key kills any
+    // key's (the operator's view).
+    addressable_of(&app, &caller, &id).await?;
     // In its own task, so that a client going away cannot stop a kill halfway.
     let lifecycle = app.lifecycle.clone();
     let task_id = id.clone();
@@ -385,12 +457,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<TimeoutRequest>,
 ) -> ApiResult<StatusCode> {
-    if req.timeout > MAX_TIMEOUT_SECS {
-        return Err(ApiError::bad_request(format!(
-            "timeout {} s is above the maximum of {MAX_TIMEOUT_SECS} s",
-            req.timeout
-        )));
-    }
+    app.lifecycle.check_timeout(req.timeout)?;
     running_of(&app, &caller, &id).await?;
     let end_at = now_ms() + (req.timeout as i64) * 1000;
     if app.db.set_end_at(&id, end_at, false).await? {
@@ -437,11 +504,7 @@ async fn connect(
     let timeout = req
         .timeout
         .unwrap_or(crate::sandboxes::service::DEFAULT_TIMEOUT_SECS);
-    if timeout > MAX_TIMEOUT_SECS {
-        return Err(ApiError::bad_request(format!(
-            "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
-        )));
-    }
+    app.lifecycle.check_timeout(timeout)?;
     let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
         Some(row) if row.state.is_addressable() => row,
         _ => return Err(ApiError::sandbox_not_found(&id)),

@@ -11,9 +11,10 @@
 //! 4. [`plan_boot`](SandboxService::plan_boot): size (the template's when the request
 //!    names none), image, timeout, env (an OCI image's defaults under the request's),
 //!    access token: the row to create.
-//! 5. [`admit`](SandboxService::admit): the key's sandbox limit (the row is inserted
-//!    `creating` only within it), `autoPause`, the network's rules recorded before the
-//!    runtime makes anything (crash consistency: see service.rs).
+//! 5. [`admit`](SandboxService::admit): the key's quotas and the host's capacity
+//!    (sandboxes/admission.rs: the row is inserted `creating` only within them), `autoPause`,
+//!    the network's rules recorded before the runtime makes anything (crash consistency:
+//!    see service.rs).
 //! 6. boot, then [`finish_create`](SandboxService::finish_create): the agent's `/init`,
 //!    `running`, and an API-built template's start and ready commands.
 //!
@@ -26,7 +27,7 @@ use crate::sandboxes::error::{InitError, SandboxError};
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{
     BOOT_TIMEOUT, DEFAULT_TIMEOUT_SECS, DEFAULT_VCPUS, DESTROY_TIMEOUT, INIT_TIMEOUT, Live,
-    MAX_TIMEOUT_SECS, SandboxService, disk_mib, init_agent_with, lock, resolve_template,
+    SandboxService, disk_mib, init_agent_with, lock, resolve_template,
 };
 use crate::snapshots::restore::RestoredNetwork;
 use crate::store::snapshots::{LifecycleRow, SnapshotRow};
@@ -199,11 +200,7 @@ impl SandboxService {
         let (vcpus, memory_mib) = self.size(cpu_count, memory_mb)?;
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
-        if timeout > MAX_TIMEOUT_SECS {
-            return Err(SandboxError::Invalid(format!(
-                "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
-            )));
-        }
+        self.check_timeout(timeout)?;
         let env = req.env_vars.unwrap_or_default();
         if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
             return Err(SandboxError::Invalid(format!(
@@ -251,7 +248,8 @@ impl SandboxService {
         })
     }
 
-    /// Step 5: the row is inserted within the key's sandbox limit (429 beyond it), with its
+    /// Step 5: the row is inserted within the key's quotas (429 beyond them) and the host's
+    /// capacity (503), with its
     /// `autoPause`; the network's rules are recorded before the runtime makes it
     /// (networks/service.rs). A failed network record marks the row `error`.
     async fn admit(
@@ -261,15 +259,7 @@ impl SandboxService {
         net_req: Option<&NetRequest>,
     ) -> Result<(), SandboxError> {
         let id = &plan.row.id;
-        if !self
-            .db
-            .insert_sandbox_within_limit(&plan.row, key.max_sandboxes)
-            .await?
-        {
-            return Err(SandboxError::LimitReached {
-                limit: key.max_sandboxes.unwrap_or(0),
-            });
-        }
+        self.admit_new(key, &plan.row).await?;
         if plan.auto_pause {
             self.db
                 .set_sandbox_lifecycle(

@@ -18,11 +18,9 @@ pub enum SandboxError {
     /// The template's directory is there but cannot be used as an image.
     #[error("{0}")]
     TemplateUnreadable(String),
-    /// The key runs as many sandboxes as it may.
-    #[error(
-        "you have reached the maximum number of concurrent sandboxes ({limit}) for this API key"
-    )]
-    LimitReached { limit: u32 },
+    /// Past the key's quotas or the host's capacity (sandboxes/admission.rs).
+    #[error(transparent)]
+    Admission(#[from] crate::sandboxes::admission::AdmissionError),
     #[error(transparent)]
     Network(#[from] NetworkError),
     /// The database, the runtime or the host failed.
@@ -84,7 +82,7 @@ impl SandboxError {
             | SandboxError::Network(NetworkError::Internal(_)) => true,
             SandboxError::Invalid(_)
             | SandboxError::TemplateNotFound(_)
-            | SandboxError::LimitReached { .. }
+            | SandboxError::Admission(_)
             | SandboxError::Network(_)
             | SandboxError::Template(_) => false,
         }
@@ -107,7 +105,13 @@ mod tests {
             SandboxError::Agent(InitError::Unreachable(ApiError::bad_gateway("gone")))
                 .falls_back_to_boot()
         );
-        assert!(!SandboxError::LimitReached { limit: 1 }.falls_back_to_boot());
+        let quota = crate::sandboxes::admission::AdmissionError::KeyQuota {
+            quota: "sandboxes",
+            limit: 1,
+            used: 1,
+            asked: 1,
+        };
+        assert!(!SandboxError::from(quota).falls_back_to_boot());
         assert!(!SandboxError::Invalid("timeout".into()).falls_back_to_boot());
         let image = sandcell_runtime::Error::Image {
             image: "t".into(),

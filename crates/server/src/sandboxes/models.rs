@@ -99,6 +99,9 @@ pub struct ListedSandbox {
     #[serde(rename = "envdVersion")]
     pub envd_version: String,
     pub metadata: BTreeMap<String, String>,
+    /// The owning key's id: only in an admin key's `?all=true` listing.
+    #[serde(rename = "keyID", default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

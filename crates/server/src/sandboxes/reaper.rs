@@ -10,6 +10,34 @@ use std::time::Duration;
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
 
 impl SandboxService {
+    /// Kills the running sandboxes that ran their longest lifetime (`--max-lifetime`,
+    /// paused time not counted), whatever their timeout or `autoPause` say.
+    async fn end_past_lifetime(self: &Arc<Self>) {
+        let lifetime_ms =
+            i64::try_from(self.max_lifetime_secs().saturating_mul(1000)).unwrap_or(i64::MAX);
+        let ids = match self.db.past_lifetime(now_ms(), lifetime_ms).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!("reaper: {e}");
+                return;
+            }
+        };
+        for id in ids {
+            let this = self.clone();
+            tokio::spawn(async move {
+                let reason = format!(
+                    "it ran this server's longest sandbox lifetime ({} s)",
+                    this.max_lifetime_secs()
+                );
+                match this.kill(&id, &reason).await {
+                    Ok(true) => tracing::info!("sandbox {id}: killed: {reason}"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!("killing sandbox {id} ({reason}): {e}"),
+                }
+            });
+        }
+    }
+
     /// Kills sandboxes past their timeout (or whose key was revoked), forever.
     pub async fn reap_forever(self: Arc<Self>) {
         let mut tick = tokio::time::interval(REAP_INTERVAL);
@@ -22,6 +50,7 @@ impl SandboxService {
                 if let Err(e) = self.db.flush_usage(now_ms()).await {
                     tracing::warn!("metering: {e}");
                 }
+                self.end_past_lifetime().await;
             }
             let due = match self.db.due_for_kill(now_ms()).await {
                 Ok(due) => due,

@@ -31,7 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
-pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+/// The default longest lifetime (`serve --max-lifetime`): E2B's 24 hours.
+pub const DEFAULT_MAX_LIFETIME_SECS: u64 = 86_400;
 pub const MAX_REFRESH_SECS: u64 = 3_600;
 /// Reported when the agent has no `/init` to tell its version (envd's first SDK-compatible
 /// version: the SDKs refuse anything lower).
@@ -54,6 +55,11 @@ pub struct SandboxServiceConfig {
     /// Kill every sandbox when the daemon stops gracefully (default: they keep running and
     /// the next daemon adopts them).
     pub kill_on_exit: bool,
+    /// The longest a sandbox may run, in seconds of running (paused time does not count),
+    /// and so the longest `timeout` a request may ask for.
+    pub max_lifetime_secs: u64,
+    /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
+    pub admission: crate::sandboxes::admission::AdmissionConfig,
 }
 
 impl Default for SandboxServiceConfig {
@@ -62,6 +68,8 @@ impl Default for SandboxServiceConfig {
             max_vcpus: 8,
             max_memory_mib: 8192,
             kill_on_exit: false,
+            max_lifetime_secs: DEFAULT_MAX_LIFETIME_SECS,
+            admission: Default::default(),
         }
     }
 }
@@ -84,6 +92,12 @@ pub struct SandboxService {
     pub networks: Arc<crate::networks::service::Networks>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
     pub(crate) ops: crate::snapshots::ops::OpLocks,
+    /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
+    pub(crate) admission: crate::sandboxes::admission::AdmissionConfig,
+    /// Where admission reads the host's memory and free disk.
+    pub(crate) host: Arc<dyn crate::sandboxes::admission::HostProbe>,
+    /// Admission checks and inserts run one at a time (sandboxes/admission.rs).
+    pub(crate) admission_lock: tokio::sync::Mutex<()>,
     /// CPU, memory and disk samples of the running sandboxes (sandboxes/metrics.rs).
     pub samples: super::metrics::SampleStore,
 }
@@ -133,7 +147,12 @@ impl SandboxService {
         metrics: Arc<crate::http::metrics::Metrics>,
         networks: Arc<crate::networks::service::Networks>,
     ) -> SandboxService {
+        let host = Arc::new(crate::sandboxes::admission::ProcHost {
+            data_dir: dirs.data.clone(),
+        });
         SandboxService {
+            admission: config.admission,
+            host,
             db,
             runtime,
             dirs,
@@ -142,8 +161,18 @@ impl SandboxService {
             live: Mutex::new(HashMap::new()),
             networks,
             ops: Default::default(),
+            admission_lock: tokio::sync::Mutex::new(()),
             samples: Default::default(),
         }
+    }
+
+    /// Reads the host through `probe` instead of /proc and the data dir (tests).
+    pub fn with_host_probe(
+        mut self,
+        probe: Arc<dyn crate::sandboxes::admission::HostProbe>,
+    ) -> SandboxService {
+        self.host = probe;
+        self
     }
 
     /// The network of sandbox `id` if this daemon runs it and it has one (through the
@@ -174,6 +203,22 @@ impl SandboxService {
             )));
         }
         Ok((vcpus as u8, memory))
+    }
+
+    /// Refuses a `timeout` longer than the longest lifetime.
+    pub fn check_timeout(&self, timeout: u64) -> Result<(), SandboxError> {
+        let max = self.config.max_lifetime_secs;
+        if timeout > max {
+            return Err(SandboxError::Invalid(format!(
+                "timeout {timeout} s is above this server's longest sandbox lifetime of {max} s \
+                 (serve --max-lifetime): ask for {max} s or less"
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn max_lifetime_secs(&self) -> u64 {
+        self.config.max_lifetime_secs
     }
 
     pub fn runtime_name(&self) -> &'static str {

@@ -196,12 +196,7 @@ pub async fn resume_sandbox(
     let row = owned(&app, &caller, &id).await?;
     no_filesystem_only(req.memory)?;
     let timeout = req.timeout.unwrap_or(15);
-    if timeout > crate::sandboxes::service::MAX_TIMEOUT_SECS {
-        return Err(ApiError::bad_request(format!(
-            "timeout {timeout} s is above the maximum of {} s",
-            crate::sandboxes::service::MAX_TIMEOUT_SECS
-        )));
-    }
+    app.lifecycle.check_timeout(timeout)?;
     if row.state == DbState::Running {
         return Err(ApiError::conflict(format!(
             "sandbox {id} is already running"

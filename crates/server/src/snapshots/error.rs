@@ -16,7 +16,8 @@ pub enum SnapshotError {
     #[error("sandbox {0} is paused: resume it first")]
     Paused(String),
     #[error(
-        "invalid snapshot name {0:?}: letters, digits, '-', '_' and '.', not starting with 'snap-'"
+        "invalid snapshot name {0:?}: up to 128 letters, digits, '-', '_' and '.', not starting \
+         with '.', and not of a snapshot id's form ('snap-' and 16 hex digits)"
     )]
     InvalidName(String),
     #[error("snapshot name {0:?} is the name of an installed template")]

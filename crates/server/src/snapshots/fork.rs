@@ -2,7 +2,7 @@
 //! fork (`POST /sandboxes/{id}/fork`: one checkpoint, `count` children restored from it by
 //! restore.rs). See restore.rs's module docs for the semantics of both.
 
-use super::restore::{RestoredNetwork, RestoredSpec, check_timeout};
+use super::restore::{RestoredNetwork, RestoredSpec};
 use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::SandboxService;
 use crate::snapshots::error::SnapshotError;
@@ -18,9 +18,17 @@ pub const MAX_FORK_COUNT: u32 = 100;
 /// A fork's children's timeout when the request gives none (E2B's default).
 pub const DEFAULT_FORK_TIMEOUT_SECS: u64 = 15;
 
-/// Snapshot names: plain names, not ids (`snap-...`), at most 128 characters.
+/// Snapshot names: plain names of at most 128 characters that cannot be read as a snapshot
+/// id ([`is_snapshot_id`]): `snap-nightly` is a name, `snap-` and 16 hex digits an id. So a
+/// name and an id never share a spelling, and a lookup by either finds one snapshot.
 pub fn valid_snapshot_name(name: &str) -> bool {
-    crate::sandboxes::service::valid_template_name(name) && !name.starts_with("snap-")
+    crate::sandboxes::service::valid_template_name(name) && !is_snapshot_id(name)
+}
+
+/// Whether `s` has the form of the ids [`super::pause::new_snapshot_id`] makes.
+pub fn is_snapshot_id(s: &str) -> bool {
+    s.strip_prefix("snap-")
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 impl SandboxService {
@@ -116,7 +124,7 @@ impl SandboxService {
         count: u32,
         timeout: u64,
     ) -> Result<Vec<Result<SandboxRow, SandboxError>>, SnapshotError> {
-        check_timeout(timeout)?;
+        self.check_timeout(timeout)?;
         if !(1..=MAX_FORK_COUNT).contains(&count) {
             return Err(SnapshotError::ForkCount(count));
         }
@@ -138,5 +146,36 @@ impl SandboxService {
             results.push(self.create_restored(key, spec, &snap, &handle).await);
         }
         Ok(results)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids_never_share_a_spelling() {
+        for name in [
+            "snap-nightly",
+            "nightly",
+            "snap-",
+            "snap-0123456789abcde",
+            "a.b_c-d",
+        ] {
+            assert!(valid_snapshot_name(name), "{name} is a name E2B users pick");
+        }
+        let id = crate::snapshots::pause::new_snapshot_id().unwrap();
+        assert!(is_snapshot_id(&id));
+        assert!(!valid_snapshot_name(&id), "an id's form is not a name");
+        for bad in [
+            "",
+            ".hidden",
+            "a/b",
+            "..",
+            "snap-0123456789abcdef",
+            &"x".repeat(129),
+        ] {
+            assert!(!valid_snapshot_name(bad), "{bad:?}");
+        }
     }
 }

@@ -213,6 +213,11 @@ impl SandboxService {
             }
             _ => return Err(SnapshotError::SandboxNotFound(id.to_string())),
         }
+        // Its memory comes back: the key's memory quota and the host's capacity
+        // (sandboxes/admission.rs); refused, it stays paused. The admission is held until
+        // the row is `resuming` (which counts as memory), so that concurrent creates and
+        // resumes see this one.
+        let admitted = self.admit_resume(&row).await?;
         let snapshot = self.paused_snapshot(id).await?;
         if !self
             .db
@@ -221,6 +226,7 @@ impl SandboxService {
         {
             return Err(SnapshotError::SandboxNotFound(id.to_string()));
         }
+        drop(admitted);
         let restored = self
             .restore_and_init(&snapshot, id, &snapshot.env, row.access_token.as_deref())
             .await;

@@ -17,7 +17,7 @@
 use crate::error::Error;
 use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::models::NewSandbox;
-use crate::sandboxes::service::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS, SandboxService, disk_mib};
+use crate::sandboxes::service::{DEFAULT_TIMEOUT_SECS, SandboxService, disk_mib};
 use crate::snapshots::pause::{merged_env, parse_handle};
 use crate::store::snapshots::{LifecycleRow, SnapshotRow};
 use crate::store::{KeyRow, SandboxRow, State};
@@ -48,15 +48,6 @@ pub(crate) enum RestoredNetwork {
     Request(Option<crate::networks::service::NetRequest>),
 }
 
-pub(super) fn check_timeout(timeout: u64) -> Result<(), SandboxError> {
-    if timeout > MAX_TIMEOUT_SECS {
-        return Err(SandboxError::Invalid(format!(
-            "timeout {timeout} s is above the maximum of {MAX_TIMEOUT_SECS} s"
-        )));
-    }
-    Ok(())
-}
-
 impl SandboxService {
     /// The key's named snapshot that `template` names: its id or name, E2B's `:default`
     /// tag allowed.
@@ -81,7 +72,7 @@ impl SandboxService {
     ) -> Result<SandboxRow, SandboxError> {
         let handle = parse_handle(snap)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
-        check_timeout(timeout)?;
+        self.check_timeout(timeout)?;
         if let Some(env) = &req.env_vars
             && let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0']))
         {
@@ -137,15 +128,8 @@ impl SandboxService {
             end_reason: None,
             handle: None,
         };
-        if !self
-            .db
-            .insert_sandbox_within_limit(&row, key.max_sandboxes)
-            .await?
-        {
-            return Err(SandboxError::LimitReached {
-                limit: key.max_sandboxes.unwrap_or(0),
-            });
-        }
+        // The key's quotas and the host's capacity (sandboxes/admission.rs).
+        self.admit_new(key, &row).await?;
         self.db
             .set_sandbox_lifecycle(
                 &id,

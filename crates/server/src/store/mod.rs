@@ -3,6 +3,7 @@
 //! `crates/server/migrations/` and run on open.
 
 pub mod keys;
+pub mod logs;
 pub mod networks;
 pub mod sandboxes;
 pub mod snapshots;
@@ -63,6 +64,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         8,
         "template ownership",
         include_str!("../../migrations/0008_template_ownership.sql"),
+    ),
+    (
+        9,
+        "key quotas",
+        include_str!("../../migrations/0009_key_quotas.sql"),
     ),
 ];
 

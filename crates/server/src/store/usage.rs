@@ -27,6 +27,28 @@ impl Db {
         Ok(())
     }
 
+    /// Running sandboxes that have run `lifetime_ms` or more in all (their intervals
+    /// summed, the open one up to `now`: time paused is not in any interval).
+    pub async fn past_lifetime(&self, now: i64, lifetime_ms: i64) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT s.id AS id FROM sandboxes s JOIN usage_intervals u ON u.sandbox_id = s.id \
+             WHERE s.state = 'running' GROUP BY s.id \
+             HAVING SUM(CASE WHEN u.open = 1 THEN MAX($1, u.end_ms) - u.start_ms \
+                        ELSE u.end_ms - u.start_ms END) >= $2",
+        )
+        .bind(now)
+        .bind(lifetime_ms)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(Error::db(
+            "looking for sandboxes past their longest lifetime",
+        ))?;
+        rows.iter()
+            .map(|r| r.try_get("id"))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::db("reading sandboxes past their longest lifetime"))
+    }
+
     /// Moves the end of every open interval to `now` (periodic, so a crash loses at most
     /// one period of a sandbox that died while the daemon was down).
     pub async fn flush_usage(&self, now: i64) -> Result<()> {
@@ -75,5 +97,78 @@ impl Db {
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Error::db(format!("reading the usage of key {key_id}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::{Db, SandboxRow, State};
+
+    fn row(id: &str, key_id: &str) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            key_id: key_id.into(),
+            template_id: "base".into(),
+            runtime: "gvisor".into(),
+            state: State::Creating,
+            secure: false,
+            access_token: None,
+            metadata: Default::default(),
+            vcpus: 1,
+            memory_mib: 128,
+            disk_mib: 0,
+            envd_version: String::new(),
+            created_at: 0,
+            started_at: None,
+            end_at: None,
+            ended_at: None,
+            end_reason: None,
+            handle: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn lifetime_counts_running_time_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db")).await.unwrap();
+        let key = crate::keys::create_key(&db, "k", None, false)
+            .await
+            .unwrap();
+        let r = row("sbx-1", &key.record.id);
+        assert!(db.insert_sandbox_within_limit(&r, None).await.unwrap());
+        assert!(db.mark_running(&r, 0, i64::MAX, "0", None).await.unwrap());
+        assert!(db.past_lifetime(5_000, 10_000).await.unwrap().is_empty());
+        // Paused at 4 s, resumed at 100 s: 4 s ran before, the pause does not count.
+        assert!(
+            db.transition("sbx-1", &[State::Running], State::Pausing, None, 4_000)
+                .await
+                .unwrap()
+        );
+        assert!(
+            db.transition("sbx-1", &[State::Pausing], State::Paused, None, 4_000)
+                .await
+                .unwrap()
+        );
+        assert!(
+            db.past_lifetime(200_000, 1).await.unwrap().is_empty(),
+            "paused: not running"
+        );
+        assert!(
+            db.transition("sbx-1", &[State::Paused], State::Resuming, None, 100_000)
+                .await
+                .unwrap()
+        );
+        let mut again = r.clone();
+        again.state = State::Resuming;
+        assert!(
+            db.mark_running_again(&again, State::Resuming, 100_000, i64::MAX, None)
+                .await
+                .unwrap()
+        );
+        assert!(db.past_lifetime(105_000, 10_000).await.unwrap().is_empty());
+        assert_eq!(
+            db.past_lifetime(106_000, 10_000).await.unwrap(),
+            vec!["sbx-1".to_string()]
+        );
     }
 }

@@ -164,7 +164,7 @@ mod tests {
             name: id.into(),
             key_prefix: String::new(),
             is_admin,
-            max_sandboxes: None,
+            quotas: Default::default(),
             created_at: 0,
             revoked_at: None,
         }

@@ -355,7 +355,19 @@ pub async fn upload_files(
         .map_err(|e| ApiError::internal(format!("creating {}: {e}", base.display())))?;
     // The key's uploads kept so far count against its cap (`--max-upload-bytes-per-key`);
     // an archive that cannot fit is refused before a byte is read.
-    let cap = app.builds.limits.upload_bytes_per_key;
+    // The key's `upload_mib` quota (keys/quota.rs) when it is the smaller.
+    let quota = match app.db.key_by_id(&key_id).await? {
+        Some(key) => {
+            crate::keys::quota::quotas_of(&key, &app.lifecycle.admission.key_defaults).upload_mib
+        }
+        None => return Err(ApiError::unauthorized("the upload URL's key is gone")),
+    };
+    let cap = quota.map_or(app.builds.limits.upload_bytes_per_key, |mib| {
+        app.builds
+            .limits
+            .upload_bytes_per_key
+            .min(mib.saturating_mul(1 << 20))
+    });
     let used = {
         let b = base.clone();
         tokio::task::spawn_blocking(move || tree_bytes(&b))

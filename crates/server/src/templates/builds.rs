@@ -354,11 +354,19 @@ impl Builds {
         }
     }
 
-    /// Key `key_id`'s turns.
-    fn turns_of(&self, key_id: &str) -> Arc<tokio::sync::Semaphore> {
+    /// Key `key_id`'s turns: `quota` (the key's `builds` quota, keys/quota.rs) or
+    /// `--max-builds-per-key`, the smaller, fixed when the key's first build runs.
+    fn turns_of(&self, key_id: &str, quota: Option<u64>) -> Arc<tokio::sync::Semaphore> {
+        let cap = quota
+            .map_or(self.limits.per_key, |q| {
+                self.limits
+                    .per_key
+                    .min(usize::try_from(q).unwrap_or(usize::MAX))
+            })
+            .max(1);
         lock(&self.turns)
             .entry(key_id.to_string())
-            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.limits.per_key)))
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(cap)))
             .clone()
     }
 
@@ -596,15 +604,18 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
 }
 
 async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Result<(), StepError> {
-    let turns = app.builds.turns_of(&build.key_id);
+    let quota = match app.db.key_by_id(&build.key_id).await {
+        Ok(Some(key)) => {
+            crate::keys::quota::quotas_of(&key, &app.lifecycle.admission.key_defaults).builds
+        }
+        _ => None,
+    };
+    let turns = app.builds.turns_of(&build.key_id, quota);
     let limits = &app.builds.limits;
     if turns.available_permits() == 0 {
         build.log(
             "info",
-            format!(
-                "waiting for a turn: this key runs {} builds at once",
-                limits.per_key
-            ),
+            "waiting for a turn: this key runs as many builds at once as it may",
         );
     }
     let _turn = turns

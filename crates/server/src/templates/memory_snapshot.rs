@@ -55,7 +55,7 @@ pub async fn take(
 ) -> Result<String, TakeError> {
     // The build's own sandbox: not counted against the key's concurrency limit.
     let mut key = key.clone();
-    key.max_sandboxes = None;
+    key.quotas = crate::store::keys::KeyQuotas::UNLIMITED;
     let req = NewSandbox {
         template_id: template.to_string(),
         timeout: Some(BUILD_SANDBOX_TIMEOUT_SECS),
