@@ -10,7 +10,7 @@ HOST_TRIPLE := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(HOST_TRIPLE)/release/sandcell-agent
 export SANDCELL_DATA_DIR := $(DATA_DIR)
 
-.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images test-e2b test-attacks deps build build-release agent \
+.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images test-e2b test-attacks test-mcp deps build build-release agent \
         kernel images install bench fmt lint clean
 
 ## make run: set everything up on a fresh machine, run a demo command in a sandbox, then
@@ -36,6 +36,7 @@ test: build agent install
 	$(MAKE) test-images
 	$(MAKE) test-e2b
 	$(MAKE) test-attacks
+	$(MAKE) test-mcp
 	$(MAKE) test-nested
 
 ## make test-microvm: the VMM's payload tests (native /dev/kvm) and the nested-KVM harness.
@@ -57,6 +58,10 @@ test-e2b: build install
 ## The attack suite: a hostile tenant and a hostile guest against a real daemon (gvisor).
 test-attacks: build install
 	tests/attacks/run.sh
+
+## The MCP server (stdio and /mcp) with the official MCP Python SDK against a real daemon.
+test-mcp: build install
+	tests/mcp/run.sh
 
 test-images: build install
 	tests/images/base.sh

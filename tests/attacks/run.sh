@@ -33,6 +33,9 @@ die() { echo "tests/attacks: $*" >&2; exit 1; }
 command -v runsc >/dev/null || die "runsc is needed on PATH (apt install runsc)"
 command -v dnsmasq >/dev/null || die "dnsmasq is needed (apt install dnsmasq-base)"
 [ -d "$INSTALLED/images/base/rootfs" ] || die "no installed base image in $INSTALLED/images (make images install)"
+# One run per host at a time: the fake internet has fixed names and addresses.
+exec 9>/run/sandcell-attacks.lock
+flock 9
 
 if [ "$(cat "$CACHE/venv/.sandcell-pins" 2>/dev/null)" != "e2b==$PY_SDK" ]; then
     say "python venv with e2b==$PY_SDK ($CACHE/venv)"

@@ -22,6 +22,7 @@
 //! sandcell net create NAME | ls | rm NAME... | join ID NAME | leave ID NAME [--json]
 //! sandcell net rules ID [--allow-out DEST]... [--deny-out CIDR]... [--no-internet]
 //! sandcell net log ID [--json]
+//! sandcell mcp                      (an MCP server on stdio: sandboxes as tools)
 //! ```
 //! Global: `--data-dir D` (or `$SANDCELL_DATA_DIR`, default /var/lib/sandcell); the per-sandbox
 //! run dir is `$SANDCELL_RUN_DIR` (default /run/sandcell). The daemon commands find the
@@ -33,6 +34,7 @@ mod daemon;
 mod doctor;
 mod exec;
 mod image;
+mod mcp;
 mod net;
 mod run;
 mod sandboxes;
@@ -118,6 +120,9 @@ enum ClientCommand {
         #[command(subcommand)]
         command: net::NetCommand,
     },
+    /// An MCP server on stdin/stdout: sandboxes as tools for an agent (add this command to
+    /// an MCP client's config; see docs/mcp.md)
+    Mcp(mcp::McpArgs),
 }
 
 #[derive(clap::Args)]
@@ -187,6 +192,7 @@ async fn client(dirs: &Dirs, command: ClientCommand) -> i32 {
         ClientCommand::Fork(args) => snapshots::fork(&target, args).await,
         ClientCommand::Snapshot(args) => snapshots::snapshot(&target, args).await,
         ClientCommand::Net { command } => net::run(&target, command).await,
+        ClientCommand::Mcp(args) => mcp::stdio(&target, args).await,
     }
 }
 

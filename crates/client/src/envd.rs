@@ -114,6 +114,29 @@ impl Envd {
         self.inner.stat(path).await.map_err(|e| self.error(e))
     }
 
+    /// The entries under the directory `path`, `depth` levels down (1: its children).
+    pub async fn list_dir(
+        &self,
+        path: &str,
+        depth: u32,
+    ) -> Result<Vec<fs::EntryInfo>, ClientError> {
+        self.inner
+            .list_dir(path, depth)
+            .await
+            .map_err(|e| self.error(e))
+    }
+
+    /// Makes the directory `path` and its parents; an existing one is a 409
+    /// [`ClientError::Envd`].
+    pub async fn make_dir(&self, path: &str) -> Result<fs::EntryInfo, ClientError> {
+        self.inner.make_dir(path).await.map_err(|e| self.error(e))
+    }
+
+    /// Removes the file or directory (recursively) at `path`.
+    pub async fn remove(&self, path: &str) -> Result<(), ClientError> {
+        self.inner.remove(path).await.map_err(|e| self.error(e))
+    }
+
     /// Streams the file at `path` out of the sandbox.
     pub async fn download(&self, path: &str) -> Result<Download, ClientError> {
         Ok(Download {

@@ -1,11 +1,14 @@
-//! Files: streamed out of the sandbox (`GET /files`), into it (`POST /files`), and `Stat`.
+//! Files: streamed out of the sandbox (`GET /files`), into it (`POST /files`), and the
+//! `filesystem.Filesystem` calls `Stat`, `ListDir`, `MakeDir` and `Remove`.
 
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::Method;
 use hyper::body::{Frame, Incoming};
-use sandcell_proto::agent::filesystem::{self as fs, EntryResponse, PathRequest};
+use sandcell_proto::agent::filesystem::{
+    self as fs, EntryResponse, ListDirRequest, ListDirResponse, PathRequest,
+};
 use sandcell_proto::agent::{self as wire, EntryInfo};
 use tokio::io::AsyncRead;
 use tokio_util::io::ReaderStream;
@@ -76,6 +79,44 @@ impl<C: Connector> EnvdClient<C> {
             Err(ClientError::Status { status: 404, .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The entries under the directory `path`, `depth` levels down (1: its children).
+    pub async fn list_dir(
+        &self,
+        path: &str,
+        depth: u32,
+    ) -> Result<Vec<fs::EntryInfo>, ClientError> {
+        let message = ListDirRequest {
+            path: path.to_owned(),
+            depth,
+        };
+        let body = self.unary("ListDir", fs::LIST_DIR_PATH, &message).await?;
+        serde_json::from_slice::<ListDirResponse>(&body)
+            .map(|r| r.entries)
+            .map_err(|e| ClientError::protocol("ListDir", e))
+    }
+
+    /// Makes the directory `path` and its missing parents; an existing one is the agent's
+    /// `already_exists` error ([`ClientError::Status`], 409).
+    pub async fn make_dir(&self, path: &str) -> Result<fs::EntryInfo, ClientError> {
+        let message = PathRequest {
+            path: path.to_owned(),
+        };
+        let body = self.unary("MakeDir", fs::MAKE_DIR_PATH, &message).await?;
+        serde_json::from_slice::<EntryResponse>(&body)
+            .map(|r| r.entry)
+            .map_err(|e| ClientError::protocol("MakeDir", e))
+    }
+
+    /// Removes the file or directory (with its contents) at `path`.
+    pub async fn remove(&self, path: &str) -> Result<(), ClientError> {
+        let message = PathRequest {
+            path: path.to_owned(),
+        };
+        self.unary("Remove", fs::REMOVE_PATH, &message)
+            .await
+            .map(drop)
     }
 }
 

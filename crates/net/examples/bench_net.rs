@@ -36,6 +36,7 @@ async fn main() {
     let cfg = NetConfig {
         pool: arg("--pool", "10.250.0.0/16").parse().expect("--pool CIDR"),
         upstream_dns: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 53))],
+        allow_private: Default::default(),
     };
     let rules = EgressSpec {
         allow_out: vec!["198.51.100.0/24".into(), "example.com".into()],

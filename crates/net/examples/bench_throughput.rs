@@ -117,6 +117,7 @@ async fn main() {
     let cfg = NetConfig {
         pool: arg("--pool", "10.252.0.0/16").parse().expect("--pool CIDR"),
         upstream_dns: Internet::upstream_dns(),
+        allow_private: Default::default(),
     };
     let _lock = Internet::lock();
     let _inet = Internet::start().expect("the fake internet (root, ip, dnsmasq, python3?)");

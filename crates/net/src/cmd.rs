@@ -20,6 +20,11 @@ pub(crate) fn nft(args: &[&str]) -> Result<String> {
     run("nft", args, None)
 }
 
+/// `conntrack ARGS` (conntrack-tools), failing with its stderr.
+pub(crate) fn conntrack(args: &[&str]) -> Result<String> {
+    run("conntrack", args, None)
+}
+
 fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
     let shown = || format!("{program} {}", args.join(" "));
     let mut child = Command::new(program)

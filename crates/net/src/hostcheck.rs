@@ -19,7 +19,6 @@
 
 use crate::accept::{self, Backoff};
 use crate::dns::{DnsState, forward, wire};
-use crate::policy::is_reserved;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,6 +122,7 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         return refuse(conn, Some(kind)).await;
     }
     let Some(ip) = resolve(state, &name).await else {
+        state.note_denied(&name, 0);
         return refuse(conn, Some(kind)).await;
     };
     let addr = SocketAddr::from((ip, dest.port()));
@@ -131,8 +131,27 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         _ => return refuse(conn, Some(kind)).await,
     };
     upstream.write_all(&head).await?;
-    tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
-    Ok(())
+    // Until either side closes, or a policy change no longer allows the name or address
+    // (then both sides are dropped: a live tightening cuts what it refuses, as conntrack.rs
+    // does for direct connections).
+    let mut changed = state.policy_changed.subscribe();
+    let copy = tokio::io::copy_bidirectional(&mut conn, &mut upstream);
+    tokio::pin!(copy);
+    loop {
+        tokio::select! {
+            r = &mut copy => return r.map(|_| ()),
+            r = changed.changed() => {
+                if r.is_err() {
+                    return Ok(());
+                }
+                let policy = state.inner.lock().await.policy.clone();
+                if !policy.domain_allowed(&name) || !crate::dns::reachable_by_name(state, &policy, ip) {
+                    tracing::info!("egress proxy: cut a connection to {name} ({ip}): no longer allowed");
+                    return Ok(());
+                }
+            }
+        }
+    }
 }
 
 /// An HTTP client gets a 403 it can show; anything else a closed connection.
@@ -339,8 +358,10 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The first usable A address of `name` from the upstream resolvers (reserved ranges only
-/// when the policy allows them explicitly, as for DNS learning).
+/// The first usable A address of `name` from the upstream resolvers: never one reserved.rs
+/// refuses (loopback, link-local, the pool, the host's own: this proxy connects from the
+/// host's namespace, around the sandbox's chains), other reserved ranges only when the
+/// policy allows them explicitly, as for DNS learning.
 async fn resolve(state: &DnsState, name: &str) -> Option<Ipv4Addr> {
     let query = wire::build_query(0, name, wire::TYPE_A)?;
     let reply = forward(&state.upstream, &query, false).await?;
@@ -350,7 +371,7 @@ async fn resolve(state: &DnsState, name: &str) -> Option<Ipv4Addr> {
         .addresses
         .iter()
         .map(|(ip, _)| *ip)
-        .find(|ip| !is_reserved(*ip, &state.pool) || policy.ip_allowed(*ip, &state.pool))
+        .find(|ip| crate::dns::reachable_by_name(state, &policy, *ip))
 }
 
 #[cfg(test)]

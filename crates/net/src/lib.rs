@@ -22,6 +22,7 @@
 
 mod accept;
 pub mod cmd;
+pub mod conntrack;
 pub mod dns;
 mod error;
 pub mod hostcheck;
@@ -30,6 +31,7 @@ pub mod nft;
 pub mod policy;
 pub mod pool;
 mod registry;
+pub mod reserved;
 pub mod testing;
 
 pub use error::{Error, Result};
@@ -38,6 +40,7 @@ pub use nft::DeniedFlow;
 pub use policy::{Cidr, EgressSpec, Policy};
 pub use pool::NetPool;
 pub use registry::NetRegistry;
+pub use reserved::{AllowPrivate, Destinations};
 
 use dns::{DeniedName, DnsServer, DnsState};
 use sandcell_proto::sync::lock;
@@ -83,6 +86,8 @@ impl SandboxNet {
     /// server. Must run inside a tokio runtime (the server's tasks live there).
     pub async fn create(cfg: &NetConfig, id: &str, spec: &EgressSpec) -> Result<SandboxNet> {
         let policy = Policy::from_spec(spec)?;
+        cfg.destinations()
+            .check_spec(spec, &reserved::host_addresses())?;
         let (c, i, p) = (cfg.clone(), id.to_string(), policy.clone());
         let net = blocking("creating a sandbox network", move || {
             Network::create(&c, &i, &p)
@@ -124,7 +129,7 @@ impl SandboxNet {
     ) -> Result<SandboxNet> {
         let state = Arc::new(DnsState::new(
             net.slot,
-            net.pool,
+            cfg.destinations(),
             cfg.upstream_dns.clone(),
             policy,
         ));
@@ -163,22 +168,75 @@ impl SandboxNet {
     }
 
     /// Replaces the policy live (one nftables transaction); DNS answers learned for names
-    /// still allowed stay allowed.
+    /// still allowed stay allowed. Entries that would open what sandboxes never reach are
+    /// refused ([`Destinations::check_spec`]). Connections the new policy no longer allows
+    /// are cut (their conntrack entries flushed, see [`conntrack`]).
     pub async fn set_policy(&self, spec: &EgressSpec) -> Result<()> {
         let policy = Policy::from_spec(spec)?;
+        self.state
+            .dest
+            .check_spec(spec, &reserved::host_addresses())?;
         let mut inner = self.state.inner.lock().await;
         let keep = inner.still_allowed(&policy);
-        let (net, p) = (self.net.clone(), policy.clone());
+        let (net, p, k) = (self.net.clone(), policy.clone(), keep.clone());
         blocking("replacing a sandbox's egress policy", move || {
-            net.set_policy(&p, &keep)
+            net.set_policy(&p, &k)
         })
         .await?;
         inner
             .learned
             .retain(|_, (name, _)| policy.domain_allowed(name));
-        inner.policy = policy;
+        inner.policy = policy.clone();
         *lock(&self.spec) = spec.clone();
+        drop(inner);
+        // The proxy's connections re-check themselves (hostcheck.rs).
+        self.state.policy_changed.send_modify(|g| *g += 1);
+        // After the new rules are in force (a flushed connection's next packet meets them):
+        // cut what they no longer allow.
+        self.cut_connections(&policy, &keep).await;
         Ok(())
+    }
+
+    /// Deletes the conntrack entries of this sandbox's connections to what `policy` no
+    /// longer allows (conntrack.rs). Kept: the gateway (its chain decides there),
+    /// private-network peers, addresses still allowed by a DNS answer (`learned`).
+    async fn cut_connections(
+        &self,
+        policy: &Policy,
+        learned: &[(std::net::Ipv4Addr, std::time::Duration)],
+    ) {
+        let peers: Vec<std::net::Ipv4Addr> = lock(&self.state.peers).values().copied().collect();
+        let learned: Vec<std::net::Ipv4Addr> = learned.iter().map(|(ip, _)| *ip).collect();
+        let (net, policy) = (self.net.clone(), policy.clone());
+        let keep = move |ip: std::net::IpAddr| match ip {
+            std::net::IpAddr::V4(ip) => {
+                ip == net.gateway
+                    || peers.contains(&ip)
+                    || learned.contains(&ip)
+                    || policy.ip_allowed(ip, &net.pool)
+            }
+            std::net::IpAddr::V6(ip) => ip == net.gateway6() || policy.ip6_allowed(ip),
+        };
+        let (g4, g6) = (self.net.guest, self.net.guest6());
+        let result = blocking(
+            "cutting connections the new egress rules refuse",
+            move || {
+                let a = conntrack::flush(g4.into(), &keep)?;
+                Ok(a + conntrack::flush(g6.into(), &keep)?)
+            },
+        )
+        .await;
+        match result {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                "network {}: cut the connections to {n} destination(s) the new egress rules refuse",
+                self.net.id
+            ),
+            Err(e) => tracing::warn!(
+                "network {}: open connections to now-refused destinations stay open: {e}",
+                self.net.id
+            ),
+        }
     }
 
     /// The rules in force, as last given.

@@ -33,6 +33,8 @@ pub struct NetConfig {
     /// The resolvers our DNS server forwards allowed names to; by default the host's
     /// (`/etc/resolv.conf`).
     pub upstream_dns: Vec<std::net::SocketAddr>,
+    /// Private ranges rules may open (`--allow-private-egress`; reserved.rs). Default none.
+    pub allow_private: crate::reserved::AllowPrivate,
 }
 
 impl NetConfig {
@@ -52,7 +54,16 @@ impl NetConfig {
                 prefix: 16,
             },
             upstream_dns,
+            allow_private: Default::default(),
         })
+    }
+
+    /// What rules and names may lead this host's sandboxes to (reserved.rs).
+    pub fn destinations(&self) -> crate::reserved::Destinations {
+        crate::reserved::Destinations {
+            pool: self.pool,
+            private: self.allow_private.clone(),
+        }
     }
 }
 

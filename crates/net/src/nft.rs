@@ -145,6 +145,25 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
         .allow_nets
         .iter()
         .partition(|c| c.is_reserved_only(&t.pool));
+    // Whatever the rules say (reserved.rs refuses such entries at the API already), the
+    // pool and the never-opened ranges are cut out of what an entry opens: 10.0.0.0/8
+    // opens 10/8 without the other sandboxes in it.
+    let mut never: Vec<Cidr> = crate::reserved::NEVER
+        .iter()
+        .filter_map(|&(a, p, _)| Cidr::new(a, p))
+        .collect();
+    never.push(t.pool);
+    let reserved_allow: Vec<Cidr> = reserved_allow
+        .into_iter()
+        .flat_map(|c| {
+            never.iter().fold(vec![c], |parts, r| {
+                parts
+                    .into_iter()
+                    .flat_map(|p| crate::reserved::subtract(p, r))
+                    .collect()
+            })
+        })
+        .collect();
     add_elements(&mut s, &name, "allow", &allow);
     add_elements(&mut s, &name, "allow_reserved", &reserved_allow);
     add_elements(&mut s, &name, "deny", &policy.deny_nets);
@@ -363,6 +382,8 @@ mod tests {
             allow_out: vec![
                 "1.2.3.0/24".into(),
                 "169.254.169.254".into(),
+                "192.168.1.0/24".into(),
+                "10.0.0.0/8".into(),
                 "a.com".into(),
             ],
             deny_out: vec![],
@@ -377,7 +398,14 @@ mod tests {
             s.contains("add element inet sandcell_7 allow { 1.2.3.0/24 }"),
             "{s}"
         );
-        assert!(s.contains("allow_reserved { 169.254.169.254/32 }"), "{s}");
+        // link-local and the pool are cut out of what reserved entries open
+        assert!(!s.contains("169.254"), "{s}");
+        assert!(!s.contains("10.200.0.0"), "{s}");
+        assert!(s.contains("192.168.1.0/24"), "{s}");
+        assert!(
+            s.contains("10.0.0.0/9") && s.contains("10.201.0.0/16"),
+            "{s}"
+        );
         assert!(s.contains("dns_allow { 5.6.7.8 timeout 60s }"), "{s}");
         assert!(s.trim_end().ends_with("egress jump denied"), "{s}");
     }

@@ -82,6 +82,11 @@ impl Cidr6 {
         other.prefix >= self.prefix && self.contains(other.addr)
     }
 
+    /// Whether the two share any address (then one covers the other).
+    pub fn overlaps(&self, other: &Cidr6) -> bool {
+        self.covers(other) || other.covers(self)
+    }
+
     pub fn is_reserved_only(&self) -> bool {
         reserved_ranges6().iter().any(|r| r.covers(self))
     }
@@ -139,6 +144,11 @@ impl Cidr {
     /// Whether all of `other` lies inside `self`.
     pub fn covers(&self, other: &Cidr) -> bool {
         other.prefix >= self.prefix && self.contains(other.addr)
+    }
+
+    /// Whether the two share any address (then one covers the other).
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.covers(other) || other.covers(self)
     }
 
     pub fn is_reserved_only(&self, pool: &Cidr) -> bool {
@@ -266,6 +276,9 @@ pub enum PolicyError {
     BadDomain(String),
     #[error("{0:?} is not an IPv6 address or CIDR with its host bits clear (e.g. 2001:db8::/32)")]
     BadCidr6(String),
+    /// A valid entry that would open a destination sandboxes never reach (reserved.rs).
+    #[error("allowOut entry {entry:?} is refused: {why}")]
+    Refused { entry: String, why: String },
 }
 
 /// The policy as the API gives it (E2B's field names on the wire).

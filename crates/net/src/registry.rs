@@ -131,6 +131,7 @@ mod tests {
         NetConfig {
             pool: pool.parse().unwrap_or_else(|e| panic!("{pool}: {e}")),
             upstream_dns: Vec::new(),
+            allow_private: Default::default(),
         }
     }
 

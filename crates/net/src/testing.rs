@@ -7,7 +7,9 @@
 //! ```text
 //! host sct-h 198.51.100.1/24 ── veth ── sct-i (netns sct-inet): .2, .10 (HTTP "hello-10"),
 //!                                                             .20 (HTTP "hello-20"), .53 (DNS)
-//! DNS zone: allowed.test, *.wild.test -> .10; other.test -> .20 (TTL 60)
+//! DNS zone: allowed.test, *.wild.test -> .10; other.test -> .20 (TTL 60); names that must
+//! lead nowhere: loop.test -> 127.0.0.1, meta.test -> 169.254.169.254, host.test -> the host's
+//! 198.51.100.1; more with [`Internet::add_host`]
 //! IPv6: host 2001:db8:100::1/64, HTTP on ::10 ("hello6-10") and ::20 ("hello6-20");
 //! AAAA allowed.test -> 2001:db8:100::10
 //! port 443 of .10 and .20: a TCP server answering "tls-10" / "tls-20" to anything
@@ -36,6 +38,9 @@ pub const HTTP6_B: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x
 pub struct Internet {
     children: Vec<Child>,
     _dirs: Vec<std::path::PathBuf>,
+    /// dnsmasq's extra hosts file ([`Internet::add_host`]) and its process id.
+    hosts: std::path::PathBuf,
+    dnsmasq: u32,
 }
 
 fn sh(args: &[&str]) -> Result<(), String> {
@@ -88,9 +93,15 @@ impl Internet {
     pub fn start() -> Result<Internet, String> {
         let _ = sh(&["ip", "netns", "delete", NETNS]);
         let _ = sh(&["ip", "link", "delete", HOST_IF]);
+        let hosts_dir = std::env::temp_dir().join(format!("sct-hosts-{}", std::process::id()));
+        std::fs::create_dir_all(&hosts_dir).map_err(|e| e.to_string())?;
+        let hosts = hosts_dir.join("hosts");
+        std::fs::write(&hosts, "").map_err(|e| e.to_string())?;
         let mut inet = Internet {
             children: Vec::new(),
-            _dirs: Vec::new(),
+            _dirs: vec![hosts_dir],
+            hosts,
+            dnsmasq: 0,
         };
         sh(&["ip", "netns", "add", NETNS])?;
         sh(&[
@@ -211,10 +222,17 @@ impl Internet {
                 "--address=/wild.test/198.51.100.10",
             ])
             .args(["--address=/other.test/198.51.100.20", "--local-ttl=60"])
+            .args([
+                "--address=/loop.test/127.0.0.1",
+                "--address=/meta.test/169.254.169.254",
+                "--address=/host.test/198.51.100.1",
+            ])
+            .arg(format!("--addn-hosts={}", inet.hosts.display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("dnsmasq (apt install dnsmasq-base): {e}"))?;
+        inet.dnsmasq = child.id();
         inet.children.push(child);
         for at in [HTTP6_A, HTTP6_B] {
             wait_listening(SocketAddr::from((at, 80)))?;
@@ -239,6 +257,41 @@ impl Internet {
     pub fn upstream_dns() -> Vec<SocketAddr> {
         vec![SocketAddr::from((DNS, 53))]
     }
+
+    /// Makes the fake DNS answer `name` with `ip` (e.g. another sandbox's address), and
+    /// waits until it does.
+    pub fn add_host(&self, name: &str, ip: Ipv4Addr) -> Result<(), String> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.hosts)
+            .map_err(|e| e.to_string())?;
+        writeln!(f, "{ip} {name}").map_err(|e| e.to_string())?;
+        let pid = libc::pid_t::try_from(self.dnsmasq).map_err(|e| e.to_string())?;
+        // SAFETY: kill has no memory effects; the pid is our own dnsmasq child.
+        unsafe { libc::kill(pid, libc::SIGHUP) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if resolve_a(name).as_deref() == Some(&[ip][..]) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!("the test DNS does not answer {name} with {ip}"))
+    }
+}
+
+/// The A records the test DNS gives for `name` (asked from the host), if it answers.
+fn resolve_a(name: &str) -> Option<Vec<Ipv4Addr>> {
+    let q = crate::dns::wire::build_query(0x5151, name, crate::dns::wire::TYPE_A)?;
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .ok()?;
+    sock.send_to(&q, (DNS, 53)).ok()?;
+    let mut buf = [0u8; 1500];
+    let n = sock.recv(&mut buf).ok()?;
+    let a = crate::dns::wire::parse_answer(&buf[..n]).ok()?;
+    Some(a.addresses.iter().map(|(ip, _)| *ip).collect())
 }
 
 fn wait_listening(at: SocketAddr) -> Result<(), String> {

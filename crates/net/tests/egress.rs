@@ -28,6 +28,7 @@ fn config() -> NetConfig {
     NetConfig {
         pool: "10.201.0.0/16".parse().unwrap(),
         upstream_dns: Internet::upstream_dns(),
+        allow_private: Default::default(),
     }
 }
 
@@ -392,13 +393,230 @@ async fn metadata_host_and_other_sandboxes_are_refused_even_when_open() {
         "{log:?}"
     );
 
-    // an explicit rule opens the metadata address (and only that)
-    net.set_policy(&spec(true, &["169.254.169.254/32", "0.0.0.0/0"], &[]))
+    // no rule opens the metadata address or the pool: refused, the old rules stay
+    for entry in ["169.254.169.254/32", "10.201.0.0/24", "127.0.0.1"] {
+        let err = net
+            .set_policy(&spec(true, &[entry, "0.0.0.0/0"], &[]))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains(entry), "{err}");
+    }
+    assert!(
+        probe(&net, &["tcp", "169.254.169.254", "80"])
+            .await
+            .starts_with("ERR")
+    );
+    net.set_policy(&spec(true, &["0.0.0.0/0"], &[]))
         .await
         .unwrap();
     assert_eq!(http(&net, HTTP_A).await, ok("hello-10"));
     assert!(probe(&net, &["tcp", &peer, "22"]).await.starts_with("ERR"));
     other.teardown().await.unwrap();
+    net.teardown().await.unwrap();
+}
+
+/// A one-line HTTP server on `addr` answering `body` to anything, in a thread; runs until
+/// the test process ends.
+fn http_server(addr: &str, body: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind(addr).unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ = write!(c, "HTTP/1.0 200 OK\r\n\r\n{body}\n");
+        }
+    });
+    port
+}
+
+/// The item of issue 12: the Host/SNI proxy connects from the host's namespace, so a name
+/// (under an allowed domain rule) resolving to the host's loopback, the metadata address,
+/// the host itself or another sandbox must reach nothing there. Before reserved.rs the
+/// proxy connected to 127.0.0.1 with `allowOut: 127.0.0.0/8`, and to another sandbox with
+/// `10.0.0.0/8` (explicit rules counted as "allowed"); the other sandbox's own table does not
+/// see the host's connections (output, not forward).
+#[tokio::test(flavor = "multi_thread")]
+async fn names_never_lead_to_loopback_metadata_the_host_or_other_sandboxes() {
+    let _l = Internet::lock();
+    let inet = Internet::start().unwrap();
+    let canary = http_server("127.0.0.1:0", "canary-loopback");
+    let (victim, _gv) = create("victim", &EgressSpec::default()).await;
+    // The victim's service, on its own address inside its namespace.
+    let vip = victim.network().guest;
+    let server = Command::new("ip")
+        .args(["netns", "exec", &victim.network().netns, "python3", "-c"])
+        .arg(format!(
+            r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('{vip}', {canary}))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(b'HTTP/1.0 200 OK\r\n\r\ncanary-victim\n')
+    c.close()
+"#
+        ))
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = Kill(server);
+    // The host reaches it (as the proxy would, from the host's namespace).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect((vip, canary)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the victim's server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    inet.add_host("pool.test", vip).unwrap();
+
+    // The API side first: such entries are refused, with the entry named.
+    for bad in [
+        "127.0.0.0/8",
+        "169.254.169.254",
+        "10.201.0.0/16",
+        "198.51.100.1",
+    ] {
+        let err = SandboxNet::create(&config(), &test_id("bad"), &spec(true, &[bad], &[]))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{bad} accepted"));
+        assert!(err.to_string().contains(bad), "{err}");
+    }
+
+    // The operator opened 10/8: that still leaves the pool (other sandboxes) closed.
+    let mut cfg = config();
+    cfg.allow_private = "10.0.0.0/8".parse().unwrap();
+    let names = [
+        "allowed.test",
+        "loop.test",
+        "meta.test",
+        "host.test",
+        "pool.test",
+    ];
+    let mut allow: Vec<&str> = names.to_vec();
+    allow.push("10.0.0.0/8");
+    let net = SandboxNet::create(&cfg, &test_id("names"), &spec(false, &allow, &[]))
+        .await
+        .unwrap();
+    let _g = Guard(net.network().clone());
+    assert!(
+        dns(&net, "allowed.test")
+            .await
+            .starts_with("A 198.51.100.10")
+    );
+    // Every way through is tried; what got through is listed at the end.
+    let mut leaks = Vec::new();
+    // DNS: the reserved answers are refused (REFUSED = 5), never handed out.
+    for name in ["loop.test", "meta.test", "host.test", "pool.test"] {
+        let got = dns(&net, name).await;
+        if got != "RCODE 5" {
+            leaks.push(format!("DNS {name}: {got}"));
+        }
+    }
+    // The proxy: a connection to an allowed address naming them reaches nothing.
+    let port = canary.to_string();
+    for name in ["loop.test", "meta.test", "host.test", "pool.test"] {
+        let got = probe(&net, &["httphost", &HTTP_A.to_string(), name, &port]).await;
+        if got.contains("canary") || !(got.contains("403") || got.starts_with("ERR")) {
+            leaks.push(format!("proxy {name}: {got}"));
+        }
+    }
+    // Directly: the victim stays unreachable under 10.0.0.0/8.
+    let got = probe(&net, &["httphost", &vip.to_string(), "pool.test", &port]).await;
+    if got.contains("canary") {
+        leaks.push(format!("direct to {vip}: {got}"));
+    }
+    assert!(leaks.is_empty(), "got through: {leaks:#?}");
+    // And what is allowed still works.
+    assert_eq!(
+        probe(&net, &["httphost", &HTTP_A.to_string(), "allowed.test"]).await,
+        ok("hello-10")
+    );
+    net.teardown().await.unwrap();
+    victim.teardown().await.unwrap();
+}
+
+/// Tightening the rules live cuts the connections they no longer allow (conntrack.rs), and
+/// leaves the others open.
+#[tokio::test(flavor = "multi_thread")]
+async fn tightening_live_cuts_established_connections() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let _l = Internet::lock();
+    let _inet = Internet::start().unwrap();
+    let (net, _g) = create("cut", &EgressSpec::default()).await;
+    // Two connections to the byte sinks of .10 and .20; each sends again after a line on
+    // stdin and says whether the connection survived.
+    let script = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5201), timeout=5)
+s.sendall(b'a' * 10)
+print('CONNECTED', flush=True)
+sys.stdin.readline()
+try:
+    for i in range(20):
+        s.sendall(b'b' * 1000)
+        time.sleep(0.05)
+    s.shutdown(socket.SHUT_WR)
+    print('OK', s.recv(100).decode(), flush=True)
+except Exception as e:
+    print('ERR', type(e).__name__, flush=True)
+"#;
+    let mut conns = Vec::new();
+    for ip in [HTTP_A, HTTP_B] {
+        let mut child = tokio::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &net.network().netns,
+                "python3",
+                "-c",
+                script,
+            ])
+            .arg(ip.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(out.next_line().await.unwrap().as_deref(), Some("CONNECTED"));
+        conns.push((child, out));
+    }
+    net.set_policy(&spec(true, &[], &["198.51.100.20"]))
+        .await
+        .unwrap();
+    let mut results = Vec::new();
+    for (child, out) in &mut conns {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"go\n")
+            .await
+            .unwrap();
+        results.push(out.next_line().await.unwrap().unwrap_or_default());
+    }
+    assert_eq!(
+        results[0], "OK 20010",
+        "the allowed connection: {results:?}"
+    );
+    assert!(
+        results[1].starts_with("ERR"),
+        "the now-denied one: {results:?}"
+    );
     net.teardown().await.unwrap();
 }
 

@@ -125,6 +125,16 @@ pub enum Error {
         op: &'static str,
         why: String,
     },
+
+    /// What the sandbox's own state prevents now (something its guest did); it was left as
+    /// it was and runs on. `why` names the cause and what to do.
+    #[error("{runtime} runtime: sandbox {id} cannot {op} now: {why}")]
+    Refused {
+        runtime: RuntimeKind,
+        id: String,
+        op: &'static str,
+        why: String,
+    },
 }
 
 impl Error {

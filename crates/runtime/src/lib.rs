@@ -14,6 +14,7 @@
 //! removes both, and [`Runtime::sweep`] removes those whose owning process died.
 
 pub mod build_steps;
+pub mod capped_log;
 pub mod cgroup;
 mod detach;
 pub mod dirs;
@@ -22,6 +23,7 @@ pub mod gvisor;
 pub mod host;
 pub mod image;
 pub mod microvm;
+pub mod nofollow;
 mod owner;
 pub mod select;
 pub mod snapshot;
@@ -96,6 +98,11 @@ pub struct SandboxSpec {
     /// runtime refuses it): the root's writes land in a host directory that outlives the
     /// sandbox instead of gVisor's memory. `None`: the usual throwaway root.
     pub host_layer: Option<HostLayer>,
+    /// A disk of this many MiB for the root's writes (gvisor only; E2B's `diskSizeMB`): a
+    /// sparse ext4 file on the data disk under the root's overlay, so a full disk is ENOSPC
+    /// inside and the memory limit stays the memory limit (gvisor/disk.rs). `None`: the
+    /// root's writes live in the sandbox's memory.
+    pub disk_mib: Option<u32>,
 }
 
 /// A root whose writes reach the host: an overlayfs with `lowers` (top first) above the
@@ -146,6 +153,7 @@ impl SandboxSpec {
             network: None,
             outlive_owner: false,
             host_layer: None,
+            disk_mib: None,
         }
     }
 }

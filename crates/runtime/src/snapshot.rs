@@ -78,6 +78,10 @@ pub enum SnapshotFiles {
         checkpoint_dir: PathBuf,
         /// The frozen copy of the host overlayfs upper layer.
         upper_dir: PathBuf,
+        /// The sandbox's disk size ([`crate::SandboxSpec::disk_mib`]), if it had a disk: a
+        /// restore gets one of the same size.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disk_mib: Option<u32>,
     },
     Microvm {
         state: PathBuf,
@@ -157,6 +161,7 @@ impl SnapshotHandle {
             SnapshotFiles::Gvisor {
                 checkpoint_dir,
                 upper_dir,
+                ..
             } => {
                 if !checkpoint_dir.join("checkpoint.img").is_file() {
                     return Err(missing(checkpoint_dir, "the runsc checkpoint image"));
@@ -262,6 +267,7 @@ mod tests {
             files: SnapshotFiles::Gvisor {
                 checkpoint_dir: dir.join("checkpoint"),
                 upper_dir: dir.join("upper"),
+                disk_mib: None,
             },
         }
     }

@@ -110,6 +110,7 @@ async fn sandbox_reaches_only_what_its_policy_allows() {
         config: NetConfig {
             pool: "10.201.0.0/16".parse().unwrap(),
             upstream_dns: Internet::upstream_dns(),
+            allow_private: Default::default(),
         },
     });
     let _guard = Guard {

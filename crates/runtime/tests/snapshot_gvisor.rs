@@ -235,6 +235,7 @@ fn rebase(snap: &SnapshotHandle, dir: &Path) -> SnapshotHandle {
     h.files = sandcell_runtime::snapshot::SnapshotFiles::Gvisor {
         checkpoint_dir: dir.join("checkpoint"),
         upper_dir: dir.join("upper"),
+        disk_mib: None,
     };
     h
 }

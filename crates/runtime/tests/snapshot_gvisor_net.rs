@@ -71,6 +71,7 @@ impl Fixture {
             config: NetConfig {
                 pool: pool.parse().unwrap(),
                 upstream_dns: Internet::upstream_dns(),
+                allow_private: Default::default(),
             },
         };
         Fixture {

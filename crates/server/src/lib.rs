@@ -65,6 +65,12 @@ pub struct ServeArgs {
     /// Largest memory a sandbox may ask for (`memoryMB` on create)
     #[arg(long, default_value_t = 8192, value_name = "MIB")]
     pub max_memory_mib: u32,
+    /// gvisor: give every sandbox a disk of this size (a sparse ext4 file under
+    /// `<data-dir>/disks`, the root's writes go there: ENOSPC when full, `df /` and the
+    /// API's `diskSizeMB` tell the size); 0 (the default for now): the root's writes live in
+    /// the sandbox's memory. 10240 is a good size.
+    #[arg(long, default_value_t = 0, value_name = "MIB")]
+    pub disk_mib: u32,
     /// Kill every sandbox when the daemon stops (default: they keep running and the next
     /// `sandcell serve` adopts them)
     #[arg(long)]
@@ -83,6 +89,19 @@ pub struct ServeArgs {
     /// Sandbox networks kept prepared ahead of creates
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub net_warm: usize,
+    /// Most connections the API port serves at once; beyond, accepting pauses (clients wait
+    /// in the backlog)
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_connections: usize,
+    /// Seconds a client has to send a whole request head (also how long an idle
+    /// keep-alive connection stays open)
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub header_timeout_secs: u64,
+    /// Private ranges (inside 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) that
+    /// sandboxes' `allowOut` rules may open; by default none. Loopback, link-local (cloud
+    /// metadata), the pool and the host's own addresses are never opened
+    #[arg(long, default_value = "", value_name = "CIDR[,CIDR...]")]
+    pub allow_private_egress: String,
     /// A registry (`host` or `host:port`) that template builds pull `fromImage` images
     /// from over plain HTTP
     #[arg(long = "insecure-registry", value_name = "HOST")]
@@ -208,6 +227,7 @@ fn net_settings(
             sandcell_runtime::net::NetConfig {
                 pool,
                 upstream_dns: Vec::new(),
+                allow_private: Default::default(),
             }
         })
     } else {
@@ -218,9 +238,16 @@ fn net_settings(
                 .iter()
                 .map(|ip| SocketAddr::from((*ip, 53)))
                 .collect(),
+            allow_private: Default::default(),
         }
     };
     config.pool = pool;
+    config.allow_private = args.allow_private_egress.parse().map_err(|e| {
+        bad(format!(
+            "--allow-private-egress {}: {e}",
+            args.allow_private_egress
+        ))
+    })?;
     Ok(Some(networks::service::NetSettings {
         config,
         prefix: networks::service::prefix_for(&dirs.data),
@@ -251,6 +278,8 @@ pub struct Config {
     pub domain: Option<String>,
     /// `/metrics` has one series per sandbox (`--metrics-per-sandbox`).
     pub metrics_per_sandbox: bool,
+    /// `/mcp` (none: no route).
+    pub mcp: Option<http::mcp::McpConfig>,
 }
 
 async fn open_runtime(
@@ -278,8 +307,26 @@ async fn open_runtime(
     })
 }
 
+/// Raises the soft open-files limit to the hard one: the API port alone may hold
+/// `--max-connections` sockets, and each sandbox holds files too (systemd's default soft
+/// limit, 1024, would make accepts and opens fail with EMFILE first).
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own; setrlimit reads it. No other memory.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
+    raise_open_files_limit();
     let db = keys::open_db(&dirs.data).await?;
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
@@ -314,6 +361,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             kill_on_exit: args.kill_on_exit,
             max_lifetime_secs: args.max_lifetime,
             admission: args.admission(),
+            disk_mib: args.disk_mib,
         },
         metrics.clone(),
         networks.clone(),
@@ -343,12 +391,21 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             args.template_cache_days,
         ));
     }
+    // Bound before the App is made: /mcp calls the API at the address actually bound
+    // (`--listen 127.0.0.1:0` picks a port).
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(Error::io(format!("listening on {}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(Error::io("reading the listening address"))?;
     let app = Arc::new(App {
         db: db.clone(),
         lifecycle: lifecycle.clone(),
         config: Config {
             domain: args.domain.clone(),
             metrics_per_sandbox: args.metrics_per_sandbox,
+            mcp: Some(http::mcp::McpConfig::new(addr, args.domain.as_deref())),
         },
         metrics,
         builds: templates::builds::Builds::new(
@@ -364,23 +421,23 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         ),
         uploads: Default::default(),
     });
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(Error::io(format!("listening on {}", args.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(Error::io("reading the listening address"))?;
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, router(app))
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
-    );
+    let limits = http::listener::Limits {
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs(args.header_timeout_secs.max(1)),
+        ..Default::default()
+    };
+    let server = tokio::spawn(http::listener::serve(
+        listener,
+        router(app),
+        limits,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
     let signal = stop_signal().await;
     if args.kill_on_exit {
         tracing::info!("{signal}: killing the sandboxes and stopping");

@@ -20,12 +20,13 @@ pub enum LogFormat {
 #[derive(Clone, Debug, clap::Args)]
 pub struct LogArgs {
     /// Which log lines to write: a level (error, warn, info, debug, trace) or filter
-    /// directives such as `info,sandcell_server=debug`
+    /// directives such as `info,sandcell_server=debug`. (The MCP SDK's info lines, a whole
+    /// handshake per session and every notification, are left out by default.)
     #[arg(
         long,
         global = true,
         env = "RUST_LOG",
-        default_value = "info",
+        default_value = "info,rmcp=warn",
         value_name = "FILTER"
     )]
     pub log_level: String,

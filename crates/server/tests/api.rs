@@ -336,19 +336,27 @@ async fn proxy_checks_the_access_token_and_hides_internal_routes() {
         StatusCode::NOT_FOUND
     );
 
-    // `secure: false` (the v1 default) sandboxes take traffic without a token.
-    let resp = c
-        .api(
-            Method::POST,
-            "/sandboxes",
-            Some(&serde_json::json!({"templateID": "minimal", "timeout": 60})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(resp.status, StatusCode::CREATED);
-    let open: sandcell_client::Sandbox = serde_json::from_slice(&resp.body).unwrap();
-    assert!(open.envd_access_token.is_none());
-    assert_eq!(run(c, &open, "echo open").await, ("open\n".to_string(), 0));
+    // `secure: false` (and the v1 route) still get a token, as E2B's API does now: an id
+    // alone opens no envd.
+    for body in [
+        serde_json::json!({"templateID": "minimal", "timeout": 60}),
+        serde_json::json!({"templateID": "minimal", "timeout": 60, "secure": false}),
+    ] {
+        let resp = c
+            .api(Method::POST, "/sandboxes", Some(&body))
+            .await
+            .unwrap();
+        assert_eq!(resp.status, StatusCode::CREATED);
+        let sbx: sandcell_client::Sandbox = serde_json::from_slice(&resp.body).unwrap();
+        assert!(sbx.envd_access_token.is_some(), "{body}");
+        let req = Request::get("/health")
+            .header("e2b-sandbox-id", &sbx.sandbox_id)
+            .header("e2b-sandbox-port", "49983")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        assert_eq!(status_of(req).await, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(run(c, &sbx, "echo ok").await, ("ok\n".to_string(), 0));
+    }
     daemon.stop();
 }
 

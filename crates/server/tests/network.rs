@@ -155,6 +155,34 @@ async fn egress_rules_as_e2b_sends_them() {
         &put(&open.sandbox_id, json!({"denyOut": ["example.com"]})).await,
         StatusCode::BAD_REQUEST,
     );
+    // what no rule opens: loopback, metadata, 0/8, the pool, the host; private ranges
+    // without --allow-private-egress. Refused naming the entry, at create and on update.
+    for entry in [
+        "127.0.0.0/8",
+        "169.254.169.254",
+        "0.0.0.0/8",
+        "10.202.0.0/16",
+        "198.51.100.1",
+        "192.168.0.0/16",
+        "::1",
+        "fe80::/10",
+    ] {
+        let bad = json!({"templateID": "minimal", "network": {"allowOut": ["*.wild.test", entry]}});
+        let resp = c.api(Method::POST, "/sandboxes", Some(&bad)).await.unwrap();
+        error_of(&resp, StatusCode::BAD_REQUEST);
+        assert!(
+            String::from_utf8_lossy(&resp.body).contains(entry),
+            "{entry}"
+        );
+        let resp = put(&open.sandbox_id, json!({"allowOut": [entry]})).await;
+        error_of(&resp, StatusCode::BAD_REQUEST);
+        assert!(
+            String::from_utf8_lossy(&resp.body).contains(entry),
+            "{entry}"
+        );
+    }
+    // the refused updates left the rules as they were (internet off since above)
+    assert_eq!(get(c, &open, "http://198.51.100.20/").await, "ERR");
     error_of(
         &put("sc-0000000000000000", json!({})).await,
         StatusCode::NOT_FOUND,

@@ -7,13 +7,17 @@
 //! id) to the host's upstream resolvers; when a domain rule matched, the answer's A
 //! addresses go into the sandbox's `dns_allow` set for their TTL (clamped to
 //! [`MIN_TTL`]..[`MAX_TTL`]) BEFORE the answer is sent, so the connection that follows is
-//! never refused. Addresses in reserved ranges are not learned (DNS rebinding).
+//! never refused. Addresses in reserved ranges are not learned (DNS rebinding), and answers
+//! naming what sandboxes never reach (reserved.rs: loopback, link-local, the pool, the
+//! host, private ranges the operator did not open) are dropped from the reply (REFUSED when
+//! nothing is left, or for AAAA).
 
 pub mod wire;
 
 use crate::accept::{self, Backoff};
 use crate::nft;
 use crate::policy::{Cidr, Policy, is_reserved};
+use crate::reserved::{self, Destinations};
 use sandcell_proto::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -66,6 +70,9 @@ impl Inner {
 pub(crate) struct DnsState {
     pub(crate) slot: u32,
     pub(crate) pool: Cidr,
+    /// What names may never lead to (reserved.rs): such answers are dropped here and never
+    /// connected to by the proxy.
+    pub(crate) dest: Destinations,
     pub(crate) upstream: Vec<SocketAddr>,
     /// Serializes learning with policy changes: a policy change and the addresses learned
     /// under it never interleave.
@@ -73,13 +80,21 @@ pub(crate) struct DnsState {
     pub(crate) denied: std::sync::Mutex<VecDeque<DeniedName>>,
     /// Private-network peers by name (their sandbox id): answered here, never forwarded.
     pub(crate) peers: std::sync::Mutex<HashMap<String, Ipv4Addr>>,
+    /// Bumped after every policy change: the proxy's open connections re-check their name.
+    pub(crate) policy_changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl DnsState {
-    pub(crate) fn new(slot: u32, pool: Cidr, upstream: Vec<SocketAddr>, policy: Policy) -> Self {
+    pub(crate) fn new(
+        slot: u32,
+        dest: Destinations,
+        upstream: Vec<SocketAddr>,
+        policy: Policy,
+    ) -> Self {
         DnsState {
             slot,
-            pool,
+            pool: dest.pool,
+            dest,
             upstream,
             inner: Mutex::new(Inner {
                 policy,
@@ -87,6 +102,7 @@ impl DnsState {
             }),
             denied: std::sync::Mutex::new(VecDeque::new()),
             peers: std::sync::Mutex::new(HashMap::new()),
+            policy_changed: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -255,8 +271,35 @@ pub(crate) async fn handle(state: &DnsState, msg: &[u8], tcp: bool) -> Option<Ve
     if answer.question != query.question {
         return wire::error_reply(msg, RCODE_SERVFAIL);
     }
-    if learn(state, name, &answer.addresses).await.is_err() {
+    // Answers pointing at what sandboxes never reach (loopback, metadata, the pool, the
+    // host...: reserved.rs) are dropped, whatever the rules: a name must not lead there.
+    let host = reserved::host_addresses();
+    let refused = |ip: std::net::IpAddr| state.dest.refusal(ip, &host).is_some();
+    let good: Vec<(Ipv4Addr, u32)> = answer
+        .addresses
+        .iter()
+        .copied()
+        .filter(|(ip, _)| !refused((*ip).into()))
+        .collect();
+    let dropped = good.len() < answer.addresses.len()
+        || answer
+            .addresses6
+            .iter()
+            .any(|(ip, _)| refused((*ip).into()));
+    if learn(state, name, &good).await.is_err() {
         return wire::error_reply(msg, RCODE_SERVFAIL);
+    }
+    if dropped {
+        state.note_denied(name, query.question.qtype);
+        if query.question.qtype != wire::TYPE_A || good.is_empty() {
+            return wire::error_reply(msg, RCODE_REFUSED);
+        }
+        let ttl = good.iter().map(|(_, t)| *t).min().unwrap_or(0);
+        let ips: Vec<Ipv4Addr> = good.iter().map(|(ip, _)| *ip).collect();
+        let mut out = wire::a_reply(msg, &ips, ttl)?;
+        // Not our authority: a_reply's AA bit off again.
+        out[2] &= !0x04;
+        return Some(out);
     }
     reply[..2].copy_from_slice(&query.id.to_be_bytes());
     Some(reply)
@@ -271,7 +314,7 @@ async fn learn(state: &DnsState, name: &str, addresses: &[(Ipv4Addr, u32)]) -> c
     let now = Instant::now();
     let mut fresh = Vec::new();
     for &(ip, ttl) in addresses {
-        if is_reserved(ip, &state.pool) && !inner.policy.ip_allowed(ip, &state.pool) {
+        if !reachable_by_name(state, &inner.policy, ip) {
             continue;
         }
         let ttl = Duration::from_secs(u64::from(ttl)).clamp(MIN_TTL, MAX_TTL);
@@ -291,6 +334,17 @@ async fn learn(state: &DnsState, name: &str, addresses: &[(Ipv4Addr, u32)]) -> c
     tokio::task::spawn_blocking(move || nft::apply(&script))
         .await
         .map_err(|e| crate::Error::io("adding DNS answers to nftables", std::io::Error::other(e)))?
+}
+
+/// Whether a name resolving to `ip` may lead the sandbox there (DNS learning, the proxy):
+/// never to what reserved.rs refuses; to other reserved ranges only if the rules name
+/// them explicitly.
+pub(crate) fn reachable_by_name(state: &DnsState, policy: &Policy, ip: Ipv4Addr) -> bool {
+    state
+        .dest
+        .refusal(ip.into(), &reserved::host_addresses())
+        .is_none()
+        && (!is_reserved(ip, &state.pool) || policy.ip_allowed(ip, &state.pool))
 }
 
 /// Sends `msg` (with a fresh id) to each upstream in turn; the first reply whose id

@@ -3,7 +3,7 @@
 //! bounds-checked; compression pointers must point strictly backwards (no loops) and a
 //! name is at most 255 bytes. Input comes from the sandbox (hostile) and from upstream.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub const HEADER_LEN: usize = 12;
 pub const TYPE_A: u16 = 1;
@@ -48,6 +48,8 @@ pub struct Answer {
     pub question: Question,
     /// A records of the answer section (any owner: CNAME chains end in them), with TTLs.
     pub addresses: Vec<(Ipv4Addr, u32)>,
+    /// AAAA records of the answer section, likewise.
+    pub addresses6: Vec<(Ipv6Addr, u32)>,
 }
 
 fn u16_at(buf: &[u8], at: usize) -> Result<u16, WireError> {
@@ -157,6 +159,7 @@ pub fn parse_answer(buf: &[u8]) -> Result<Answer, WireError> {
     let ancount = u16_at(buf, 6)?;
     let (question, mut pos) = read_question(buf, HEADER_LEN)?;
     let mut addresses = Vec::new();
+    let mut addresses6 = Vec::new();
     for _ in 0..ancount {
         let (_, after) = read_name(buf, pos)?;
         let rtype = u16_at(buf, after)?;
@@ -169,6 +172,11 @@ pub fn parse_answer(buf: &[u8]) -> Result<Answer, WireError> {
         if rtype == TYPE_A && class == CLASS_IN && rdlen == 4 {
             addresses.push((Ipv4Addr::new(rdata[0], rdata[1], rdata[2], rdata[3]), ttl));
         }
+        if rtype == TYPE_AAAA && class == CLASS_IN && rdlen == 16 {
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(rdata);
+            addresses6.push((Ipv6Addr::from(octets), ttl));
+        }
         pos = after + 10 + rdlen;
     }
     Ok(Answer {
@@ -176,6 +184,7 @@ pub fn parse_answer(buf: &[u8]) -> Result<Answer, WireError> {
         rcode,
         question,
         addresses,
+        addresses6,
     })
 }
 

@@ -11,7 +11,13 @@
 //!   endpoint with bound host socket"): the agent's listener and its connections are such
 //!   sockets. So the agent is asked to close them first (`/sandcell/checkpoint-hold`, see
 //!   `crates/agent/src/checkpoint.rs`) and listens again, in the restored sandbox, once the
-//!   runtime puts the resume marker in its socket directory.
+//!   runtime puts the resume marker in its socket directory. A failed save ends the sandbox
+//!   (runsc 20240729, measured), and a guest can bind host sockets of its own in that
+//!   directory: so the sandbox is paused (`runsc pause`) once the agent holds, checked for
+//!   such sockets (host_sockets.rs) and, if it has any, resumed and refused
+//!   ([`Error::Refused`]: it runs on as it was); else the paused sandbox is checkpointed.
+//! - That directory is the guest's to write: the resume marker is made without following
+//!   a link there (crate::nofollow).
 //! - The checkpointed sandbox stops (`--leave-running` hangs in this version and leaves the
 //!   sandbox unusable), so a snapshot or fork of a running sandbox restores the parent in
 //!   place at once from the same image: same id, same socket, its processes continue; open
@@ -92,9 +98,10 @@ impl Shared {
         bundle: &Path,
         id: &str,
         network: bool,
+        host_writes: bool,
         image: &Path,
     ) -> tokio::process::Command {
-        let mut cmd = self.sandbox_command(network);
+        let mut cmd = self.sandbox_command_root(network, host_writes);
         cmd.arg("restore")
             .arg(format!("--image-path={}", image.display()))
             .arg(format!("--bundle={}", bundle.display()))
@@ -122,9 +129,17 @@ async fn checkpoint_to(
     let pid = check_checkpointable(sb)?;
     let (images, upper) = create_snapshot_dirs(dest)?;
     let _one_at_a_time = one_at_a_time(&sb.shared).await?;
-    // Ordering: the agent must hold (no host socket open) before runsc saves the sandbox,
-    // and the checkpoint must be gone before its upper layer is copied.
+    // Ordering: the agent must hold (no host socket open) before the sandbox is frozen;
+    // frozen, nothing in it binds a new host socket while we look for one (a save that
+    // meets one ends the sandbox); the agent's socket file goes only then (the guest could
+    // bind that name itself once it is free); and the checkpoint must be gone before its
+    // upper layer is copied.
     hold_agent(sb).await?;
+    freeze_checked(sb, pid).await?;
+    if let Err(e) = remove_socket_file(sb) {
+        thaw(sb).await;
+        return Err(e);
+    }
     run_checkpoint(sb, pid, &images).await?;
     wait_gone(sb, pid).await?;
 
@@ -142,6 +157,7 @@ async fn checkpoint_to(
         files: SnapshotFiles::Gvisor {
             checkpoint_dir: images,
             upper_dir: upper,
+            disk_mib: sb.disk_mib,
         },
     };
     handle.save()?;
@@ -213,7 +229,7 @@ async fn hold_agent(sb: &GvisorSandbox) -> Result<()> {
     let _ = std::fs::remove_file(&marker);
     let held = sb.paths.host.join(HELD_MARKER);
     let _ = std::fs::remove_file(&held);
-    let client = EnvdClient::new(UnixConnector(sb.paths.socket.clone()));
+    let client = sb.agent_client();
     match tokio::time::timeout(HOLD_TIMEOUT, client.checkpoint_hold()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(hold_failed(sb, format!("asking the agent to hold: {e}"))),
@@ -241,9 +257,59 @@ async fn hold_agent(sb: &GvisorSandbox) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let _ = std::fs::remove_file(&held);
-    // gVisor cannot unlink a host socket from inside: the agent's next bind needs it gone.
-    remove_socket_file(sb)?;
     Ok(())
+}
+
+/// `runsc pause`s the holding sandbox and checks that no process in it holds a Unix socket
+/// bound in its agent directory: runsc cannot save one ("Cannot save endpoint with bound
+/// host socket") and a failed save ends the sandbox (runsc 20240729, measured), so such a
+/// sandbox is refused here, resumed and handed back running. Paused, it cannot bind a new
+/// one before the checkpoint (which saves the paused sandbox; the restore runs).
+async fn freeze_checked(sb: &GvisorSandbox, pid: u32) -> Result<()> {
+    let netns = lock(&sb.netns).clone();
+    if let Err(e) = sb
+        .shared
+        .runsc_ok_in(netns.as_deref(), &["pause", &sb.id])
+        .await
+    {
+        let _ = resume_agent(sb);
+        wait_listening(sb).await;
+        return Err(e);
+    }
+    let bound = crate::gvisor::host_sockets::bound_in_agent_dir(pid);
+    if bound.is_empty() {
+        return Ok(());
+    }
+    thaw(sb).await;
+    Err(Error::Refused {
+        runtime: RT,
+        id: sb.id.clone(),
+        op: "checkpoint",
+        why: format!(
+            "a process in the sandbox holds a Unix socket bound in its agent directory \
+             /run/sandcell-host ({}), which gVisor cannot checkpoint; close it (and bind \
+             sockets elsewhere, e.g. /tmp) and retry; the sandbox keeps running",
+            bound.join(", ")
+        ),
+    })
+}
+
+/// Undoes [`freeze_checked`] after a refusal: the sandbox runs and its agent listens again.
+async fn thaw(sb: &GvisorSandbox) {
+    let netns = lock(&sb.netns).clone();
+    if let Err(e) = sb
+        .shared
+        .runsc_ok_in(netns.as_deref(), &["resume", &sb.id])
+        .await
+    {
+        tracing::warn!(
+            "gvisor sandbox {}: resuming after a refused checkpoint: {e}",
+            sb.id
+        );
+    }
+    if resume_agent(sb).is_ok() {
+        wait_listening(sb).await;
+    }
 }
 
 /// `runsc checkpoint` into `images`. On failure a sandbox still there gets its agent back
@@ -262,9 +328,7 @@ async fn run_checkpoint(sb: &GvisorSandbox, pid: u32, images: &Path) -> Result<(
     if let Err(e) = sb.shared.runsc_ok_in(netns.as_deref(), &args).await {
         if crate::owner::process_start_time(pid).is_some() && sb.shared.has_state(&sb.id) {
             sb.launch.store(launch, Ordering::SeqCst);
-            if resume_agent(sb).is_ok() {
-                wait_listening(sb).await;
-            }
+            thaw(sb).await;
             if let Error::Command { stderr, .. } = &e
                 && stderr.contains("unsupported networking state")
             {
@@ -309,24 +373,28 @@ fn remove_socket_file(sb: &GvisorSandbox) -> Result<()> {
     }
 }
 
-/// Lets a holding agent listen again (see `crates/agent/src/checkpoint.rs`).
+/// Lets a holding agent listen again (see `crates/agent/src/checkpoint.rs`). The marker
+/// goes into the guest's writable agent directory: created through the directory's
+/// descriptor, never through a link the guest put at its name (crate::nofollow).
 fn resume_agent(sb: &GvisorSandbox) -> Result<()> {
     remove_socket_file(sb)?;
     let marker = sb.paths.host.join(RESUME_MARKER);
-    std::fs::write(&marker, b"").map_err(|e| {
-        Error::io(
-            RT,
-            format!("writing the resume marker {}", marker.display()),
-            e,
-        )
-    })
+    crate::nofollow::open_dir(&sb.paths.host)
+        .and_then(|dir| crate::nofollow::replace_file(&dir, RESUME_MARKER, b""))
+        .map_err(|e| {
+            Error::io(
+                RT,
+                format!("writing the resume marker {}", marker.display()),
+                e,
+            )
+        })
 }
 
 /// Waits (at most [`HOLD_TIMEOUT`]) for a resumed agent to accept connections again, so
 /// that a failed snapshot hands back a sandbox that answers.
 async fn wait_listening(sb: &GvisorSandbox) {
     let deadline = tokio::time::Instant::now() + HOLD_TIMEOUT;
-    while tokio::net::UnixStream::connect(&sb.paths.socket)
+    while crate::nofollow::connect_unix(&sb.paths.socket)
         .await
         .is_err()
         && tokio::time::Instant::now() < deadline
@@ -456,6 +524,7 @@ pub(in crate::gvisor) async fn restore_new(
     let SnapshotFiles::Gvisor {
         checkpoint_dir,
         upper_dir,
+        disk_mib,
     } = &snapshot.files
     else {
         return Err(Error::InvalidSpec {
@@ -485,11 +554,18 @@ pub(in crate::gvisor) async fn restore_new(
     spec.env = snapshot.env.clone();
     spec.boot_timeout = restore.boot_timeout;
     spec.outlive_owner = restore.outlive_owner;
+    spec.disk_mib = *disk_mib;
     let paths = Paths::new(&shared.dirs, &spec.id);
     crate::owner::create_run_dir(&shared.dirs, &spec.id, RT, spec.outlive_owner)?;
     let _one_at_a_time = one_at_a_time(&shared).await?;
+    let dirs = shared.dirs.clone();
     let sandbox = GvisorSandbox::new(shared, &spec, paths);
     let started = async {
+        // A disk of the same size under the restored root (the frozen upper layer is one of
+        // its lowers; the new upper is on the new disk).
+        if let Some(mib) = spec.disk_mib {
+            super::super::disk::create(&dirs, &spec.id, mib).await?;
+        }
         // Before prepare: the bundle names the namespace, and prepare points the restored
         // root's resolv.conf at this network's DNS server.
         if let Some(net) = &restore.network {

@@ -7,8 +7,10 @@
 //! bundle/config.json the OCI spec (bundle.rs)
 //! layer/{upper,work} host overlayfs layer over the image tree
 //! rootfs/           the overlayfs mount: the container's root
-//! host/agent.sock   the agent's socket (bind-mounted at /run/sandcell-host)
-//! console.log       output of `runsc run` (the agent's stdout/stderr and runsc's errors)
+//! host/agent.sock   the agent's socket (bind-mounted at /run/sandcell-host; the guest
+//!                   writes there too: the host goes through nofollow.rs)
+//! console.log       output of `runsc run` (the agent's stdout/stderr and runsc's errors),
+//!                   capped and rotated to console.log.1 (capped_log.rs)
 //! ```
 //!
 //! Writes never reach the image: the root is a host overlayfs whose lower layer is the
@@ -26,6 +28,8 @@
 //! (the sandbox processes themselves die with `runsc run`: runsc boots them `--attached`).
 
 pub mod bundle;
+pub mod disk;
+mod host_sockets;
 pub mod network;
 pub mod runsc;
 mod sandbox;
@@ -147,12 +151,13 @@ impl Shared {
     }
 
     /// runsc with the global flags of our sandboxes (also what `runsc restore` needs: the
-    /// same platform and flags as the checkpointed sandbox).
-    pub(super) fn sandbox_command(&self, network: bool) -> tokio::process::Command {
-        self.sandbox_command_root(network, false)
-    }
-
-    fn sandbox_command_root(&self, network: bool, host_writes: bool) -> tokio::process::Command {
+    /// same platform and flags as the checkpointed sandbox); `host_writes`: the root's
+    /// writes go to the host overlay.
+    pub(super) fn sandbox_command_root(
+        &self,
+        network: bool,
+        host_writes: bool,
+    ) -> tokio::process::Command {
         let mut cmd = self.runsc();
         cmd.arg(format!("--platform={}", self.runsc.platform))
             .arg(if network {
@@ -325,6 +330,10 @@ impl Shared {
         if let Err(e) = unmount_if_mounted(&run_dir.join("rootfs")) {
             first.get_or_insert(e);
         }
+        // After the root's overlay, whose upper layer is on it.
+        if let Err(e) = disk::remove(&self.dirs, id) {
+            first.get_or_insert(e);
+        }
         for dir in [run_dir.clone(), self.dirs.run.join(format!(".new-{id}"))] {
             if let Err(e) = remove_dir_all_if_exists(&dir) {
                 first.get_or_insert(Error::io(RT, format!("removing {}", dir.display()), e));
@@ -388,8 +397,20 @@ impl Runtime for GvisorRuntime {
                 ),
             });
         }
+        if spec.disk_mib.is_some() && spec.host_layer.is_some() {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: "a disk and a host layer: a build sandbox writes to its host layer".into(),
+            });
+        }
         owner::create_run_dir(&self.shared.dirs, &spec.id, RT, spec.outlive_owner)?;
         let sandbox = GvisorSandbox::new(self.shared.clone(), &spec, paths);
+        if let Some(mib) = spec.disk_mib
+            && let Err(e) = disk::create(&self.shared.dirs, &spec.id, mib).await
+        {
+            let _ = sandbox.destroy().await;
+            return Err(e);
+        }
         if let Some(net) = &spec.network
             && let Err(e) = sandbox.attach_network(net).await
         {

@@ -50,14 +50,12 @@ pub(super) async fn create(nets: &NetRegistry, id: &str, spec: &NetworkSpec) -> 
 /// `nameserver <gateway>` as the sandbox's resolv.conf (written through the overlay mount,
 /// so it lands in the sandbox's upper layer).
 pub(super) fn write_resolv_conf(rootfs: &Path, net: &SandboxNet) -> Result<()> {
-    let etc = rootfs.join("etc");
-    std::fs::create_dir_all(&etc)
-        .map_err(|e| Error::io(RT, format!("creating {}", etc.display()), e))?;
-    let file = etc.join("resolv.conf");
-    // A symlink (e.g. to systemd-resolved's file) would send the write elsewhere.
-    let _ = std::fs::remove_file(&file);
+    let file = rootfs.join("etc/resolv.conf");
+    // A symlink (to systemd-resolved's file, or one a build step planted: the root's layers
+    // can be a guest's) is replaced, never written through (crate::nofollow).
     let text = format!("nameserver {}\n", net.network().gateway);
-    std::fs::write(&file, text).map_err(|e| Error::io(RT, format!("writing {}", file.display()), e))
+    crate::nofollow::write_file_in(rootfs, Path::new("etc/resolv.conf"), text.as_bytes())
+        .map_err(|e| Error::io(RT, format!("writing {}", file.display()), e))
 }
 
 pub(super) async fn teardown(id: &str, net: SandboxNet) -> Result<()> {

@@ -8,14 +8,14 @@ use sandcell_proto::sync::lock;
 mod checkpoint;
 use crate::cgroup::SandboxCgroup;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
-use crate::util::{kill_pid, log_tail, open_log};
+use crate::util::{kill_pid, log_tail};
 use crate::{
     AGENT_PORT, AsyncStream, Dirs, Error, ResourceUsage, Result, RuntimeKind, Sandbox, SandboxExit,
     SandboxHandle, SandboxSpec, SandboxStatus,
 };
 use async_trait::async_trait;
 pub(super) use checkpoint::restore_new;
-use sandcell_envd_client::{ClientError, EnvdClient, UnixConnector};
+use sandcell_envd_client::{ClientError, EnvdClient};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,8 +90,11 @@ pub struct GvisorSandbox {
     /// Bumped when a checkpoint replaces the `runsc` process: the end of an older one is
     /// then not the sandbox's end.
     launch: Arc<std::sync::atomic::AtomicU64>,
-    /// [`SandboxSpec::host_layer`]: runsc keeps no memory overlay over the root.
+    /// [`SandboxSpec::host_layer`] or [`SandboxSpec::disk_mib`]: runsc keeps no memory
+    /// overlay over the root.
     host_writes: bool,
+    /// [`SandboxSpec::disk_mib`] (disk.rs), recorded in its snapshots.
+    pub(super) disk_mib: Option<u32>,
 }
 
 impl GvisorSandbox {
@@ -118,7 +121,8 @@ impl GvisorSandbox {
             env: spec.env.clone(),
             restore_from: Mutex::new(None),
             launch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-            host_writes: spec.host_layer.is_some(),
+            host_writes: spec.host_layer.is_some() || spec.disk_mib.is_some(),
+            disk_mib: spec.disk_mib,
         }
     }
 
@@ -235,13 +239,17 @@ impl GvisorSandbox {
                 .map_err(|e| Error::io(RT, format!("creating {}", dir.display()), e))?;
         }
         mount_overlay(lowers, &p.upper, &p.work, &p.rootfs)?;
-        let mount_point = p
-            .rootfs
-            .join(bundle::HOST_DIR_IN_SANDBOX.trim_start_matches('/'));
-        std::fs::create_dir_all(&mount_point).map_err(|e| {
+        // The root's layers may come from a guest (a build step's, a snapshot's): nothing
+        // the host makes in it follows a link there (crate::nofollow).
+        let mount_point = Path::new(bundle::HOST_DIR_IN_SANDBOX.trim_start_matches('/'));
+        crate::nofollow::open_dir_in(&p.rootfs, mount_point, true).map_err(|e| {
             Error::io(
                 RT,
-                format!("creating mount point {}", mount_point.display()),
+                format!(
+                    "creating mount point {} in {}",
+                    mount_point.display(),
+                    p.rootfs.display()
+                ),
                 e,
             )
         })?;
@@ -264,7 +272,7 @@ impl GvisorSandbox {
             // runsc puts a tmpfs on an empty /tmp the spec does not mount: /tmp bound to
             // itself keeps a build step's writes there in the host layer too.
             let tmp = p.rootfs.join("tmp");
-            std::fs::create_dir_all(&tmp)
+            crate::nofollow::open_dir_in(&p.rootfs, Path::new("tmp"), true)
                 .map_err(|e| Error::io(RT, format!("creating {}", tmp.display()), e))?;
             if let Some(mounts) = config["mounts"].as_array_mut() {
                 mounts.push(serde_json::json!({
@@ -306,6 +314,16 @@ impl GvisorSandbox {
         }
     }
 
+    /// An envd client of the agent's socket, connecting without following a link there
+    /// (the guest can write in the socket's directory: crate::nofollow).
+    fn agent_client(&self) -> EnvdClient<impl sandcell_envd_client::Connector> {
+        let socket = self.paths.socket.clone();
+        EnvdClient::new(move || {
+            let socket = socket.clone();
+            async move { crate::nofollow::connect_unix(&socket).await }
+        })
+    }
+
     fn console_tail(&self) -> String {
         log_tail(&self.paths.console, "sandbox log", 4096, 20)
     }
@@ -313,7 +331,7 @@ impl GvisorSandbox {
     /// Asks the agent to power off; true if the request went out (the agent may exit
     /// before it answers).
     async fn poweroff(&self) -> bool {
-        let client = EnvdClient::new(UnixConnector(self.paths.socket.clone()));
+        let client = self.agent_client();
         match tokio::time::timeout(POWEROFF_TIMEOUT, client.poweroff()).await {
             Ok(Ok(())) => true,
             Ok(Err(ClientError::Connect(_))) | Err(_) => false,
@@ -329,7 +347,7 @@ impl GvisorSandbox {
 
     async fn wait_ready(&self) -> Result<()> {
         let socket = &self.paths.socket;
-        let probe = || async move { tokio::net::UnixStream::connect(socket).await.is_ok() };
+        let probe = || async move { crate::nofollow::connect_unix(socket).await.is_ok() };
         match poll_ready(&self.exit, self.boot_timeout, probe).await {
             Ok(()) => Ok(()),
             Err(NotReady::Ended(exit)) => Err(Error::EndedDuringStart {
@@ -461,8 +479,18 @@ impl Sandbox for GvisorSandbox {
                 op: "start",
             });
         }
-        let log = open_log(&self.paths.console)
-            .map_err(|e| Error::io(RT, format!("opening {}", self.paths.console.display()), e))?;
+        // The guest writes what it likes to its stdout: through a writer that caps the file.
+        let log = crate::capped_log::spawn(&self.paths.console, crate::capped_log::CONSOLE_LOG_CAP)
+            .map_err(|e| {
+                Error::io(
+                    RT,
+                    format!(
+                        "starting the console writer of {}",
+                        self.paths.console.display()
+                    ),
+                    e,
+                )
+            })?;
         let log2 = log
             .try_clone()
             .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
@@ -473,6 +501,7 @@ impl Sandbox for GvisorSandbox {
                 &self.paths.bundle,
                 &self.id,
                 netns_path.is_some(),
+                self.host_writes,
                 image,
             ),
             None => self.shared.run_command_root(
@@ -501,7 +530,11 @@ impl Sandbox for GvisorSandbox {
         } else {
             crate::util::supervised(&mut command);
         }
-        let mut child = command.stdout(log).stderr(log2).spawn().map_err(|e| {
+        let spawned = command.stdout(log).stderr(log2).spawn();
+        // Ordering: the command holds our copies of the log pipe; they must be closed now, so
+        // that the console writer ends with runsc (it reads until the last writer is gone).
+        drop(command);
+        let mut child = spawned.map_err(|e| {
             Error::io(
                 RT,
                 format!("starting {}", self.shared.runsc.path.display()),
@@ -562,7 +595,7 @@ impl Sandbox for GvisorSandbox {
             return Err(Error::PortUnsupported { runtime: RT, port });
         }
         self.require_running("connect")?;
-        let stream = tokio::net::UnixStream::connect(&self.paths.socket)
+        let stream = crate::nofollow::connect_unix(&self.paths.socket)
             .await
             .map_err(|e| Error::Connect {
                 runtime: RT,

@@ -239,6 +239,7 @@ mod tests {
             config: sandcell_net::NetConfig {
                 pool: "10.203.0.0/16".parse().expect("cidr"),
                 upstream_dns: vec![],
+                allow_private: Default::default(),
             },
         };
         let id = crate::new_sandbox_id().expect("id");

@@ -153,6 +153,10 @@ impl From<Error> for ApiError {
             Error::Runtime(sandcell_runtime::Error::Image { .. }) => {
                 ApiError::bad_request(e.to_string())
             }
+            // The sandbox's own state (its guest's doing) prevents it; it runs on as it was.
+            Error::Runtime(sandcell_runtime::Error::Refused { .. }) => {
+                ApiError::conflict(e.to_string())
+            }
             _ => ApiError::internal(e.to_string()),
         }
     }
@@ -349,6 +353,16 @@ mod tests {
             )
         );
         assert_eq!(answer(SnapshotError::ForkCount(0).into()).0, 400);
+        // Refused for the guest's own doing: 409, and the cause (a guest path) is kept.
+        let refused = SnapshotError::Runtime(sandcell_runtime::Error::Refused {
+            runtime: sandcell_runtime::RuntimeKind::Gvisor,
+            id: "sc-1".into(),
+            op: "checkpoint",
+            why: "a socket bound in /run/sandcell-host (x.sock)".into(),
+        });
+        let (status, message) = answer(refused.into());
+        assert_eq!(status, 409);
+        assert!(message.contains("/run/sandcell-host (x.sock)"), "{message}");
         assert_eq!(
             answer(
                 TemplateError::NoSuchTag {

@@ -1,9 +1,12 @@
 //! The HTTP side of the daemon: the router and its OpenAPI description, the extractors
 //! ([`extract`]), the envd proxy ([`proxy`]), metrics ([`metrics`]) and the errors as E2B
-//! answers them ([`error`]), and a log span per request ([`trace`]).
+//! answers them ([`error`]), a log span per request ([`trace`]), and MCP at `/mcp`
+//! ([`mcp`]).
 
 pub mod error;
 pub mod extract;
+pub mod listener;
+pub mod mcp;
 pub mod metrics;
 pub mod proxy;
 pub mod signed_url;
@@ -109,6 +112,10 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
 pub fn router(app: Arc<App>) -> Router {
     let (routes, openapi) = routes();
     let spec = openapi.to_json().unwrap_or_else(|_| "{}".into());
+    let routes = match mcp::routes(&app) {
+        Some(mcp) => routes.merge(mcp),
+        None => routes,
+    };
     routes
         .route(
             "/openapi.json",

@@ -14,13 +14,15 @@
 //! sandbox's envd access token, or a signed file URL ([`crate::http::signed_url`]) (the agent checks it too once `/init` gave it the token, but
 //! the proxy does not rely on the agent version). Routes envd keeps internal (`/init`) and
 //! our agent's `/sandcell/...` routes answer 404 through the proxy, as E2B's proxy does.
+//! Nothing that authenticates the caller to the daemon reaches the sandbox
+//! ([`strip_credentials`]).
 
 use crate::App;
 use crate::http::error::ApiError;
 use crate::util::constant_time_eq;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
@@ -135,6 +137,8 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
                 format!("missing or invalid {TRAFFIC_TOKEN_HEADER} for this sandbox's ports"),
             ));
         }
+        let mut req = req;
+        strip_credentials(req.headers_mut(), false);
         return Ok(forward_port(&net, &target.sandbox_id, target.port, req).await);
     }
     let mut req = req;
@@ -150,7 +154,7 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
             )?;
         if signed {
             // The agent checks the header too: a valid signature stands for the token.
-            let value = axum::http::HeaderValue::from_str(token).map_err(|_| {
+            let value = HeaderValue::from_str(token).map_err(|_| {
                 ApiError::internal("the sandbox's access token is not a header value")
             })?;
             req.headers_mut().insert(ACCESS_TOKEN_HEADER, value);
@@ -164,9 +168,41 @@ async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiE
     if path == "/init" || path.starts_with("/sandcell/") {
         return Err(ApiError::not_found(format!("no route {path}")));
     }
+    let mut req = req;
+    // envd checks the access token itself: that one stays.
+    strip_credentials(req.headers_mut(), true);
     forward(&live.sandbox, target.port, req)
         .await
         .map(IntoResponse::into_response)
+}
+
+/// Removes what authenticates the caller to this daemon before a request goes into the
+/// sandbox, whose code may be hostile: `X-API-KEY` (the owner's key), an `Authorization`
+/// carrying one of our API keys (`Bearer e2b_...`), the traffic token our proxy checked,
+/// and, unless it goes to envd (`keep_access_token`, envd checks it), the envd access
+/// token. Any other `Authorization` (Basic, an app's own bearer token) goes through: apps
+/// served on a sandbox port may use their own, and envd takes its user from `Basic`.
+pub fn strip_credentials(headers: &mut HeaderMap, keep_access_token: bool) {
+    headers.remove("x-api-key");
+    headers.remove(TRAFFIC_TOKEN_HEADER);
+    if !keep_access_token {
+        headers.remove(ACCESS_TOKEN_HEADER);
+    }
+    let carries_our_key = |v: &HeaderValue| {
+        v.to_str().ok().is_some_and(|v| {
+            let mut words = v.split_whitespace();
+            let (scheme, cred) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            scheme.eq_ignore_ascii_case("bearer") && crate::keys::looks_like_key(cred)
+                || crate::keys::looks_like_key(v.trim())
+        })
+    };
+    if headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .any(carries_our_key)
+    {
+        headers.remove(header::AUTHORIZATION);
+    }
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, not the message.
@@ -436,6 +472,35 @@ mod tests {
             None
         );
         assert_eq!(host_target("99999-sc-1.sandbox.test", "sandbox.test"), None);
+    }
+
+    #[test]
+    fn credentials_do_not_reach_the_sandbox() {
+        let key = format!("e2b_{}", "ab".repeat(20));
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_str(&key).unwrap());
+        h.insert(ACCESS_TOKEN_HEADER, HeaderValue::from_static("tok"));
+        h.insert(TRAFFIC_TOKEN_HEADER, HeaderValue::from_static("traffic"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+        );
+        h.insert("x-app", HeaderValue::from_static("kept"));
+        let mut envd = h.clone();
+        strip_credentials(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-app"));
+        strip_credentials(&mut envd, true);
+        assert_eq!(envd.len(), 2, "{envd:?}");
+        assert!(envd.contains_key(ACCESS_TOKEN_HEADER));
+        // an app's own Authorization passes
+        let mut app = HeaderMap::new();
+        app.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer app-token"),
+        );
+        strip_credentials(&mut app, false);
+        assert!(app.contains_key(header::AUTHORIZATION));
     }
 
     #[test]

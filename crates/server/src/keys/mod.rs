@@ -115,15 +115,65 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 }
 
 pub async fn open_db(data_dir: &Path) -> Result<Db, Error> {
-    std::fs::create_dir_all(data_dir)
-        .map_err(Error::io(format!("creating {}", data_dir.display())))?;
+    make_data_dir(data_dir)?;
     Db::open(&data_dir.join(DB_FILE)).await
+}
+
+/// Creates the data dir 0700, or takes an existing one to 0700 (older installs made it
+/// 0755): it holds the database, the admin key, templates' layers and snapshots, and
+/// nothing but root (the daemon, runsc, the VMM, all root) needs to look inside.
+fn make_data_dir(data_dir: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(data_dir)
+        .map_err(Error::io(format!("creating {}", data_dir.display())))?;
+    let meta = std::fs::metadata(data_dir)
+        .map_err(Error::io(format!("reading {}", data_dir.display())))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700)).map_err(
+            Error::io(format!("making {} private (0700)", data_dir.display())),
+        )?;
+        tracing::info!("{}: made private (0700)", data_dir.display());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[tokio::test]
+    async fn the_database_and_data_dir_are_private_also_on_old_installs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let fresh = tmp.path().join("fresh");
+        let db = open_db(&fresh).await.unwrap();
+        create_key(&db, "k", None, false).await.unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        for f in ["sandcell.db", "sandcell.db-wal", "sandcell.db-shm"] {
+            assert_eq!(mode(&fresh.join(f)), 0o600, "{f}");
+        }
+        db.close().await;
+        // an install made before: world-readable dir and files
+        let open = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        open(&fresh, 0o755);
+        for f in ["sandcell.db", "sandcell.db-wal", "sandcell.db-shm"] {
+            if fresh.join(f).exists() {
+                open(&fresh.join(f), 0o644);
+            }
+        }
+        let db = open_db(&fresh).await.unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        for f in ["sandcell.db", "sandcell.db-wal", "sandcell.db-shm"] {
+            assert_eq!(mode(&fresh.join(f)), 0o600, "{f}");
+        }
+        db.close().await;
+    }
 
     #[tokio::test]
     async fn admin_key_is_made_once_private_and_resolves() {

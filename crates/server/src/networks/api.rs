@@ -12,7 +12,7 @@ use crate::util::{now_ms, rfc3339};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use sandcell_runtime::net::{DeniedLog, EgressSpec, Policy, SandboxNet};
+use sandcell_runtime::net::{DeniedLog, EgressSpec, SandboxNet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -124,11 +124,13 @@ pub async fn set_network(
         allow_out: body.allow_out.unwrap_or_default(),
         deny_out: body.deny_out.unwrap_or_default(),
     };
-    Policy::from_spec(&egress).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    app.lifecycle.networks.check_rules(&egress)?;
     let net = sandbox_net(&app, &caller, &id).await?;
-    net.set_policy(&egress)
-        .await
-        .map_err(|e| ApiError::internal(format!("sandbox {id}: replacing its rules: {e}")))?;
+    net.set_policy(&egress).await.map_err(|e| match e {
+        // The same check again in sandcell-net (the host's addresses may have changed).
+        sandcell_runtime::net::Error::Policy(p) => ApiError::bad_request(p.to_string()),
+        e => ApiError::internal(format!("sandbox {id}: replacing its rules: {e}")),
+    })?;
     service::store_egress(&app.db, &id, &egress).await?;
     Ok(StatusCode::NO_CONTENT)
 }

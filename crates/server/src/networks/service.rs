@@ -215,7 +215,7 @@ impl Networks {
                 .unwrap_or_default(),
             deny_out: network.and_then(|n| n.deny_out.clone()).unwrap_or_default(),
         };
-        Policy::from_spec(&egress)?;
+        self.check_rules(&egress)?;
         for name in &join {
             if !network_exists(db, key_id, name).await? {
                 return Err(NetworkError::UnknownNetwork(name.clone()));
@@ -233,6 +233,21 @@ impl Networks {
             egress,
             join,
         }))
+    }
+}
+
+impl Networks {
+    /// Checks rules entering the API (create, live update): they parse, and open nothing
+    /// sandboxes never reach (loopback, link-local with the metadata address, the pool, the
+    /// host's addresses; private ranges only as `--allow-private-egress` says: see
+    /// `sandcell_net::reserved`).
+    pub fn check_rules(&self, egress: &EgressSpec) -> Result<(), NetworkError> {
+        Policy::from_spec(egress)?;
+        if let Some(s) = self.settings() {
+            let host = sandcell_runtime::net::reserved::host_addresses();
+            s.config.destinations().check_spec(egress, &host)?;
+        }
+        Ok(())
     }
 }
 
@@ -489,6 +504,7 @@ mod tests {
             config: NetConfig {
                 pool: pool.parse().unwrap(),
                 upstream_dns: Vec::new(),
+                allow_private: Default::default(),
             },
             prefix: prefix_for(data_dir),
             warm: 0,

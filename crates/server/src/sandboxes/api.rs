@@ -104,9 +104,14 @@ async fn running_of(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxRo
 async fn create(
     app: Arc<App>,
     caller: Caller,
-    req: NewSandbox,
+    mut req: NewSandbox,
     secure_by_default: bool,
 ) -> ApiResult<(StatusCode, Json<Sandbox>)> {
+    // Every sandbox a key creates gets an envd access token, `secure: false` or not: without
+    // one, its id alone would open its envd (commands, files) to anyone reaching this port.
+    // E2B's own API does the same now ("secure: Ignored. All system communication with the
+    // sandbox is always secured", e2b SDK 2.63), and every SDK sends the token it is given.
+    req.secure = Some(true);
     // In its own task: a client that goes away mid-create must not leave a half-made
     // sandbox behind (the finished one is reaped at its timeout).
     let lifecycle = app.lifecycle.clone();

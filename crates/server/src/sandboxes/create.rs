@@ -230,7 +230,7 @@ impl SandboxService {
             metadata: req.metadata.unwrap_or_default(),
             vcpus: u32::from(vcpus),
             memory_mib,
-            disk_mib: disk_mib(&image),
+            disk_mib: self.sandbox_disk_mib().unwrap_or_else(|| disk_mib(&image)),
             envd_version: String::new(),
             created_at: now_ms(),
             started_at: None,
@@ -338,6 +338,7 @@ impl SandboxService {
         spec.env = env;
         spec.boot_timeout = BOOT_TIMEOUT;
         spec.network = self.networks.spec_of(&self.db, &row.id).await?;
+        spec.disk_mib = self.sandbox_disk_mib();
         let sandbox: Arc<dyn Sandbox> = Arc::from(self.runtime.create(spec).await?);
         if let Err(e) = sandbox.start().await {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;

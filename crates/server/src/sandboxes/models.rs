@@ -21,8 +21,8 @@ pub struct NewSandbox {
     /// Environment variables of every process started in the sandbox.
     #[serde(default)]
     pub env_vars: Option<BTreeMap<String, String>>,
-    /// Require the envd access token (`X-Access-Token`) on sandbox traffic. Default: false
-    /// on `/sandboxes`, true on `/v2/sandboxes` (as E2B).
+    /// Accepted and ignored, as E2B does now: every sandbox requires its envd access token
+    /// (`X-Access-Token`) on envd traffic.
     #[serde(default)]
     pub secure: Option<bool>,
     /// vCPUs (our extension; E2B takes it from the template). Default 2, at most the

@@ -60,6 +60,8 @@ pub struct SandboxServiceConfig {
     pub max_lifetime_secs: u64,
     /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
     pub admission: crate::sandboxes::admission::AdmissionConfig,
+    /// `serve --disk-mib` (gvisor): each sandbox's disk; 0: none (root writes in memory).
+    pub disk_mib: u32,
 }
 
 impl Default for SandboxServiceConfig {
@@ -70,6 +72,7 @@ impl Default for SandboxServiceConfig {
             kill_on_exit: false,
             max_lifetime_secs: DEFAULT_MAX_LIFETIME_SECS,
             admission: Default::default(),
+            disk_mib: 0,
         }
     }
 }
@@ -173,6 +176,13 @@ impl SandboxService {
     ) -> SandboxService {
         self.host = probe;
         self
+    }
+
+    /// The disk a new sandbox gets (`serve --disk-mib`, gvisor only; the runtime's
+    /// gvisor/disk.rs), or `None`: its root's writes live in its memory.
+    pub fn sandbox_disk_mib(&self) -> Option<u32> {
+        (self.config.disk_mib > 0 && self.runtime.kind() == sandcell_runtime::RuntimeKind::Gvisor)
+            .then_some(self.config.disk_mib)
     }
 
     /// The network of sandbox `id` if this daemon runs it and it has one (through the

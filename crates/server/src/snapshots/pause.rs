@@ -123,9 +123,19 @@ impl SandboxService {
                 self.collect_snapshots().await;
                 Ok(())
             }
-            Err(e) => Err(self
-                .pause_failed(&row, &snap_id, Some(live), e.to_string())
-                .await),
+            Err(e) => {
+                let refused = matches!(e, sandcell_runtime::Error::Refused { .. });
+                match self
+                    .pause_failed(&row, &snap_id, Some(live), e.to_string())
+                    .await
+                {
+                    // Its guest's doing, and it runs on: 409 with the cause (runtime error).
+                    SnapshotError::PauseFailedStillRunning { .. } if refused => {
+                        Err(SnapshotError::Runtime(e))
+                    }
+                    answer => Err(answer),
+                }
+            }
         }
     }
 

@@ -119,7 +119,14 @@ impl SandboxService {
             metadata: spec.metadata,
             vcpus: u32::from(handle.vcpus),
             memory_mib: handle.memory_mib,
-            disk_mib: disk_mib(&image),
+            // A gvisor snapshot of a sandbox with a disk is restored with one of its size.
+            disk_mib: match &handle.files {
+                sandcell_runtime::snapshot::SnapshotFiles::Gvisor {
+                    disk_mib: Some(mib),
+                    ..
+                } => *mib,
+                _ => disk_mib(&image),
+            },
             envd_version: String::new(),
             created_at: now_ms(),
             started_at: None,

@@ -87,9 +87,39 @@ fn placeholders(from: usize, n: usize) -> String {
         .join(", ")
 }
 
+/// The database holds every key's hash, sandbox and token: only root reads it. Creates the
+/// file 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm` files the mode of
+/// the database file), and tightens the files of an older install (they were 0644).
+fn make_private(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(Error::io(format!("creating {}", path.display())))?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let file = std::path::PathBuf::from(name);
+        let Ok(meta) = std::fs::symlink_metadata(&file) else {
+            continue;
+        };
+        if meta.file_type().is_file() && meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).map_err(
+                Error::io(format!("making {} private (0600)", file.display())),
+            )?;
+            tracing::info!("{}: made private (0600)", file.display());
+        }
+    }
+    Ok(())
+}
+
 impl Db {
     /// Opens (creating if needed) the database file and brings its schema up to date.
     pub async fn open(path: &Path) -> Result<Db> {
+        make_private(path)?;
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)

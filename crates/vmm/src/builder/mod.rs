@@ -41,7 +41,8 @@ use crate::devices::debug::{DEBUG_LEN, DEBUG_PORT_BASE, DebugDevice};
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::power::PowerPort;
 use crate::devices::serial::{
-    COM1_BASE, COM1_LEN, ConsoleOutput, ConsoleSink, ConsoleWatch, SerialConsole,
+    COM1_BASE, COM1_LEN, CappedFile, ConsoleOutput, ConsoleSink, ConsoleWatch, SERIAL_LOG_CAP,
+    SerialConsole,
 };
 use crate::devices::virtio::mmio::MmioState;
 use crate::devices::virtio::{self, MmioTransport, QUEUE_NOTIFY_OFFSET, VirtioDevice};
@@ -362,7 +363,7 @@ fn attach_legacy(
     let serial_evt = eventfd("the serial interrupt")?;
     vm.register_irqfd(&serial_evt, SERIAL_IRQ)?;
     let out = match serial_log {
-        Some(path) => ConsoleOutput::File(
+        Some(path) => ConsoleOutput::File(CappedFile::new(
             OpenOptions::new()
                 .create(true)
                 .write(true)
@@ -372,7 +373,9 @@ fn attach_legacy(
                     path: path.display().to_string(),
                     source,
                 })?,
-        ),
+            path,
+            SERIAL_LOG_CAP,
+        )),
         None => ConsoleOutput::Stdout,
     };
     let sink = ConsoleSink::new(out, p.console.clone());

@@ -86,8 +86,71 @@ impl ConsoleWatch {
 
 /// Where console bytes go.
 pub enum ConsoleOutput {
-    File(File),
+    File(CappedFile),
     Stdout,
+}
+
+/// Largest size of the serial log file (and of its `.1`): the guest decides what it
+/// writes to its console, the host's disk must not be its to fill (issue 12).
+pub const SERIAL_LOG_CAP: u64 = 4 << 20;
+
+/// The serial log (`--serial-log`), rotated at a cap: once `<log>` would pass it, it becomes
+/// `<log>.1` (replacing the previous one) and a new `<log>` starts, so the two hold at most
+/// twice the cap and `<log>` ends with the latest output.
+pub struct CappedFile {
+    file: File,
+    path: std::path::PathBuf,
+    written: u64,
+    cap: u64,
+}
+
+impl CappedFile {
+    /// `file`, just opened (and truncated) at `path`.
+    pub fn new(file: File, path: &std::path::Path, cap: u64) -> CappedFile {
+        let written = file.metadata().map(|m| m.len()).unwrap_or(0);
+        CappedFile {
+            file,
+            path: path.to_path_buf(),
+            written,
+            cap,
+        }
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let mut old = self.path.as_os_str().to_owned();
+        old.push(".1");
+        self.written = 0;
+        match std::fs::rename(&self.path, &old) {
+            Ok(()) => {
+                self.file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(true)
+                    .open(&self.path)?;
+                Ok(())
+            }
+            // Its directory went (or the name): empty the file we hold instead.
+            Err(_) => {
+                self.file.set_len(0)?;
+                std::io::Seek::rewind(&mut self.file).map(|_| ())
+            }
+        }
+    }
+}
+
+impl Write for CappedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.written + buf.len() as u64 > self.cap {
+            self.rotate()?;
+        }
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 pub struct ConsoleSink {
@@ -258,10 +321,29 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_writing_without_end_leaves_a_capped_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("serial.log");
+        let cap = 64 * 1024;
+        let file = CappedFile::new(File::create(&path).expect("create"), &path, cap);
+        let mut sink = ConsoleSink::new(ConsoleOutput::File(file), Arc::default());
+        let chunk = [b'x'; 1000];
+        for _ in 0..1000 {
+            sink.write_all(&chunk).expect("write");
+        }
+        sink.write_all(b"the end").expect("write");
+        let log = std::fs::read(&path).expect("read");
+        assert!(log.len() as u64 <= cap, "{} > {cap}", log.len());
+        assert!(log.ends_with(b"the end"));
+        let old = std::fs::metadata(dir.path().join("serial.log.1")).expect("rotated");
+        assert!(old.len() <= cap && old.len() > 0);
+    }
+
+    #[test]
     fn transmitted_bytes_reach_the_file_and_raise_thre_interrupts() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("serial.log");
-        let file = File::create(&path).expect("create");
+        let file = CappedFile::new(File::create(&path).expect("create"), &path, SERIAL_LOG_CAP);
         let watch = Arc::new(ConsoleWatch::default());
         let evt = EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).expect("eventfd");
         let irq = IrqTrigger(evt.try_clone().expect("clone"));
