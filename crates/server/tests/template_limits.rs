@@ -1,7 +1,7 @@
 //! Template tenancy and build limits against a real daemon (gvisor runtime, the installed
 //! minimal image): another key's private template is 404 on every route and a taken name
 //! is refused; a key's endless `RUN` holds up neither another key's build nor the daemon
-//! past its step deadline (`--build-step-timeout`: the build fails saying so); a build
+//! past its step deadline (`--build-step-timeout`, 60 s here: the build fails saying so); a build
 //! never started expires (`--build-start-timeout`) and frees its name; uploads past the
 //! key's cap (`--max-upload-bytes-per-key`) are 413 before they are read.
 
@@ -38,7 +38,7 @@ async fn private_templates_deadlines_and_caps() {
     let env = common::Env::new();
     let daemon = env.start(&[
         "--build-step-timeout",
-        "20",
+        "60",
         "--build-start-timeout",
         "3",
         "--max-upload-bytes-per-key",
@@ -52,6 +52,8 @@ async fn private_templates_deadlines_and_caps() {
     let mine = build(&a, "tpl-mine", "echo mine > /mine").await;
     let (last, _) = wait(&a, "tpl-mine", &mine).await;
     assert_eq!(last["status"], "ready", "{last}");
+    // Blocked, A's build would have started only once B's ended (at its deadline): it
+    // ended first. (A's build must take less than the deadline, 60 s, for this to hold.)
     let path = format!("/templates/tpl-endless/builds/{endless}/status");
     let (_, now) = call(&b, Method::GET, &path, None).await;
     assert_eq!(now["status"], "building", "B's build still runs: {now}");
@@ -95,7 +97,7 @@ async fn private_templates_deadlines_and_caps() {
     let (last, _) = wait(&b, "tpl-endless", &endless).await;
     assert_eq!(last["status"], "error", "{last}");
     let reason = last["reason"]["message"].as_str().unwrap();
-    assert!(reason.contains("step deadline of 20 s"), "{reason}");
+    assert!(reason.contains("step deadline of 1 min"), "{reason}");
     assert!(!reason.contains(env.data().to_str().unwrap()), "{reason}");
     // Its first build failed: the name is free for anyone.
     let (status, body) = call(
