@@ -170,6 +170,8 @@ async fn pull(dirs: &Dirs, args: PullArgs) -> i32 {
     let options = PullOptions {
         auth,
         insecure_registries: args.insecure_registries,
+        // `sandcell image pull` runs as the host's operator: internal registries are fine.
+        allow_internal: true,
         ..PullOptions::default()
     };
     if let Err(code) = check_agent(dirs, &args.build) {

@@ -212,8 +212,11 @@ async fn build(dirs: &Dirs, args: BuildArgs) -> i32 {
         data_dir: dirs.data.clone(),
         pull: PullOptions {
             insecure_registries: args.insecure_registries.clone(),
+            // The CLI's user runs the host: its own registries are its to use.
+            allow_internal: true,
             ..PullOptions::default()
         },
+        deadlines: Default::default(),
     };
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),

@@ -44,6 +44,10 @@ pub struct PullOptions {
     pub limits: Limits,
     /// Layers downloaded at once.
     pub concurrency: usize,
+    /// Registries at internal addresses are pulled from (the CLI: its user is the host's
+    /// operator); otherwise only those in `insecure_registries` are (the daemon, whose
+    /// pulls a tenant asks for).
+    pub allow_internal: bool,
 }
 
 impl Default for PullOptions {
@@ -53,6 +57,7 @@ impl Default for PullOptions {
             insecure_registries: Vec::new(),
             limits: Limits::default(),
             concurrency: 3,
+            allow_internal: false,
         }
     }
 }
@@ -67,6 +72,73 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
         })
 }
 
+/// Refuses a registry whose host is, or resolves to, a loopback, link-local, private or
+/// otherwise internal address, unless the caller lists it as an insecure registry (the
+/// operator named it): a pull runs on the host, and a tenant's `fromImage` must not make it
+/// reach the host's own services or the cloud metadata address. (Redirects the registry
+/// answers are followed by oci-client's HTTP client, which has no hook to check them.)
+async fn refuse_internal_registry(image: &Reference, options: &PullOptions) -> Result<()> {
+    let host = image.resolve_registry();
+    if options.allow_internal || options.insecure_registries.iter().any(|r| r == host) {
+        return Ok(());
+    }
+    let refused = |problem: String| Error::Reference {
+        reference: image.whole(),
+        problem,
+    };
+    // `host`, `host:port`, `[v6]:port`.
+    let (name, port) = match host.rsplit_once(':') {
+        Some((n, p)) if !n.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (
+            n.trim_start_matches('[').trim_end_matches(']'),
+            p.parse().unwrap_or(443),
+        ),
+        _ => (host, 443),
+    };
+    let addrs = tokio::net::lookup_host((name, port))
+        .await
+        .map_err(|e| refused(format!("resolving the registry {name}: {e}")))?;
+    for addr in addrs {
+        if internal_address(addr.ip()) {
+            return Err(refused(format!(
+                "the registry {host} is at {}, an internal address: refused (an operator \
+                 allows it with sandcell serve --insecure-registry {host})",
+                addr.ip()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Loopback, link-local, private (RFC 1918, ULA), CGNAT, unspecified, multicast or
+/// broadcast: never a public registry.
+pub fn internal_address(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return internal_address(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+        }
+    }
+}
+
 /// Pulls `reference` (by tag or `@sha256:` digest) into `cache`.
 pub async fn pull(
     reference: &str,
@@ -78,6 +150,7 @@ pub async fn pull(
     // second call finds one installed and changes nothing.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let image = parse_reference(reference)?;
+    refuse_internal_registry(&image, options).await?;
     let registry_error = |e| Error::Registry {
         reference: reference.into(),
         source: Box::new(e),
@@ -264,4 +337,46 @@ async fn fetch_layer(
         digest: digest.to_string(),
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_addresses_are_known() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(internal_address(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["203.0.113.10", "8.8.8.8", "2606:4700::1111"] {
+            assert!(!internal_address(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_registry_on_loopback_is_refused_unless_listed() {
+        let image = parse_reference("127.0.0.1:5000/app:v1").unwrap();
+        let err = refuse_internal_registry(&image, &PullOptions::default())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("internal address"), "{err}");
+        let listed = PullOptions {
+            insecure_registries: vec!["127.0.0.1:5000".into()],
+            ..PullOptions::default()
+        };
+        assert!(refuse_internal_registry(&image, &listed).await.is_ok());
+    }
 }

@@ -12,6 +12,20 @@
 //!   host: owners are then recorded ([`Unpacker::owners`]) for the ext4 image, and what
 //!   could not be made is listed in [`Unpacker::notes`].
 //!
+//! Host safety (the tree is on the host, written as root, from an image anyone may push):
+//! - Character and block device nodes are never made ([`Unpacker::notes`] says which): a
+//!   sandbox gets its `/dev` from the runtime, and a node on the host (`/dev/sda`'s numbers
+//!   under a layer dir) is a door to the host's devices for whoever reaches it.
+//! - `trusted.*` xattrs (overlayfs's own metadata: `trusted.overlay.redirect`, `.opaque`,
+//!   `.metacopy`, which the host's overlayfs would obey when the layer is a lower of a
+//!   build step's mount) and `security.*` ones but `security.capability` (SELinux labels,
+//!   IMA/EVM: the host's policy, not the image's) are left out.
+//! - setuid/setgid bits and `security.capability` are kept: images need them (`sudo`,
+//!   `passwd`, `ping`), and they only take effect inside the sandbox. On the host they must
+//!   not be reachable by other users: the directories above the trees (`images/`,
+//!   `cache/`) are made root-only ([`restrict_dir`]); the tree's own `/` keeps the image's
+//!   mode, which the sandbox sees.
+//!
 //! Safety: entry paths are relative and without `..` ([`Error::UnsafePath`] otherwise).
 //! Every directory on the way is resolved by us, inside the root: a symlink on the way is
 //! followed as the image would see it (an absolute target starts again at the image's
@@ -363,13 +377,17 @@ impl Unpacker {
             }
             T::Symlink => self.create_symlink(&entry, &rel, &host, &meta, ctx, &at),
             T::Link => self.create_hard_link(&entry, &rel, &host, &at),
-            T::Char | T::Block | T::Fifo => {
-                let file_type = match kind {
-                    T::Char => libc::S_IFCHR,
-                    T::Block => libc::S_IFBLK,
-                    _ => libc::S_IFIFO,
-                };
-                let node = (file_type, libc::makedev(device.0, device.1));
+            // Never on the host (see the module's doc): what was there is still replaced.
+            T::Char | T::Block => {
+                self.remove_existing(&rel)?;
+                self.notes.push(format!(
+                    "{}: device node {}:{} skipped (the sandbox's /dev comes from the runtime)",
+                    at.shown, device.0, device.1
+                ));
+                Ok(())
+            }
+            T::Fifo => {
+                let node = (libc::S_IFIFO, libc::makedev(device.0, device.1));
                 self.create_device(node, &rel, &host, &meta, ctx, &at)
             }
             // PAX and GNU long-name headers are consumed by the tar reader; anything else
@@ -702,6 +720,14 @@ impl Unpacker {
             }
         }
         for (name, value) in &meta.xattrs {
+            if !kept_xattr(name) {
+                self.notes.push(format!(
+                    "{}: xattr {} left out (host-side metadata)",
+                    rel.display(),
+                    String::from_utf8_lossy(name)
+                ));
+                continue;
+            }
             match lsetxattr(&host, name, value) {
                 Ok(()) => {}
                 Err(e) if !self.privileged && e.kind() == io::ErrorKind::PermissionDenied => {
@@ -888,9 +914,84 @@ pub(crate) fn set_mtime_nofollow(path: &Path, secs: i64) -> io::Result<()> {
     }
 }
 
+/// Whether an image's xattr is set on the host tree (see the module's doc).
+fn kept_xattr(name: &[u8]) -> bool {
+    name == b"security.capability"
+        || !(name.starts_with(b"trusted.") || name.starts_with(b"security."))
+}
+
+/// Makes `dir` (created if missing) traversable by root only (0700): the image and layer
+/// trees below it keep setuid files, which no other host user may reach.
+pub fn restrict_dir(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(Error::io("setting the mode of", dir))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_side_xattrs_are_left_out() {
+        assert!(kept_xattr(b"user.mime_type"));
+        assert!(kept_xattr(b"security.capability"));
+        for name in [
+            &b"trusted.overlay.redirect"[..],
+            b"trusted.overlay.opaque",
+            b"security.selinux",
+            b"security.ima",
+        ] {
+            assert!(!kept_xattr(name), "{}", String::from_utf8_lossy(name));
+        }
+    }
+
+    #[test]
+    fn device_nodes_are_skipped_and_fifos_made() {
+        let layer = {
+            let mut b = tar::Builder::new(Vec::new());
+            for (path, kind, mode) in [
+                ("dev/sda", tar::EntryType::Block, 0o660),
+                ("dev/mem", tar::EntryType::Char, 0o640),
+                ("run/fifo", tar::EntryType::Fifo, 0o600),
+                ("bin/su", tar::EntryType::Regular, 0o4755),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(kind);
+                h.set_mode(mode);
+                h.set_size(0);
+                h.set_uid(0);
+                h.set_gid(0);
+                h.set_mtime(0);
+                if kind == tar::EntryType::Block {
+                    h.set_device_major(8).unwrap();
+                }
+                h.set_cksum();
+                b.append_data(&mut h, path, std::io::empty()).unwrap();
+            }
+            b.into_inner().unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let mut u = Unpacker::new(&root, Limits::default()).unwrap();
+        u.apply_layer(&layer[..], "test layer", None).unwrap();
+        assert!(fs::symlink_metadata(root.join("dev/sda")).is_err());
+        assert!(fs::symlink_metadata(root.join("dev/mem")).is_err());
+        let notes = u.notes().join("\n");
+        assert!(
+            notes.contains("dev/sda") && notes.contains("8:0"),
+            "{notes}"
+        );
+        use std::os::unix::fs::FileTypeExt;
+        let fifo = fs::symlink_metadata(root.join("run/fifo")).unwrap();
+        assert!(fifo.file_type().is_fifo());
+        // setuid is the image's: kept (the tree's parents are root-only instead).
+        let su = fs::symlink_metadata(root.join("bin/su")).unwrap();
+        assert_eq!(su.mode() & 0o7777, 0o4755);
+        restrict_dir(dir.path()).unwrap();
+        let top = fs::metadata(dir.path()).unwrap();
+        assert_eq!(top.mode() & 0o777, 0o700);
+    }
 
     #[test]
     fn normalizes_and_refuses() {

@@ -10,6 +10,11 @@
 //! install` are what Dockerfile builds are for. The runtime writes the sandbox's
 //! `/etc/resolv.conf` (our DNS server on the gateway) into the step's upper layer; it is
 //! removed from the layer afterwards unless the step changed it (see [`RuntimeResolvConf`]).
+//!
+//! [`StepDeadlines`] bound a RUN step (and a FROM pull) in time: past its deadline the
+//! step's sandbox is destroyed and the step fails saying which deadline it ran into, so a
+//! `RUN sleep infinity` ends. The daemon sets them (`sandcell serve --build-timeout`,
+//! `--build-step-timeout`); the CLI builds without.
 
 use crate::gvisor::GvisorRuntime;
 use crate::{
@@ -22,7 +27,52 @@ use sandcell_image::{NoProgress, ResolvedImage};
 use sandcell_proto::agent::{Event, InitRequest, ProcessConfig, StartRequest};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long RUN steps and pulls may take: each step at most `step`, and none past `build`
+/// (the whole build's deadline, an instant). `None`: unbounded.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepDeadlines {
+    pub step: Option<Duration>,
+    pub build: Option<(Instant, Duration)>,
+}
+
+impl StepDeadlines {
+    /// The time left for the next step and what to say when it runs out; `Err` once the
+    /// build's deadline has passed.
+    fn budget(&self, now: Instant) -> Result<Option<(Duration, String)>, String> {
+        let step = self
+            .step
+            .map(|d| (d, format!("the step deadline of {}", minutes(d))));
+        let build = match self.build {
+            Some((until, total)) => {
+                let left = until.checked_duration_since(now).unwrap_or_default();
+                if left.is_zero() {
+                    return Err(format!(
+                        "the build's deadline of {} passed: not started",
+                        minutes(total)
+                    ));
+                }
+                Some((left, format!("the build's deadline of {}", minutes(total))))
+            }
+            None => None,
+        };
+        Ok(match (step, build) {
+            (Some(s), Some(b)) => Some(if s.0 <= b.0 { s } else { b }),
+            (s, b) => s.or(b),
+        })
+    }
+}
+
+/// `90 s`, `15 min`.
+fn minutes(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{secs} s")
+    }
+}
 
 /// RUN steps in gVisor sandboxes; FROM pulls from registries.
 pub struct GvisorRunner {
@@ -38,6 +88,8 @@ pub struct GvisorRunner {
     /// The network of each RUN sandbox (`None`: loopback only). Not part of the step cache
     /// key (as in Docker).
     pub network: Option<NetworkSpec>,
+    /// How long each RUN step and pull may take.
+    pub deadlines: StepDeadlines,
 }
 
 /// Where the runtime writes a networked sandbox's resolver, relative to its root.
@@ -77,12 +129,19 @@ impl StepRunner for GvisorRunner {
 
     fn pull(&self, reference: &str) -> sandcell_image::Result<ResolvedImage> {
         let cache = sandcell_image::cache::BlobCache::in_data_dir(&self.data_dir);
-        self.handle.block_on(sandcell_image::registry::pull(
-            reference,
-            &cache,
-            &self.pull,
-            &NoProgress,
-        ))
+        let timed_out = |why: String| sandcell_image::Error::Manifest {
+            what: format!("pulling {reference}"),
+            problem: why,
+        };
+        let budget = self.deadlines.budget(Instant::now()).map_err(timed_out)?;
+        let pull = sandcell_image::registry::pull(reference, &cache, &self.pull, &NoProgress);
+        match budget {
+            None => self.handle.block_on(pull),
+            Some((left, what)) => self
+                .handle
+                .block_on(tokio::time::timeout(left, pull))
+                .map_err(|_| timed_out(format!("the pull ran past {what}")))?,
+        }
     }
 }
 
@@ -114,7 +173,16 @@ impl GvisorRunner {
         };
         // Written at create (through the overlay, into the upper layer).
         let resolv = RuntimeResolvConf::read(&request.upper);
-        let result = run_in(&sandbox, request, output).await;
+        let result = match self.deadlines.budget(Instant::now()) {
+            Err(why) => Err(why),
+            Ok(None) => run_in(&sandbox, request, output).await,
+            // Past it the step's future is dropped and its sandbox destroyed below.
+            Ok(Some((left, what))) => tokio::time::timeout(left, run_in(&sandbox, request, output))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!("the step ran past {what}: its sandbox was killed"))
+                }),
+        };
         // The layer is read once the sandbox (and its mount) is gone.
         if let Err(e) = sandbox.destroy().await {
             return Err(format!("removing build sandbox {}: {e}", sandbox.id()));
@@ -189,4 +257,27 @@ async fn set_default_user(sandbox: &Arc<dyn Sandbox>, user: &str) -> Result<(), 
         .await
         .map_err(|_| "POST /init: no answer within 10 s".to_string())?
         .map_err(|e| format!("POST /init (USER {user}): {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_pick_the_nearer_and_say_which() {
+        let now = Instant::now();
+        assert!(StepDeadlines::default().budget(now).unwrap().is_none());
+        let d = StepDeadlines {
+            step: Some(Duration::from_secs(900)),
+            build: Some((now + Duration::from_secs(60), Duration::from_secs(1800))),
+        };
+        let (left, what) = d.budget(now).unwrap().unwrap();
+        assert_eq!(left, Duration::from_secs(60));
+        assert_eq!(what, "the build's deadline of 30 min");
+        let (left, what) = d.budget(now - Duration::from_secs(1000)).unwrap().unwrap();
+        assert_eq!(left, Duration::from_secs(900));
+        assert_eq!(what, "the step deadline of 15 min");
+        let late = d.budget(now + Duration::from_secs(61)).unwrap_err();
+        assert!(late.contains("deadline of 30 min passed"), "{late}");
+    }
 }

@@ -117,6 +117,21 @@ pub struct ServeArgs {
     /// DAYS are pruned daily, as `sandcell template prune --older-than DAYS`; 0: never
     #[arg(long, default_value_t = 7, value_name = "DAYS")]
     pub template_cache_days: u32,
+    /// A template build that runs longer fails (its RUN sandbox is killed)
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub build_timeout: u64,
+    /// A RUN step (or FROM pull) of a template build that runs longer fails the build
+    #[arg(long, default_value_t = 900, value_name = "SECS")]
+    pub build_step_timeout: u64,
+    /// A requested template build not started within this time expires, freeing its name
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub build_start_timeout: u64,
+    /// Template builds one key runs at once (more wait their turn)
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub max_builds_per_key: usize,
+    /// Bytes of uploaded COPY archives (extracted) one key may keep pending
+    #[arg(long, default_value_t = 4 << 30, value_name = "BYTES")]
+    pub max_upload_bytes_per_key: u64,
     /// Live sandboxes of a key whose `--max-sandboxes` is `default` (admin keys: no limit)
     #[arg(long, default_value = "20", value_name = "N|unlimited")]
     pub default_max_sandboxes: keys::quota::DefaultLimit,
@@ -316,6 +331,13 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
     }
+    // Image and layer trees keep their setuid files (crates/image unpack.rs): no host user
+    // but root may reach them.
+    for dir in [dirs.images(), dirs.data.join("cache")] {
+        if let Err(e) = sandcell_image::unpack::restrict_dir(&dir) {
+            tracing::warn!("{e}: other host users may reach the template trees under it");
+        }
+    }
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
@@ -386,7 +408,17 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             mcp: Some(http::mcp::McpConfig::new(addr, args.domain.as_deref())),
         },
         metrics,
-        builds: templates::builds::Builds::new(args.insecure_registries.clone()),
+        builds: templates::builds::Builds::new(
+            args.insecure_registries.clone(),
+            templates::builds::BuildLimits {
+                build_timeout: Duration::from_secs(args.build_timeout.max(1)),
+                step_timeout: Duration::from_secs(args.build_step_timeout.max(1)),
+                start_timeout: Duration::from_secs(args.build_start_timeout.max(1)),
+                per_key: args.max_builds_per_key.max(1),
+                upload_bytes_per_key: args.max_upload_bytes_per_key,
+            },
+            templates::builds::host_dirs(&dirs),
+        ),
         uploads: Default::default(),
     });
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).

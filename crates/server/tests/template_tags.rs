@@ -216,7 +216,7 @@ async fn tags_name_builds_and_creates_follow_them() {
         assert_eq!(status, StatusCode::NOT_FOUND, "{template}: {body}");
     }
 
-    // Another key's template is 404 on every tag route (creates stay open to it).
+    // Another key's private template is 404 on every tag route and for creates.
     let other = c.with_api_key(Some(env.key("other", None).await));
     for (method, path, body) in [
         (Method::GET, format!("/templates/{NAME}/tags"), None),
@@ -236,7 +236,18 @@ async fn tags_name_builds_and_creates_follow_them() {
     }
     assert!(tags(c).await.contains_key("v1"));
     let (status, body) = create(&other, &format!("{NAME}:v1")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // Made public (E2B's PATCH), it is created from, and its tags listed, by every key;
+    // still changed by its owner only.
+    let path = format!("/templates/{NAME}");
+    let (status, body) = call(c, Method::PATCH, &path, Some(json!({"public": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = create(&other, &format!("{NAME}:v1")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = call(&other, Method::GET, &format!("{path}/tags"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = call(&other, Method::PATCH, &path, Some(json!({"public": false}))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
 
     // A failed build takes no tags.
     let (_, _, state) = build(c, NAME, &["broken"], "exit 1").await;

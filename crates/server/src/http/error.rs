@@ -230,7 +230,9 @@ impl From<crate::templates::error::TemplateError> for ApiError {
             | TemplateError::NoSuchTag { .. }
             | TemplateError::TagOfReplacedBuild { .. } => ApiError::not_found(e.to_string()),
             TemplateError::InstalledImage(_) => ApiError::bad_request(e.to_string()),
-            TemplateError::BeingBuilt(_)
+            TemplateError::NotOwner(_) => ApiError::new(StatusCode::FORBIDDEN, e.to_string()),
+            TemplateError::NameTaken(_)
+            | TemplateError::BeingBuilt(_)
             | TemplateError::InUse { .. }
             | TemplateError::ImageInUse(_) => ApiError::conflict(e.to_string()),
             TemplateError::GoneBeforeStart { .. }
@@ -375,6 +377,7 @@ mod tests {
         let in_use = TemplateError::InUse {
             name: "web".into(),
             users: vec!["sandbox sc-1 (running)".into(), "snapshot snap-1".into()],
+            others: 0,
         };
         assert_eq!(
             answer(in_use.into()),
@@ -383,6 +386,20 @@ mod tests {
                 "template 'web' is in use by sandbox sc-1 (running), snapshot snap-1".into()
             )
         );
+        // Other keys' sandboxes are counted, never named.
+        let in_use = TemplateError::InUse {
+            name: "web".into(),
+            users: vec![],
+            others: 2,
+        };
+        assert_eq!(
+            answer(in_use.into()),
+            (
+                409,
+                "template 'web' is in use by 2 sandboxes or snapshots of other keys".into()
+            )
+        );
+        assert_eq!(answer(TemplateError::NotOwner("web".into()).into()).0, 403);
         // The proxy's answer goes through as it is; the agent's own failures are 500s.
         let gone = ApiError::bad_gateway("sandbox sc-1 is not reachable");
         assert_eq!(ApiError::from(InitError::Unreachable(gone.clone())), gone);

@@ -88,7 +88,11 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         .routes(routes!(snapshots::api::create_snapshot))
         .routes(routes!(snapshots::api::list_snapshots))
         .routes(routes!(snapshots::api::delete_snapshot))
-        .routes(routes!(templates::delete::delete_template))
+        .routes(routes!(
+            templates::delete::delete_template,
+            templates::access::update_template
+        ))
+        .routes(routes!(templates::access::update_template_v2))
         .routes(routes!(sandboxes::metering::usage))
         .routes(routes!(sandboxes::metrics_api::sandbox_metrics))
         .routes(routes!(sandboxes::logs::sandbox_logs))

@@ -116,6 +116,13 @@ impl SandboxService {
         if let Some(snap) = self.snapshot_template(&key.id, &req.template_id).await? {
             return Ok(Resolved::NamedSnapshot(req, snap));
         }
+        // Another key's private template is not found (templates/access.rs), before its
+        // tags are looked at: their answers would tell that it exists.
+        let name = req
+            .template_id
+            .split_once(':')
+            .map_or(req.template_id.as_str(), |(name, _)| name);
+        crate::templates::access::check_visible(&self.db, key, name).await?;
         // `name:tag` is `name` when the tag names its current build (templates/tags.rs).
         let req = crate::templates::tags::untag_request(self, req).await?;
         // An API-built template's `e2b.json` (templates/start.rs), read once for this create.

@@ -61,6 +61,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../migrations/0007_template_tags.sql"),
     ),
     (
+        8,
+        "template ownership",
+        include_str!("../../migrations/0008_template_ownership.sql"),
+    ),
+    (
         9,
         "key quotas",
         include_str!("../../migrations/0009_key_quotas.sql"),

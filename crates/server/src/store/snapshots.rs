@@ -104,14 +104,16 @@ pub struct LifecycleRow {
 }
 
 impl Db {
-    /// Every snapshot but templates' own (kind `template`): (id, name, template id), for
+    /// Every snapshot but templates' own (kind `template`): (id, name, template id, key), for
     /// what a template is used by. The error is the database's, for the caller to word.
     pub async fn snapshot_sources(
         &self,
-    ) -> Result<Vec<(String, Option<String>, String)>, sqlx::Error> {
-        sqlx::query_as("SELECT id, name, template_id FROM snapshots WHERE kind != 'template'")
-            .fetch_all(self.pool())
-            .await
+    ) -> Result<Vec<(String, Option<String>, String, String)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT id, name, template_id, key_id FROM snapshots WHERE kind != 'template'",
+        )
+        .fetch_all(self.pool())
+        .await
     }
 
     /// Records a snapshot about to be written, used by `users` (one transaction). A named

@@ -1,8 +1,10 @@
 //! The tables of E2B template builds (migration 6: `template_builds`,
-//! `template_build_logs`) and tags (migration 7: `template_tags`, `template_build_tags`).
+//! `template_build_logs`), tags (migration 7: `template_tags`, `template_build_tags`) and
+//! owners (migration 8: `templates`, read through templates/access.rs).
 
 use super::{Db, Result};
 use crate::error::Error;
+use crate::templates::access::TemplateAccess;
 use crate::templates::builds::{BuildReport, LogEntry, Reason, Status};
 use sqlx::Row;
 
@@ -276,5 +278,91 @@ impl Db {
             .into_iter()
             .map(|r| (r.get("tag"), r.get("build_id"), r.get("assigned_at")))
             .collect())
+    }
+
+    /// Template `name`'s owner row, if it has one (none: a system template).
+    pub async fn template_access(&self, name: &str) -> Result<Option<TemplateAccess>> {
+        sqlx::query("SELECT owner_key_id, public FROM templates WHERE name = $1")
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await
+            .map(|row| {
+                row.map(|r| TemplateAccess {
+                    owner: r.get("owner_key_id"),
+                    public: r.get::<i64, _>("public") != 0,
+                })
+            })
+            .map_err(Error::db(format!("reading the owner of template {name}")))
+    }
+
+    /// Every owner row, by template name (for `GET /templates`).
+    pub async fn template_accesses(&self) -> Result<Vec<(String, TemplateAccess)>> {
+        let rows = sqlx::query("SELECT name, owner_key_id, public FROM templates")
+            .fetch_all(self.pool())
+            .await
+            .map_err(Error::db("listing template owners"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.get("name"),
+                    TemplateAccess {
+                        owner: r.get("owner_key_id"),
+                        public: r.get::<i64, _>("public") != 0,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Claims `name` for `key_id` (private) unless someone holds it; the owner row after.
+    pub async fn claim_template(
+        &self,
+        name: &str,
+        key_id: &str,
+        now: i64,
+    ) -> Result<Option<TemplateAccess>> {
+        sqlx::query(
+            "INSERT OR IGNORE INTO templates (name, owner_key_id, public, created_at) \
+             VALUES ($1, $2, 0, $3)",
+        )
+        .bind(name)
+        .bind(key_id)
+        .bind(now)
+        .execute(self.pool())
+        .await
+        .map_err(Error::db(format!("claiming template {name}")))?;
+        self.template_access(name).await
+    }
+
+    /// Sets `name`'s `public` flag (a system template gets an ownerless row).
+    pub async fn set_template_public(&self, name: &str, public: bool, now: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO templates (name, owner_key_id, public, created_at) \
+             VALUES ($1, NULL, $2, $3) ON CONFLICT (name) DO UPDATE SET public = $2",
+        )
+        .bind(name)
+        .bind(i64::from(public))
+        .bind(now)
+        .execute(self.pool())
+        .await
+        .map_err(Error::db(format!("publishing template {name}")))?;
+        Ok(())
+    }
+
+    /// Drops `name`'s owner row (it was deleted); with `only_owner`, only if that key owns
+    /// it (a first build that failed or expired frees the name).
+    pub async fn release_template(&self, name: &str, only_owner: Option<&str>) -> Result<()> {
+        let query = match only_owner {
+            Some(key) => sqlx::query("DELETE FROM templates WHERE name = $1 AND owner_key_id = $2")
+                .bind(name)
+                .bind(key),
+            None => sqlx::query("DELETE FROM templates WHERE name = $1").bind(name),
+        };
+        query
+            .execute(self.pool())
+            .await
+            .map_err(Error::db(format!("releasing template {name}")))?;
+        Ok(())
     }
 }

@@ -14,8 +14,9 @@
 //! 4. `GET /templates/{templateID}/builds/{buildID}/status?logsOffset&limit&level` until
 //!    `ready` or `error` (with `reason`).
 //!
-//! Templates built so are visible to every key (as all templates are: `GET /templates`);
-//! a build's status only to the key that made it.
+//! A template built so belongs to the key that first requested its name and is private to
+//! it (and admin keys) until made public (templates/access.rs); a build's status is seen
+//! only by the key that made it.
 
 use crate::App;
 use crate::http::error::{ApiError, ApiResult, ErrorBody};
@@ -196,6 +197,7 @@ pub async fn request_build(
             "template '{name}' is an installed image: choose another name"
         )));
     }
+    let public = claim(&app, &caller, name, dir.exists()).await?;
     if app.builds.active_for(name).is_some() {
         return Err(ApiError::conflict(format!(
             "template '{name}' is being built: wait for that build to end"
@@ -207,7 +209,8 @@ pub async fn request_build(
     tags.push(tags::DEFAULT_TAG.into());
     let tags = tags::check_tags(&tags)?;
     let build_id = random_hex(16).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
-    app.builds
+    let build = app
+        .builds
         .create(
             &app.db,
             build_id.clone(),
@@ -217,18 +220,49 @@ pub async fn request_build(
             req.memory_mb,
         )
         .await?;
+    // Never started, it expires and frees the name (`--build-start-timeout`).
+    builds::expire_unstarted(app.clone(), build);
     tags::request(&app.db, &build_id, &tags).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(BuildRequested {
             template_id: name.to_string(),
             build_id,
-            public: true,
+            public,
             names: vec![name.to_string()],
             tags,
             aliases: vec![name.to_string()],
         }),
     ))
+}
+
+/// The caller's right to build template `name` (templates/access.rs): a new name becomes
+/// the caller's (private); its own, or any for an admin key, is rebuilt; another key's
+/// public template or a system template is 403, another key's private one 409 "not
+/// available" (names are one namespace: that it is taken is all it tells). Whether the
+/// template is public.
+async fn claim(app: &App, caller: &Caller, name: &str, exists: bool) -> ApiResult<bool> {
+    use crate::templates::access::TemplateAccess;
+    use crate::templates::error::TemplateError;
+    let key = &caller.0;
+    let access = match app.db.template_access(name).await? {
+        Some(access) => access,
+        // Built on the host (`sandcell build`): a system template.
+        None if exists => TemplateAccess::SYSTEM,
+        // The first build request of a name claims it; of two at once, one wins.
+        None => app
+            .db
+            .claim_template(name, &key.id, crate::util::now_ms())
+            .await?
+            .unwrap_or(TemplateAccess::SYSTEM),
+    };
+    if access.changeable_by(key) {
+        Ok(access.public)
+    } else if access.visible_to(key) {
+        Err(TemplateError::NotOwner(name.to_string()).into())
+    } else {
+        Err(TemplateError::NameTaken(name.to_string()).into())
+    }
 }
 
 /// Whether the caller uploaded the COPY archive of `hash`; if not, where to PUT it.
@@ -302,6 +336,7 @@ pub async fn upload_files(
     State(app): State<Arc<App>>,
     Path((_template_id, hash)): Path<(String, String)>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
     let token = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
@@ -318,9 +353,45 @@ pub async fn upload_files(
     let base = builds::files_dir(&app.lifecycle.dirs().data, &key_id);
     std::fs::create_dir_all(&base)
         .map_err(|e| ApiError::internal(format!("creating {}: {e}", base.display())))?;
+    // The key's uploads kept so far count against its cap (`--max-upload-bytes-per-key`);
+    // an archive that cannot fit is refused before a byte is read.
+    // The key's `upload_mib` quota (keys/quota.rs) when it is the smaller.
+    let quota = match app.db.key_by_id(&key_id).await? {
+        Some(key) => {
+            crate::keys::quota::quotas_of(&key, &app.lifecycle.admission.key_defaults).upload_mib
+        }
+        None => return Err(ApiError::unauthorized("the upload URL's key is gone")),
+    };
+    let cap = quota.map_or(app.builds.limits.upload_bytes_per_key, |mib| {
+        app.builds
+            .limits
+            .upload_bytes_per_key
+            .min(mib.saturating_mul(1 << 20))
+    });
+    let used = {
+        let b = base.clone();
+        tokio::task::spawn_blocking(move || tree_bytes(&b))
+            .await
+            .map_err(|e| ApiError::internal(format!("the sizing thread failed: {e}")))?
+    };
+    let room = cap.saturating_sub(used);
+    let max = Limits::default().max_blob_bytes.min(room);
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) || room == 0 {
+        return Err(too_large(cap, used));
+    }
     let suffix = random_hex(8).map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
     let archive = base.join(format!(".upload-{suffix}.tar"));
-    let result = receive(body, &archive).await;
+    let result = receive(body, &archive, max).await.map_err(|e| {
+        if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large(cap, used)
+        } else {
+            e
+        }
+    });
     let extracted = match result {
         Ok(()) => {
             let tree = base.join(format!(".tree-{suffix}"));
@@ -335,6 +406,15 @@ pub async fn upload_files(
     };
     let _ = std::fs::remove_file(&archive);
     let tree = extracted?;
+    // Extracted (a compressed archive grows): still within the cap?
+    let t = tree.clone();
+    let size = tokio::task::spawn_blocking(move || tree_bytes(&t))
+        .await
+        .map_err(|e| ApiError::internal(format!("the sizing thread failed: {e}")))?;
+    if used.saturating_add(size) > cap {
+        let _ = std::fs::remove_dir_all(&tree);
+        return Err(too_large(cap, used));
+    }
     let dest = base.join(&hash);
     if dest.exists() {
         let old = base.join(format!(".old-{suffix}"));
@@ -349,9 +429,42 @@ pub async fn upload_files(
     Ok(StatusCode::OK)
 }
 
-/// The body into `path`, refused past the image limits' largest blob.
-async fn receive(mut body: Body, path: &std::path::Path) -> ApiResult<()> {
-    let max = Limits::default().max_blob_bytes;
+/// 413: the key's uploads would pass `cap` (`used` kept already).
+fn too_large(cap: u64, used: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the upload does not fit: this key's COPY uploads may take {cap} bytes and keep \
+             {used}; they are pruned with the template caches (sandcell serve \
+             --template-cache-days), or the operator raises --max-upload-bytes-per-key"
+        ),
+    )
+}
+
+/// The bytes of the regular files under `dir` (0 when it is missing); links not followed.
+fn tree_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0u64;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else if meta.is_file() {
+                total = total.saturating_add(meta.len());
+            }
+        }
+    }
+    total
+}
+
+/// The body into `path`, refused (413) past `max` bytes.
+async fn receive(mut body: Body, path: &std::path::Path, max: u64) -> ApiResult<()> {
     let mut file = std::fs::File::create(path)
         .map_err(|e| ApiError::internal(format!("creating {}: {e}", path.display())))?;
     let mut total: u64 = 0;
@@ -449,14 +562,8 @@ pub async fn start_build(
         )));
     }
     let images = app.lifecycle.dirs().images();
+    let req = visible_base(&app, &caller, req).await?;
     let plan = plan::plan(&req, &plan::base_info(&images, &req)).map_err(ApiError::bad_request)?;
-    if let Some(base) = &req.from_template
-        && !images.join(base).join("rootfs").is_dir()
-    {
-        return Err(ApiError::bad_request(format!(
-            "fromTemplate '{base}': no such template"
-        )));
-    }
     let files = builds::files_dir(&app.lifecycle.dirs().data, &caller.0.id);
     for (i, step) in req.steps.iter().enumerate() {
         if let Some(hash) = &step.files_hash
@@ -475,6 +582,33 @@ pub async fn start_build(
         )));
     }
     Ok(StatusCode::ACCEPTED)
+}
+
+/// `req` with a base the caller may see (templates/access.rs): `fromTemplate` of a template
+/// it may not see is "no such template" (400, as an unknown one); a tagless `fromImage`
+/// (`python`) names a local template when there is one, so one the caller may not see is
+/// pulled from the registry instead (`docker.io/library/python`), as Docker would.
+async fn visible_base(app: &App, caller: &Caller, mut req: BuildStart) -> ApiResult<BuildStart> {
+    let images = app.lifecycle.dirs().images();
+    let local = |name: &str| valid_name(name) && images.join(name).join("rootfs").is_dir();
+    let visible = |name: String| async move {
+        crate::templates::access::access(&app.db, &name)
+            .await
+            .map(|a| a.visible_to(&caller.0))
+    };
+    if let Some(base) = &req.from_template {
+        if !local(base) || !visible(base.clone()).await? {
+            return Err(ApiError::bad_request(format!(
+                "fromTemplate '{base}': no such template"
+            )));
+        }
+    } else if let Some(image) = &req.from_image
+        && local(image)
+        && !visible(image.clone()).await?
+    {
+        req.from_image = Some(format!("docker.io/library/{image}"));
+    }
+    Ok(req)
 }
 
 /// Query of the status route.
@@ -682,15 +816,19 @@ pub async fn build_logs(
         (status = 404, body = ErrorBody)))]
 pub async fn alias(
     State(app): State<Arc<App>>,
-    _caller: Caller,
+    caller: Caller,
     Path(alias): Path<String>,
 ) -> ApiResult<Json<AliasInfo>> {
     let images = app.lifecycle.dirs().images();
     if valid_name(&alias) && sandcell_runtime::Image::resolve(&images, &alias).is_ok() {
-        return Ok(Json(AliasInfo {
-            template_id: alias,
-            public: true,
-        }));
+        let access = crate::templates::access::access(&app.db, &alias).await?;
+        // Another key's private template: as unknown.
+        if access.visible_to(&caller.0) {
+            return Ok(Json(AliasInfo {
+                template_id: alias,
+                public: access.public,
+            }));
+        }
     }
     Err(ApiError::not_found(format!("template '{alias}' not found")))
 }
@@ -768,6 +906,18 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let err = only_plain_files(dir.path()).unwrap_err();
         assert!(err.contains("a/b/fifo"), "{err}");
+    }
+
+    #[test]
+    fn tree_bytes_counts_files_not_links() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/f"), vec![0u8; 1000]).unwrap();
+        std::fs::write(dir.path().join("g"), vec![0u8; 24]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("a/link")).unwrap();
+        assert_eq!(tree_bytes(dir.path()), 1024);
+        assert_eq!(tree_bytes(&dir.path().join("missing")), 0);
+        assert_eq!(too_large(10, 4).status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 
     #[test]

@@ -18,11 +18,12 @@ use sandcell_image::Limits;
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
 use sandcell_proto::sync::lock;
-use sandcell_runtime::build_steps::GvisorRunner;
+use sandcell_runtime::build_steps::{GvisorRunner, StepDeadlines};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Log entries kept per build (later output is dropped, with a note).
 const MAX_LOG_ENTRIES: usize = 20_000;
@@ -128,6 +129,8 @@ pub struct Build {
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u32>,
     progress: Mutex<Progress>,
+    /// Host directories no log line or reason may name ([`redact_paths`]).
+    hidden: Arc<Vec<String>>,
 }
 
 impl Build {
@@ -180,14 +183,14 @@ impl Build {
 
     pub fn log(&self, level: &'static str, message: impl Into<String>) {
         let mut p = self.lock();
-        Build::flush_partial(&mut p);
-        Build::push(&mut p, level, message.into());
+        self.flush_partial(&mut p);
+        Build::push(&mut p, level, redact_paths(&message.into(), &self.hidden));
     }
 
-    fn flush_partial(p: &mut Progress) {
+    fn flush_partial(&self, p: &mut Progress) {
         if !p.partial.is_empty() {
             let line = String::from_utf8_lossy(&std::mem::take(&mut p.partial)).into_owned();
-            Build::push(p, "info", line);
+            Build::push(p, "info", redact_paths(&line, &self.hidden));
         }
     }
 
@@ -197,47 +200,174 @@ impl Build {
         while let Some(nl) = p.partial.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = p.partial.drain(..=nl).collect();
             let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
-            Build::push(&mut p, "info", text.trim_end_matches('\r').to_string());
+            let text = redact_paths(text.trim_end_matches('\r'), &self.hidden);
+            Build::push(&mut p, "info", text);
         }
         if p.partial.len() > MAX_LINE_BYTES {
-            Build::flush_partial(&mut p);
+            self.flush_partial(&mut p);
         }
     }
 
     fn set_step(&self, step: Option<String>) {
         let mut p = self.lock();
-        Build::flush_partial(&mut p);
+        self.flush_partial(&mut p);
         p.step = step;
     }
 
     fn set_status(&self, status: Status, reason: Option<Reason>) {
         let mut p = self.lock();
-        Build::flush_partial(&mut p);
+        self.flush_partial(&mut p);
         p.status = status;
-        if reason.is_some() {
-            p.reason = reason;
+        if let Some(mut reason) = reason {
+            reason.message = redact_paths(&reason.message, &self.hidden);
+            p.reason = Some(reason);
         }
     }
+}
+
+/// `text` with every path under one of the `hidden` directories (the daemon's data and run
+/// dirs: overlay mounts, layer and sandbox directories, with their ids) as `<path>`: a
+/// tenant's build log and reason say what failed, not where on the host. A path ends at
+/// whitespace, a quote, `:`, `,`, `;` or `)`.
+pub fn redact_paths(text: &str, hidden: &[String]) -> String {
+    let mut out = text.to_string();
+    for dir in hidden.iter().filter(|d| d.len() > 1) {
+        let mut done = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(at) = rest.find(dir.as_str()) {
+            let after = &rest[at + dir.len()..];
+            // `/var/lib/sandcell` must not match `/var/lib/sandcellx`.
+            let boundary = after
+                .chars()
+                .next()
+                .is_none_or(|c| c == '/' || ends_path(c));
+            if !boundary {
+                done.push_str(&rest[..at + dir.len()]);
+                rest = after;
+                continue;
+            }
+            let end = after.find(ends_path).unwrap_or(after.len());
+            done.push_str(&rest[..at]);
+            done.push_str("<path>");
+            rest = &after[end..];
+        }
+        done.push_str(rest);
+        out = done;
+    }
+    out
+}
+
+fn ends_path(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '"' | '\'' | ':' | ',' | ';' | ')' | '`')
+}
+
+/// The limits of builds (`sandcell serve --build-timeout`, `--build-step-timeout`,
+/// `--build-start-timeout`, `--max-builds-per-key`, `--max-upload-bytes-per-key`).
+#[derive(Debug, Clone)]
+pub struct BuildLimits {
+    /// A build running longer fails (its RUN sandbox killed).
+    pub build_timeout: Duration,
+    /// A RUN step or pull running longer fails the build.
+    pub step_timeout: Duration,
+    /// A build not started within it after its request expires (its name is freed).
+    pub start_timeout: Duration,
+    /// Builds one key runs at once; more wait their turn.
+    pub per_key: usize,
+    /// Bytes of extracted COPY uploads one key keeps (templates/api.rs).
+    pub upload_bytes_per_key: u64,
+}
+
+impl Default for BuildLimits {
+    fn default() -> BuildLimits {
+        BuildLimits {
+            build_timeout: Duration::from_secs(1800),
+            step_timeout: Duration::from_secs(900),
+            start_timeout: Duration::from_secs(1800),
+            per_key: 2,
+            upload_bytes_per_key: 4 << 30,
+        }
+    }
+}
+
+/// The host directories build logs must not name: the data and run dirs, and where the
+/// data dir's images link to (installed images are often symbolic links to another tree,
+/// which build errors name resolved).
+pub fn host_dirs(dirs: &sandcell_runtime::Dirs) -> Vec<PathBuf> {
+    let mut out = vec![dirs.data.clone(), dirs.run.clone()];
+    if let Ok(entries) = std::fs::read_dir(dirs.images()) {
+        for entry in entries.flatten() {
+            let linked = entry.file_type().is_ok_and(|t| t.is_symlink());
+            if let Some(parent) = linked
+                .then(|| std::fs::canonicalize(entry.path()).ok())
+                .flatten()
+                .and_then(|target| target.parent().map(Path::to_path_buf))
+                && !out.contains(&parent)
+            {
+                out.push(parent);
+            }
+        }
+    }
+    out
 }
 
 /// One daemon's template builds (in [`App`]).
 pub struct Builds {
     /// The builds of this daemon's lifetime, by build id.
     live: Mutex<HashMap<String, Arc<Build>>>,
-    /// One build at a time: they share the layer cache and the CPUs (the others wait).
-    turn: tokio::sync::Mutex<()>,
+    /// Each key's turns: at most `limits.per_key` of its builds run at once, so one key's
+    /// builds (a `RUN sleep infinity`) never hold up another key's. Builds share the layer
+    /// cache safely (crates/image: a shared cache lock, blobs and layers appear by rename).
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Registries `fromImage` is pulled from over plain HTTP (`sandcell serve
     /// --insecure-registry`).
     insecure_registries: Vec<String>,
+    pub limits: BuildLimits,
+    /// The host directories build logs never name (the data and run dirs).
+    hidden: Arc<Vec<String>>,
 }
 
 impl Builds {
-    pub fn new(insecure_registries: Vec<String>) -> Builds {
+    pub fn new(
+        insecure_registries: Vec<String>,
+        limits: BuildLimits,
+        hidden: Vec<PathBuf>,
+    ) -> Builds {
+        // A path may appear as given or resolved (symbolic links on the way).
+        let mut dirs: Vec<String> = Vec::new();
+        for dir in hidden {
+            let resolved = std::fs::canonicalize(&dir).ok();
+            for d in std::iter::once(dir).chain(resolved) {
+                let text = d.to_string_lossy().trim_end_matches('/').to_string();
+                if !text.is_empty() && !dirs.contains(&text) {
+                    dirs.push(text);
+                }
+            }
+        }
+        // Longer first: a run dir inside the data dir is redacted whole.
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.len()));
         Builds {
             live: Mutex::new(HashMap::new()),
-            turn: tokio::sync::Mutex::new(()),
+            turns: Mutex::new(HashMap::new()),
             insecure_registries,
+            limits,
+            hidden: Arc::new(dirs),
         }
+    }
+
+    /// Key `key_id`'s turns: `quota` (the key's `builds` quota, keys/quota.rs) or
+    /// `--max-builds-per-key`, the smaller, fixed when the key's first build runs.
+    fn turns_of(&self, key_id: &str, quota: Option<u64>) -> Arc<tokio::sync::Semaphore> {
+        let cap = quota
+            .map_or(self.limits.per_key, |q| {
+                self.limits
+                    .per_key
+                    .min(usize::try_from(q).unwrap_or(usize::MAX))
+            })
+            .max(1);
+        lock(&self.turns)
+            .entry(key_id.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(cap)))
+            .clone()
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Build>>> {
@@ -290,9 +420,67 @@ impl Builds {
                 step: None,
                 partial: Vec::new(),
             }),
+            hidden: self.hidden.clone(),
         });
         self.live().insert(build_id, build.clone());
         Ok(build)
+    }
+}
+
+/// Expires `build` if it is still `waiting` (never started) after the start timeout: it
+/// becomes `error` saying so, and a name it claimed and never built is free again.
+pub fn expire_unstarted(app: Arc<App>, build: Arc<Build>) {
+    let after = app.builds.limits.start_timeout;
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        {
+            let mut p = build.lock();
+            if p.status != Status::Waiting {
+                return;
+            }
+            // Under the lock: a start now finds it ended (builds::start checks the same).
+            p.status = Status::Error;
+        }
+        let message = format!(
+            "the build was not started within {} s of its request: request it again",
+            after.as_secs()
+        );
+        build.log("error", format!("build failed: {message}"));
+        build.set_status(
+            Status::Error,
+            Some(Reason {
+                message,
+                step: None,
+            }),
+        );
+        finish(&app, &build).await;
+    });
+}
+
+/// Records `build`'s end and lets go of it; a first build that failed frees its name.
+async fn finish(app: &App, build: &Build) {
+    match record_status(&app.db, build).await {
+        // Recorded: the status route reads it from the database from now on.
+        Ok(()) => {
+            app.builds.live().remove(&build.build_id);
+        }
+        Err(e) => tracing::warn!("template build {}: {e}", build.build_id),
+    }
+    let built = app
+        .lifecycle
+        .dirs()
+        .images()
+        .join(&build.template_id)
+        .exists();
+    if build.status() == Status::Error
+        && !built
+        && app.builds.active_for(&build.template_id).is_none()
+        && let Err(e) = app
+            .db
+            .release_template(&build.template_id, Some(&build.key_id))
+            .await
+    {
+        tracing::warn!("template {}: {e}", build.template_id);
     }
 }
 
@@ -410,19 +598,35 @@ pub fn start(app: Arc<App>, build: Arc<Build>, plan: Plan, req: BuildStart) -> b
                 build.set_status(Status::Error, Some(Reason { message, step }));
             }
         }
-        match record_status(&app.db, &build).await {
-            // Recorded: the status route reads it from the database from now on.
-            Ok(()) => {
-                app.builds.live().remove(&build.build_id);
-            }
-            Err(e) => tracing::warn!("template build {}: {e}", build.build_id),
-        }
+        finish(&app, &build).await;
     });
     true
 }
 
 async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Result<(), StepError> {
-    let _turn = app.builds.turn.lock().await;
+    let quota = match app.db.key_by_id(&build.key_id).await {
+        Ok(Some(key)) => {
+            crate::keys::quota::quotas_of(&key, &app.lifecycle.admission.key_defaults).builds
+        }
+        _ => None,
+    };
+    let turns = app.builds.turns_of(&build.key_id, quota);
+    let limits = &app.builds.limits;
+    if turns.available_permits() == 0 {
+        build.log(
+            "info",
+            "waiting for a turn: this key runs as many builds at once as it may",
+        );
+    }
+    let _turn = turns
+        .acquire_owned()
+        .await
+        .map_err(|e| (format!("waiting for a build turn: {e}"), None))?;
+    // The deadline counts from the build's turn, not its time in line.
+    let deadlines = StepDeadlines {
+        step: Some(limits.step_timeout),
+        build: Some((Instant::now() + limits.build_timeout, limits.build_timeout)),
+    };
     let dirs = app.lifecycle.dirs().clone();
     // The daemon's registry: build sandboxes take from its warm pool too.
     let runtime = sandcell_runtime::gvisor::GvisorRuntime::new(
@@ -455,6 +659,7 @@ async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Res
                 egress: sandcell_runtime::net::EgressSpec::default(),
                 config: s.config.clone(),
             }),
+        deadlines,
     };
     // Read before the build replaces the template's directory.
     let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);
@@ -525,8 +730,24 @@ async fn build_image(
         sandcell_image::Error::StepFailed {
             step: text, code, ..
         } => (format!("{text}: exit status {code}"), step()),
+        // A registry's answer is not ours to pass on whole (its body could be anything
+        // a registry, or what it redirected to, sent): status and a short, plain text.
+        sandcell_image::Error::Registry { reference, source } => (
+            format!("pulling {reference}: {}", short_text(&source.to_string())),
+            step(),
+        ),
         other => (other.to_string(), step()),
     })
+}
+
+/// The first line of `text`, printable characters only, at most 200 of them.
+fn short_text(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    let mut out: String = line.chars().filter(|c| !c.is_control()).take(200).collect();
+    if line.chars().count() > 200 {
+        out.push('…');
+    }
+    out
 }
 
 /// Keeps the previous build's memory snapshot when the image was kept (unchanged) and so is
@@ -646,4 +867,46 @@ pub async fn prune_caches_daily(data: PathBuf, days: u32) {
 /// The last entries of a log, for an error's `reason`.
 pub fn reason_entries(logs: &[LogEntry]) -> &[LogEntry] {
     &logs[logs.len().saturating_sub(REASON_LOG_ENTRIES)..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_answers_are_cut_short() {
+        let body = format!(
+            "Server error: 500, message: {}\n<html>\x1b[31m",
+            "x".repeat(300)
+        );
+        let short = short_text(&body);
+        assert!(short.starts_with("Server error: 500"), "{short}");
+        assert!(
+            short.chars().count() <= 201 && !short.contains("html"),
+            "{short}"
+        );
+    }
+
+    #[test]
+    fn host_paths_are_redacted_and_the_rest_kept() {
+        let hidden = vec![
+            "/var/lib/sandcell/run".to_string(),
+            "/var/lib/sandcell".to_string(),
+        ];
+        let text = "mounting overlay on /var/lib/sandcell/run/sc-12ab/rootfs: EBUSY, \
+                    lower \"/var/lib/sandcell/cache/layers/9f/tree\" (RUN mkdir /srv/app)";
+        assert_eq!(
+            redact_paths(text, &hidden),
+            "mounting overlay on <path>: EBUSY, lower \"<path>\" (RUN mkdir /srv/app)"
+        );
+        assert_eq!(redact_paths("/var/lib/sandcell", &hidden), "<path>");
+        assert_eq!(
+            redact_paths("/var/lib/sandcellx/a stays", &hidden),
+            "/var/lib/sandcellx/a stays"
+        );
+        assert_eq!(
+            redact_paths("at /var/lib/sandcell/images/x: gone", &hidden),
+            "at <path>: gone"
+        );
+    }
 }

@@ -33,18 +33,25 @@ pub async fn delete_template(
     if delete_snapshot_named(&app, &caller, &id).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
-    delete_built(&app, &id).await?;
+    delete_built(&app, &caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// Deletes built template `id` (`name` or `name:default`) with its memory snapshot and
 /// tags, unless it is an installed image or something uses it.
-async fn delete_built(app: &App, id: &str) -> Result<(), TemplateError> {
+async fn delete_built(app: &App, caller: &Caller, id: &str) -> Result<(), TemplateError> {
     let name = id.strip_suffix(":default").unwrap_or(id).to_string();
     let dir = app.lifecycle.dirs().images().join(&name);
     if !crate::sandboxes::service::valid_template_name(&name) || !dir.is_dir() {
         return Err(TemplateError::NotFound(id.to_string()));
     }
+    // Another key's private template is not found; a public one not the caller's is 403.
+    crate::templates::access::check_changeable(&app.db, &caller.0, &name)
+        .await
+        .map_err(|e| match e {
+            TemplateError::NotFound(_) => TemplateError::NotFound(id.to_string()),
+            e => e,
+        })?;
     if sandcell_image::template::read_record(&dir).is_none() {
         return Err(TemplateError::InstalledImage(name));
     }
@@ -53,7 +60,15 @@ async fn delete_built(app: &App, id: &str) -> Result<(), TemplateError> {
     }
     let users = template_users(app, &name).await?;
     if !users.is_empty() {
-        return Err(TemplateError::InUse { name, users });
+        // The caller's own users by id (an admin key sees all); others only counted.
+        let (users, others): (Vec<_>, Vec<_>) = users
+            .into_iter()
+            .partition(|(key, _)| caller.0.is_admin || *key == caller.0.id);
+        return Err(TemplateError::InUse {
+            name,
+            users: users.into_iter().map(|(_, u)| u).collect(),
+            others: others.len(),
+        });
     }
     let snapshot =
         crate::templates::start::record(&app.lifecycle, &name).and_then(|r| r.snapshot_id);
@@ -72,18 +87,23 @@ async fn delete_built(app: &App, id: &str) -> Result<(), TemplateError> {
             }
             let name = id.strip_suffix(":default").unwrap_or(id);
             crate::templates::tags::forget(&app.db, name).await?;
+            // The name is free again (the next key to build it owns it).
+            app.db.release_template(name, None).await?;
             Ok(())
         }
         Err(sandcell_image::Error::NotFound(_)) => Err(TemplateError::NotFound(id.to_string())),
-        Err(e @ sandcell_image::Error::InUse { .. }) => Err(TemplateError::ImageInUse(e)),
+        Err(e @ sandcell_image::Error::InUse { .. }) => {
+            tracing::info!("deleting template {id} refused: {e}");
+            Err(TemplateError::ImageInUse(id.to_string()))
+        }
         Err(e) => Err(removal_failed(e.to_string())),
     }
 }
 
 /// The live sandboxes and the snapshots (of every key) that need the image `name`: those
 /// created from it, and through the snapshots taken of them, those restored from those
-/// snapshots (a restore needs the image its snapshot was taken over).
-async fn template_users(app: &App, name: &str) -> Result<Vec<String>, TemplateError> {
+/// snapshots (a restore needs the image its snapshot was taken over). Each with its key.
+async fn template_users(app: &App, name: &str) -> Result<Vec<(String, String)>, TemplateError> {
     // A template's own snapshot is part of it, not a user (templates/memory_snapshot.rs).
     let snapshots = app
         .db
@@ -98,7 +118,7 @@ async fn template_users(app: &App, name: &str) -> Result<Vec<String>, TemplateEr
         let reached: Vec<String> = snapshots
             .iter()
             .filter(|s| ids.contains(&s.2))
-            .flat_map(|(snap, snap_name, _)| std::iter::once(snap).chain(snap_name))
+            .flat_map(|(snap, snap_name, _, _)| std::iter::once(snap).chain(snap_name))
             .cloned()
             .collect();
         ids.extend(reached);
@@ -106,14 +126,17 @@ async fn template_users(app: &App, name: &str) -> Result<Vec<String>, TemplateEr
             break;
         }
     }
-    for (snap, _, template) in &snapshots {
+    for (snap, _, template, key) in &snapshots {
         if ids.contains(template) {
-            users.push(format!("snapshot {snap}"));
+            users.push((key.clone(), format!("snapshot {snap}")));
         }
     }
     let live = app.db.sandboxes_in(None, &DbState::LIVE).await?;
     for row in live.iter().filter(|r| ids.contains(&r.template_id)) {
-        users.push(format!("sandbox {} ({})", row.id, row.state.as_str()));
+        users.push((
+            row.key_id.clone(),
+            format!("sandbox {} ({})", row.id, row.state.as_str()),
+        ));
     }
     Ok(users)
 }

@@ -21,6 +21,15 @@ pub enum TemplateError {
     /// Unknown, or not the caller's where that matters (the tag routes).
     #[error("template '{0}' not found")]
     NotFound(String),
+    /// A template the caller sees (public, or a system template) but does not own.
+    #[error(
+        "template '{0}' belongs to another key (or is a system template): only its owner or \
+         an admin key may change it; build one of your own under another name"
+    )]
+    NotOwner(String),
+    /// `POST /v3/templates` of a name another key holds (or a system template's).
+    #[error("template name '{0}' is not available: choose another name")]
+    NameTaken(String),
     #[error("template '{name}' has no tag '{tag}'")]
     NoSuchTag { name: String, tag: String },
     /// `target` (`name:tag`) names a build a later one replaced; only the latest is on disk.
@@ -52,12 +61,18 @@ pub enum TemplateError {
     InstalledImage(String),
     #[error("template '{0}' is being built: wait for that build to end")]
     BeingBuilt(String),
-    /// Sandboxes or snapshots need the template (`users` names them).
-    #[error("template '{name}' is in use by {}", users.join(", "))]
-    InUse { name: String, users: Vec<String> },
-    /// The image store refused to remove the template: something holds it.
-    #[error(transparent)]
-    ImageInUse(sandcell_image::Error),
+    /// Sandboxes or snapshots need the template: `users` names the caller's, `others`
+    /// counts those of other keys (their ids are not the caller's to know).
+    #[error("template '{name}' is in use by {}", in_use_by(users, *others))]
+    InUse {
+        name: String,
+        users: Vec<String>,
+        others: usize,
+    },
+    /// The image store refused to remove the template: a sandbox holds it (the store's
+    /// error names them; it is logged, not answered, as the ids may be other keys').
+    #[error("template '{0}' is in use by running sandboxes: kill them first")]
+    ImageInUse(String),
     #[error("removing template '{id}': {problem}")]
     RemovalFailed { id: String, problem: String },
     /// Finding the snapshots that need a template about to be deleted.
@@ -69,4 +84,16 @@ pub enum TemplateError {
     /// The database or the host failed.
     #[error(transparent)]
     Host(#[from] Error),
+}
+
+/// "sandbox sc-1 (running), snapshot snap-2 and 3 sandboxes or snapshots of other keys".
+fn in_use_by(users: &[String], others: usize) -> String {
+    let mut text = users.join(", ");
+    if others > 0 {
+        if !text.is_empty() {
+            text.push_str(" and ");
+        }
+        text.push_str(&format!("{others} sandboxes or snapshots of other keys"));
+    }
+    text
 }

@@ -1,10 +1,12 @@
-//! `GET /templates`: the installed images and the templates built on this daemon.
+//! `GET /templates`: the installed images and the templates built on this daemon that the
+//! caller may see (its own, public ones and system templates: templates/access.rs).
 
 use crate::App;
 use crate::http::error::{ApiError, ApiResult, ErrorBody};
 use crate::http::extract::Caller;
 use crate::sandboxes::models::Template;
 use crate::sandboxes::service::{disk_mib, valid_template_name};
+use crate::templates::access::TemplateAccess;
 use crate::util::rfc3339;
 use axum::Json;
 use axum::extract::State;
@@ -17,8 +19,10 @@ use std::sync::Arc;
     responses((status = 200, body = Vec<Template>), (status = 401, body = ErrorBody)))]
 pub async fn list_templates(
     State(app): State<Arc<App>>,
-    _caller: Caller,
+    caller: Caller,
 ) -> ApiResult<Json<Vec<Template>>> {
+    let accesses: std::collections::HashMap<String, TemplateAccess> =
+        app.db.template_accesses().await?.into_iter().collect();
     let dir = app.lifecycle.dirs().images();
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
@@ -34,6 +38,10 @@ pub async fn list_templates(
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if !valid_template_name(&name) {
+            continue;
+        }
+        let access = accesses.get(&name).unwrap_or(&TemplateAccess::SYSTEM);
+        if !access.visible_to(&caller.0) {
             continue;
         }
         let Ok(image) = sandcell_runtime::Image::resolve(&dir, &name) else {
@@ -62,7 +70,7 @@ pub async fn list_templates(
                 .and_then(|r| r.memory_mb)
                 .unwrap_or(crate::sandboxes::service::DEFAULT_MEMORY_MIB),
             disk_size_mb: disk_mib(&image),
-            public: true,
+            public: access.public,
             aliases: vec![name.clone()],
             names: vec![name],
             created_at: rfc3339(built),

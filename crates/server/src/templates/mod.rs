@@ -1,8 +1,9 @@
-//! Templates: E2B template builds through the API ([`api`], [`builds`], [`plan`]), their
+//! Templates: who may see and change them ([`access`]), E2B template builds through the API ([`api`], [`builds`], [`plan`]), their
 //! tags ([`tags`]), memory snapshots ([`memory_snapshot`]) and start/ready commands ([`start`]),
 //! and the defaults an OCI image carries ([`defaults`]). The Dockerfile step runner the
 //! builds use is `sandcell_runtime::build_steps`, next to the runtime it drives.
 
+pub mod access;
 pub mod api;
 pub mod builds;
 pub mod defaults;

@@ -9,12 +9,12 @@
 //! A tag names one build of a template built through the template API (templates/api.rs).
 //! A build asks for `default`, its name's tag and `POST /v3/templates`'s `tags`; it takes
 //! them when it is recorded ready (triggers of migration 7, the same statement), from
-//! whichever build had them. The tag routes only answer for the caller's own templates (the
-//! key that made the template's current build); another key's are 404, as build statuses
-//! are (templates/api.rs).
+//! whichever build had them. Tags are listed to every key that sees the template, changed
+//! by its owner or an admin key (templates/access.rs); another key's private template is
+//! 404, as its build statuses are (templates/api.rs).
 //!
-//! A create (`POST /sandboxes`) from `name:tag` ([`untag_request`]) is open to every key, as
-//! creates from `name` are. Limitation: only a template's latest build is kept on disk
+//! A create (`POST /sandboxes`) from `name:tag` ([`untag_request`]) is open to every key
+//! that sees the template, as creates from `name` are. Limitation: only a template's latest build is kept on disk
 //! (`images/<name>/`, a rebuild replaces it), so a create works from a tag that names the
 //! current build; a tag left on a replaced build is 404, saying so. `name:default` of an
 //! installed image (not API-built) is that image.
@@ -27,6 +27,7 @@ use crate::http::error::{ApiResult, Error, ErrorBody};
 use crate::http::extract::{ApiJson, Caller};
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::SandboxService;
+use crate::templates::access;
 use crate::templates::error::TemplateError;
 use crate::util::{now_ms, rfc3339};
 use axum::Json;
@@ -135,15 +136,23 @@ fn current_build(lifecycle: &SandboxService, name: &str) -> Option<String> {
     crate::templates::start::record(lifecycle, name).map(|r| r.build_id)
 }
 
-/// `name`'s current build, when the template exists and the caller made that build; 404
-/// otherwise (unknown, an installed image, or another key's).
-async fn owned_template(app: &App, caller: &Caller, name: &str) -> Result<String, TemplateError> {
+/// `name`'s current build, when the template was built through the API and the caller
+/// may see it (`change`: change it; templates/access.rs); 404 otherwise (unknown, an
+/// installed image, or another key's private template), 403 for a change of a template the
+/// caller sees but does not own.
+async fn api_template(
+    app: &App,
+    caller: &Caller,
+    name: &str,
+    change: bool,
+) -> Result<String, TemplateError> {
     check_name(name)?;
     let not_found = || TemplateError::NotFound(name.to_string());
     let build = current_build(&app.lifecycle, name).ok_or_else(not_found)?;
-    let owner = app.db.build_owner(&build).await?;
-    if owner.as_deref() != Some(caller.0.id.as_str()) {
-        return Err(not_found());
+    if change {
+        access::check_changeable(&app.db, &caller.0, name).await?;
+    } else {
+        access::check_visible(&app.db, &caller.0, name).await?;
     }
     Ok(build)
 }
@@ -170,7 +179,7 @@ pub async fn assign_tags(
 ) -> ApiResult<(StatusCode, Json<AssignedTags>)> {
     let (name, tag) = split_target(&req.target)?;
     let tags = check_tags(&req.tags)?;
-    owned_template(&app, &caller, name).await?;
+    api_template(&app, &caller, name, true).await?;
     let build_id = app
         .db
         .tagged_build(name, tag)
@@ -195,7 +204,7 @@ pub async fn remove_tags(
 ) -> ApiResult<StatusCode> {
     check_name(&req.name)?;
     let tags = check_tags(&req.tags)?;
-    owned_template(&app, &caller, &req.name).await?;
+    api_template(&app, &caller, &req.name, true).await?;
     if let Some(tag) = app.db.remove_tags(&req.name, &tags).await? {
         return Err(no_such_tag(&req.name, &tag).into());
     }
@@ -213,7 +222,7 @@ pub async fn list_tags(
     caller: Caller,
     Path(template_id): Path<String>,
 ) -> ApiResult<Json<Vec<TemplateTag>>> {
-    owned_template(&app, &caller, &template_id).await?;
+    api_template(&app, &caller, &template_id, false).await?;
     let rows = app.db.template_tags(&template_id).await?;
     Ok(Json(
         rows.into_iter()
