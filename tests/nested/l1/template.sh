@@ -36,7 +36,7 @@ test_daemon_template() {
   ip link set lo up 2>/dev/null || true
   rm -rf $DATA/template-snapshots
   trap tpl_cleanup EXIT
-  sandcell --data-dir $DATA serve --runtime microvm --no-network --listen 127.0.0.1:3000 \
+  sandcell --data-dir $DATA serve --runtime microvm --no-network --listen 127.0.0.1:3000 --min-free-disk-mib 16 --memory-overcommit 4 \
     > $D/serve.out 2>&1 &
   serve=$!
   n=0

@@ -282,7 +282,7 @@ test_daemon_smoke() {
   ip link set lo up 2>/dev/null || true
   # A cold boot on purpose (daemon_template tests the template snapshot path).
   sandcell --data-dir $DATA serve --runtime microvm --no-network --no-template-snapshots \
-    --listen 127.0.0.1:3000 > $d/serve.out 2>&1 &
+    --listen 127.0.0.1:3000 --min-free-disk-mib 16 --memory-overcommit 4 > $d/serve.out 2>&1 &
   n=0
   until grep -q "listening on" $d/serve.out 2>/dev/null; do
     n=$((n + 1)); [ $n -lt 300 ] || { tail -n 20 $d/serve.out; fail "sandcell serve never listened"; }
