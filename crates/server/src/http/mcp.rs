@@ -78,6 +78,31 @@ pub fn routes(app: &Arc<App>) -> Option<Router<Arc<App>>> {
     )
 }
 
+/// The most of a refused request's body read so that its connection can carry the next one.
+const DRAIN_LIMIT: usize = 1 << 20;
+/// How long a refused request's body may take to arrive.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `resp` for a request refused before its body was read. hyper closes a connection whose
+/// request body was left unread, after the response and without saying so: a client that
+/// pipelines its next request on it (httpx does) gets "server disconnected". So the body is
+/// read first (bounded in size and time), and when it cannot be, the response says
+/// `Connection: close`.
+async fn answer_after_draining(req: Request, mut resp: Response) -> Response {
+    let drained = tokio::time::timeout(
+        DRAIN_TIMEOUT,
+        axum::body::to_bytes(req.into_body(), DRAIN_LIMIT),
+    )
+    .await;
+    if !matches!(drained, Ok(Ok(_))) {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
+}
+
 /// The key (id) that opened each MCP session.
 #[derive(Debug, Default)]
 pub struct Sessions {
@@ -97,8 +122,8 @@ impl Sessions {
         if let Some(id) = &session
             && self.owner(id).is_some_and(|owner| owner != key.id)
         {
-            return ApiError::not_found(format!("no MCP session {id} for this API key"))
-                .into_response();
+            let refusal = ApiError::not_found(format!("no MCP session {id} for this API key"));
+            return answer_after_draining(req, refusal.into_response()).await;
         }
         let resp = next.run(req).await;
         match (&session, resp.headers().get(SESSION_HEADER)) {
