@@ -65,22 +65,10 @@ pub fn loopback_of(listen: SocketAddr) -> SocketAddr {
     addr
 }
 
-/// The API key of a request: `X-API-KEY`, else `Authorization: Bearer` (the REST API's
-/// rule, crates/server http/extract.rs).
+/// The API key of a request (the REST API's rule: [`sandcell_proto::auth::api_key`]).
 pub fn api_key(headers: &HeaderMap) -> Option<String> {
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-    };
-    let bearer = header("authorization").and_then(|v| {
-        v.split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-    });
-    header("x-api-key").or(bearer).map(str::to_string)
+    sandcell_proto::auth::api_key(|name| headers.get(name).and_then(|v| v.to_str().ok()))
+        .map(str::to_string)
 }
 
 #[cfg(test)]

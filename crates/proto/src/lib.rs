@@ -6,9 +6,11 @@
 //! - [`agent`]: the guest agent's envd-shaped HTTP protocol (Connect JSON envelopes).
 //! - [`image`]: the defaults an OCI-made image carries (`images/<name>/config.json`).
 //! - [`time`]: RFC 3339 timestamps (envd's and E2B's wire format).
+//! - [`auth`]: where a request's API key travels.
 //! - [`sync`]: a poison-tolerant mutex lock; [`random`]: bytes from the kernel's RNG.
 
 pub mod agent;
+pub mod auth;
 pub mod image;
 pub mod random;
 pub mod sync;

@@ -22,20 +22,8 @@ impl FromRequestParts<Arc<App>> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
-        let header = |name: &str| {
-            parts
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-        };
-        let bearer = header("authorization").and_then(|v| {
-            v.split_once(' ')
-                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, token)| token.trim())
-        });
-        let Some(key) = header("x-api-key").or(bearer) else {
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+        let Some(key) = sandcell_proto::auth::api_key(header) else {
             return Err(ApiError::unauthorized(
                 "missing API key: send it in the X-API-KEY header",
             ));
