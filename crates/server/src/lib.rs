@@ -127,12 +127,6 @@ pub struct ServeArgs {
     /// A requested template build not started within this time expires, freeing its name
     #[arg(long, default_value_t = 1800, value_name = "SECS")]
     pub build_start_timeout: u64,
-    /// Template builds one key runs at once (more wait their turn)
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    pub max_builds_per_key: usize,
-    /// Bytes of uploaded COPY archives (extracted) one key may keep pending
-    #[arg(long, default_value_t = 4 << 30, value_name = "BYTES")]
-    pub max_upload_bytes_per_key: u64,
     /// Live sandboxes of a key whose `--max-sandboxes` is `default` (admin keys: no limit)
     #[arg(long, default_value = "20", value_name = "N|unlimited")]
     pub default_max_sandboxes: keys::quota::DefaultLimit,
@@ -415,8 +409,6 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
                 build_timeout: Duration::from_secs(args.build_timeout.max(1)),
                 step_timeout: Duration::from_secs(args.build_step_timeout.max(1)),
                 start_timeout: Duration::from_secs(args.build_start_timeout.max(1)),
-                per_key: args.max_builds_per_key.max(1),
-                upload_bytes_per_key: args.max_upload_bytes_per_key,
             },
             templates::builds::host_dirs(&dirs),
         ),

@@ -3,7 +3,7 @@
 //! is refused; a key's endless `RUN` holds up neither another key's build nor the daemon
 //! past its step deadline (`--build-step-timeout`, 60 s here: the build fails saying so); a build
 //! never started expires (`--build-start-timeout`) and frees its name; uploads past the
-//! key's cap (`--max-upload-bytes-per-key`) are 413 before they are read.
+//! key's quota (`--default-max-upload-mib`, 1 MiB here) are 413 before they are read.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -41,8 +41,8 @@ async fn private_templates_deadlines_and_caps() {
         "60",
         "--build-start-timeout",
         "3",
-        "--max-upload-bytes-per-key",
-        "4096",
+        "--default-max-upload-mib",
+        "1",
     ]);
     let a = daemon.client.with_api_key(Some(env.key("a", None).await));
     let b = daemon.client.with_api_key(Some(env.key("b", None).await));
@@ -150,10 +150,10 @@ async fn private_templates_deadlines_and_caps() {
     let req = hyper::Request::builder()
         .method(Method::PUT)
         .uri(path)
-        .header("content-length", "8192")
+        .header("content-length", (2 << 20).to_string())
         .body(http_body_util::Full::new(bytes::Bytes::from(vec![
             0u8;
-            8192
+            2 << 20
         ])))
         .unwrap();
     let status = b.with_api_key(None).send(req).await.unwrap().status();

@@ -353,21 +353,15 @@ pub async fn upload_files(
     let base = builds::files_dir(&app.lifecycle.dirs().data, &key_id);
     std::fs::create_dir_all(&base)
         .map_err(|e| ApiError::internal(format!("creating {}: {e}", base.display())))?;
-    // The key's uploads kept so far count against its cap (`--max-upload-bytes-per-key`);
-    // an archive that cannot fit is refused before a byte is read.
-    // The key's `upload_mib` quota (keys/quota.rs) when it is the smaller.
+    // The key's uploads kept so far count against its `upload_mib` quota (keys/quota.rs;
+    // `--default-max-upload-mib`); an archive that cannot fit is refused before a byte is read.
     let quota = match app.db.key_by_id(&key_id).await? {
         Some(key) => {
             crate::keys::quota::quotas_of(&key, &app.lifecycle.admission.key_defaults).upload_mib
         }
         None => return Err(ApiError::unauthorized("the upload URL's key is gone")),
     };
-    let cap = quota.map_or(app.builds.limits.upload_bytes_per_key, |mib| {
-        app.builds
-            .limits
-            .upload_bytes_per_key
-            .min(mib.saturating_mul(1 << 20))
-    });
+    let cap = quota.map_or(u64::MAX, |mib| mib.saturating_mul(1 << 20));
     let used = {
         let b = base.clone();
         tokio::task::spawn_blocking(move || tree_bytes(&b))
@@ -436,7 +430,7 @@ fn too_large(cap: u64, used: u64) -> ApiError {
         format!(
             "the upload does not fit: this key's COPY uploads may take {cap} bytes and keep \
              {used}; they are pruned with the template caches (sandcell serve \
-             --template-cache-days), or the operator raises --max-upload-bytes-per-key"
+             --template-cache-days), or the operator raises the key's --max-upload-mib"
         ),
     )
 }

@@ -262,7 +262,8 @@ fn ends_path(c: char) -> bool {
 }
 
 /// The limits of builds (`sandcell serve --build-timeout`, `--build-step-timeout`,
-/// `--build-start-timeout`, `--max-builds-per-key`, `--max-upload-bytes-per-key`).
+/// `--build-start-timeout`; how many builds and uploads a key may have are its quotas,
+/// keys/quota.rs).
 #[derive(Debug, Clone)]
 pub struct BuildLimits {
     /// A build running longer fails (its RUN sandbox killed).
@@ -271,10 +272,6 @@ pub struct BuildLimits {
     pub step_timeout: Duration,
     /// A build not started within it after its request expires (its name is freed).
     pub start_timeout: Duration,
-    /// Builds one key runs at once; more wait their turn.
-    pub per_key: usize,
-    /// Bytes of extracted COPY uploads one key keeps (templates/api.rs).
-    pub upload_bytes_per_key: u64,
 }
 
 impl Default for BuildLimits {
@@ -283,8 +280,6 @@ impl Default for BuildLimits {
             build_timeout: Duration::from_secs(1800),
             step_timeout: Duration::from_secs(900),
             start_timeout: Duration::from_secs(1800),
-            per_key: 2,
-            upload_bytes_per_key: 4 << 30,
         }
     }
 }
@@ -354,15 +349,12 @@ impl Builds {
         }
     }
 
-    /// Key `key_id`'s turns: `quota` (the key's `builds` quota, keys/quota.rs) or
-    /// `--max-builds-per-key`, the smaller, fixed when the key's first build runs.
+    /// Key `key_id`'s turns: its `builds` quota (keys/quota.rs; `None`: no limit), fixed
+    /// when the key's first build runs.
     fn turns_of(&self, key_id: &str, quota: Option<u64>) -> Arc<tokio::sync::Semaphore> {
+        let most = tokio::sync::Semaphore::MAX_PERMITS;
         let cap = quota
-            .map_or(self.limits.per_key, |q| {
-                self.limits
-                    .per_key
-                    .min(usize::try_from(q).unwrap_or(usize::MAX))
-            })
+            .map_or(most, |q| usize::try_from(q).unwrap_or(most).min(most))
             .max(1);
         lock(&self.turns)
             .entry(key_id.to_string())
