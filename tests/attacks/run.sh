@@ -21,7 +21,6 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/tests/attacks"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/sandcell/e2b-test"
 PY_SDK=2.63.0
-INSTALLED="${SANDCELL_DATA_DIR:-/var/lib/sandcell}"
 NETNS=sca-inet
 HOST_IF=sca-h
 INET_IF=sca-i
@@ -29,52 +28,26 @@ INET_IF=sca-i
 say() { echo "==> $*" >&2; }
 die() { echo "tests/attacks: $*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "needs root (the gvisor runtime, network namespaces)"
-command -v runsc >/dev/null || die "runsc is needed on PATH (apt install runsc)"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
+sc_require_gvisor
 command -v dnsmasq >/dev/null || die "dnsmasq is needed (apt install dnsmasq-base)"
 [ -d "$INSTALLED/images/base/rootfs" ] || die "no installed base image in $INSTALLED/images (make images install)"
 # One run per host at a time: the fake internet has fixed names and addresses.
 exec 9>/run/sandcell-attacks.lock
 flock 9
 
-if [ "$(cat "$CACHE/venv/.sandcell-pins" 2>/dev/null)" != "e2b==$PY_SDK" ]; then
-    say "python venv with e2b==$PY_SDK ($CACHE/venv)"
-    mkdir -p "$CACHE"
-    rm -rf "$CACHE/venv"
-    python3 -m venv "$CACHE/venv"
-    "$CACHE/venv/bin/pip" install -q "e2b==$PY_SDK" "pytest>=8,<10" "httpx"
-    echo "e2b==$PY_SDK" >"$CACHE/venv/.sandcell-pins"
-fi
-
-if [ -z "${SANDCELL_BIN:-}" ]; then
-    say "cargo build -p sandcell-cli"
-    (cd "$ROOT" && nice cargo build -q -p sandcell-cli)
-    SANDCELL_BIN="$ROOT/target/debug/sandcell"
-fi
-
-TMP=$(mktemp -d /tmp/sc-attacks.XXXXXX)
+sc_e2b_venv "$CACHE/venv" "$PY_SDK"
+sc_bin
+sc_tmp sc-attacks
 chmod 755 "$TMP"
-DATA="$TMP/data"
-export SANDCELL_RUN_DIR="$TMP/run"
 PIDS=()
-DAEMON_PID=
-cleanup() {
-    if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
-        kill -TERM "$DAEMON_PID" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$DAEMON_PID" 2>/dev/null || true
-    fi
+fake_internet_down() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     ip netns delete "$NETNS" 2>/dev/null || true
     ip link delete "$HOST_IF" 2>/dev/null || true
-    # Never remove a tree that still has a sandbox's mount in it.
-    if grep -q " $TMP/" /proc/mounts; then
-        echo "tests/attacks: mounts left under $TMP; not removing it" >&2
-    else
-        rm -rf "$TMP"
-    fi
 }
-trap cleanup EXIT
+SC_CLEANUP_HOOKS+=(fake_internet_down)
 
 # --- the fake internet ---
 ip netns delete "$NETNS" 2>/dev/null || true
@@ -129,27 +102,12 @@ done
 curl -fsS --max-time 2 http://203.0.113.10/ | grep -q pub-ok || die "the fake internet's HTTP server did not start"
 
 # --- the daemon ---
-mkdir -p "$DATA/images"
-ln -s "$INSTALLED/images/base" "$DATA/images/base"
-ln -s "$INSTALLED/images/minimal" "$DATA/images/minimal"
-[ -d "$INSTALLED/kernels" ] && ln -s "$INSTALLED/kernels" "$DATA/kernels"
-say "sandcell serve (gvisor, data dir $DATA)"
-"$SANDCELL_BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit --disk-mib 1024 ${SANDCELL_SERVE_ARGS:-} \
-    --net-dns 203.0.113.53 --net-pool 10.213.0.0/16 \
-    >"$TMP/serve.out" 2>"$TMP/serve.err" &
-DAEMON_PID=$!
-URL=
-for _ in $(seq 300); do
-    URL=$(sed -n 's/^sandcell serve: listening on //p' "$TMP/serve.out")
-    [ -n "$URL" ] && break
-    kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$TMP/serve.err" >&2; die "the daemon exited"; }
-    sleep 0.1
-done
-[ -n "$URL" ] || die "the daemon did not report its address; stderr: $(cat "$TMP/serve.err")"
+sc_link_base
+sc_serve --disk-mib 1024 --net-dns 203.0.113.53 --net-pool 10.213.0.0/16
 
 ADMIN_KEY=$(cat "$DATA/admin.key")
-KEY_A=$("$SANDCELL_BIN" keys --data-dir "$DATA" create --name tenant-a 2>/dev/null)
-KEY_B=$("$SANDCELL_BIN" keys --data-dir "$DATA" create --name tenant-b 2>/dev/null)
+KEY_A=$(sc_key tenant-a)
+KEY_B=$(sc_key tenant-b)
 export ATTACK_URL="$URL" ATTACK_DATA_DIR="$DATA" ATTACK_RUN_DIR="$SANDCELL_RUN_DIR" \
     ATTACK_BIN="$SANDCELL_BIN" ATTACK_ADMIN_KEY="$ADMIN_KEY" ATTACK_KEY_A="$KEY_A" \
     ATTACK_KEY_B="$KEY_B" ATTACK_CANARY="$CANARY" ATTACK_CANARY_PORT="$CANARY_PORT" \
@@ -159,8 +117,5 @@ export E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL" E2B_API_KEY="$KEY_A"
 say "pytest tests/attacks"
 status=0
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE" ${PYTEST_ARGS:-} || status=1
-if [ "$status" != 0 ]; then
-    echo "---- daemon stderr (last 40 lines) ----" >&2
-    tail -n 40 "$TMP/serve.err" >&2
-fi
+if [ "$status" != 0 ]; then sc_daemon_log; fi
 exit "$status"

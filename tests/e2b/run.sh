@@ -24,25 +24,16 @@ HERE="$ROOT/tests/e2b"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/sandcell/e2b-test"
 PY_SDK=2.63.0
 NPM_SDK=2.51.0
-INSTALLED="${SANDCELL_DATA_DIR:-/var/lib/sandcell}"
 
 say() { echo "==> $*" >&2; }
 die() { echo "tests/e2b: $*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "needs root (the gvisor runtime: runsc, overlayfs, cgroups)"
-command -v runsc >/dev/null || die "runsc is needed on PATH (apt install runsc)"
-[ -x "$INSTALLED/images/minimal/rootfs/sbin/sandcell-agent" ] ||
-    die "no installed minimal image in $INSTALLED/images (make images install)"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
+sc_require_gvisor
 
 # --- the SDKs, cached ---
-mkdir -p "$CACHE"
-if [ "$(cat "$CACHE/venv/.sandcell-pins" 2>/dev/null)" != "e2b==$PY_SDK" ]; then
-    say "python venv with e2b==$PY_SDK ($CACHE/venv)"
-    rm -rf "$CACHE/venv"
-    python3 -m venv "$CACHE/venv"
-    "$CACHE/venv/bin/pip" install -q "e2b==$PY_SDK" "pytest>=8,<10" "httpx"
-    echo "e2b==$PY_SDK" >"$CACHE/venv/.sandcell-pins"
-fi
+sc_e2b_venv "$CACHE/venv" "$PY_SDK"
 if [ "$(cat "$CACHE/node/.sandcell-pins" 2>/dev/null)" != "e2b@$NPM_SDK" ]; then
     say "node_modules with e2b@$NPM_SDK ($CACHE/node)"
     rm -rf "$CACHE/node"
@@ -53,34 +44,8 @@ if [ "$(cat "$CACHE/node/.sandcell-pins" 2>/dev/null)" != "e2b@$NPM_SDK" ]; then
 fi
 
 # --- the daemon ---
-if [ -z "${SANDCELL_BIN:-}" ]; then
-    say "cargo build -p sandcell-cli"
-    (cd "$ROOT" && nice cargo build -q -p sandcell-cli)
-    SANDCELL_BIN="$ROOT/target/debug/sandcell"
-fi
-
-TMP=$(mktemp -d /tmp/sc-e2b.XXXXXX)
-DATA="$TMP/data"
-export SANDCELL_RUN_DIR="$TMP/run"
-DAEMON_PID=
-cleanup() {
-    if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
-        kill -TERM "$DAEMON_PID" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$DAEMON_PID" 2>/dev/null || true
-    fi
-    # Never remove a tree that still has a sandbox's mount in it.
-    if grep -q " $TMP/" /proc/mounts; then
-        echo "tests/e2b: mounts left under $TMP; not removing it" >&2
-    else
-        rm -rf "$TMP"
-    fi
-}
-trap cleanup EXIT
-
-mkdir -p "$DATA/images"
-ln -s "$INSTALLED/images/minimal" "$DATA/images/minimal"
-[ -d "$INSTALLED/kernels" ] && ln -s "$INSTALLED/kernels" "$DATA/kernels"
+sc_bin
+sc_tmp sc-e2b
 if [ -d "$INSTALLED/images/base" ] && [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
     # The installed base tree with this agent: hard links where the file system allows
     # (the gvisor runtime only ever reads the image tree: writes go to an overlay), and the
@@ -109,24 +74,13 @@ if [ -z "${SANDCELL_TEMPLATE:-}" ]; then
 fi
 export SANDCELL_TEMPLATE
 
-say "sandcell serve (gvisor, data dir $DATA, template $SANDCELL_TEMPLATE)"
-"$SANDCELL_BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit ${SANDCELL_SERVE_ARGS:-} \
-    >"$TMP/serve.out" 2>"$TMP/serve.err" &
-DAEMON_PID=$!
-URL=
-for _ in $(seq 300); do
-    URL=$(sed -n 's/^sandcell serve: listening on //p' "$TMP/serve.out")
-    [ -n "$URL" ] && break
-    kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$TMP/serve.err" >&2; die "the daemon exited"; }
-    sleep 0.1
-done
-[ -n "$URL" ] || die "the daemon did not report its address; stderr: $(cat "$TMP/serve.err")"
+sc_serve
 
 export E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL"
 E2B_API_KEY=$(cat "$DATA/admin.key")
 export E2B_API_KEY
-SANDCELL_LIMITED_KEY=$("$SANDCELL_BIN" keys --data-dir "$DATA" create --name limited --max-sandboxes 1 2>/dev/null)
-SANDCELL_OTHER_KEY=$("$SANDCELL_BIN" keys --data-dir "$DATA" create --name other 2>/dev/null)
+SANDCELL_LIMITED_KEY=$(sc_key limited --max-sandboxes 1)
+SANDCELL_OTHER_KEY=$(sc_key other)
 export SANDCELL_LIMITED_KEY SANDCELL_OTHER_KEY
 
 status=0
@@ -153,8 +107,5 @@ NODE_PATH="$CACHE/node/node_modules" node "$HERE/template.cjs" || status=1
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 
-if [ "$status" != 0 ]; then
-    echo "---- daemon stderr (last 40 lines) ----" >&2
-    tail -n 40 "$TMP/serve.err" >&2
-fi
+if [ "$status" != 0 ]; then sc_daemon_log; fi
 exit "$status"
