@@ -204,6 +204,36 @@ async def test_another_key_sees_nothing_of_the_first():
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_resources_are_a_sandboxs_info_and_log_for_its_key_only(transport):
+    import json
+    from mcp.shared.exceptions import MCPError
+    async with SESSIONS[transport](KEY_A) as a, SESSIONS[transport](KEY_B) as b:
+        templates = (await a.list_resource_templates()).resource_templates
+        assert {t.uri_template for t in templates} == {
+            "sandcell://sandboxes/{sandbox_id}", "sandcell://sandboxes/{sandbox_id}/logs"}
+        async with sandbox(a) as sid:
+            await call(a, "exec", sandbox_id=sid, command="echo hi")
+            listed = {str(r.uri) for r in (await a.list_resources()).resources}
+            assert {f"sandcell://sandboxes/{sid}", f"sandcell://sandboxes/{sid}/logs"} <= listed
+            info = await a.read_resource(f"sandcell://sandboxes/{sid}")
+            detail = json.loads(info.contents[0].text)
+            assert detail["sandboxID"] == sid, detail
+            assert "envdAccessToken" not in detail and "trafficAccessToken" not in detail
+            log = json.loads((await a.read_resource(f"sandcell://sandboxes/{sid}/logs")).contents[0].text)
+            messages = " ".join(e["message"] for e in log["logs"])
+            assert "created" in messages.lower(), log
+            # Key B: not listed, and reading it is "not found", the same as a made-up id.
+            theirs = {str(r.uri) for r in (await b.list_resources()).resources}
+            assert f"sandcell://sandboxes/{sid}" not in theirs
+            for uri in (f"sandcell://sandboxes/{sid}", f"sandcell://sandboxes/{sid}/logs",
+                        "sandcell://sandboxes/sc-0000000000000000", "sandcell://sandboxes/../x"):
+                with pytest.raises(MCPError) as e:
+                    await b.read_resource(uri)
+                assert e.value.error.code == -32002, (uri, e.value.error)
+
+
+@pytest.mark.anyio
 async def test_http_without_a_valid_key_is_refused():
     async with httpx2.AsyncClient() as http:
         body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",

@@ -16,14 +16,16 @@ mod error;
 mod exec;
 mod files;
 pub mod http;
+mod resources;
 mod sandboxes;
 mod tools;
 
 pub use error::ToolError;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, Implementation, InitializeResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -96,11 +98,24 @@ impl Sandcell {
     }
 }
 
+impl Sandcell {
+    /// [`Sandcell::client_for`] for resource requests, whose errors are protocol errors.
+    fn resource_client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, ErrorData> {
+        self.client_for(ctx)
+            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))
+    }
+}
+
 impl ServerHandler for Sandcell {
     fn get_info(&self) -> ServerConfig {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("sandcell", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("sandcell", env!("CARGO_PKG_VERSION")))
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(
@@ -117,6 +132,31 @@ impl ServerHandler for Sandcell {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         tools::call(self, request, context).await.map(Into::into)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        resources::list(&self.resource_client(&context)?).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(resources::templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let client = self.resource_client(&context)?;
+        resources::read(&client, &request.uri).await.map(Into::into)
     }
 }
 
