@@ -2,9 +2,8 @@
 //! `sandcell-serve` on the gvisor runtime (real runsc, no mocks; needs root: fails loudly
 //! without, see common/mod.rs).
 //!
-//! A sandbox with a network is paused and woken once each (see tests/snapshots.rs: with a
-//! network, runsc 20240729 does not restore a sandbox a second time); the envd and restart
-//! cases run on a daemon without networks, where cycles repeat.
+//! Ports are reached through the sandboxes' networks; the envd and restart case runs on a
+//! daemon without networks (every port then goes through the agent).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
