@@ -44,6 +44,20 @@ async function main() {
       assert.equal(same.sandboxId, sbx.sandboxId)
       assert.equal(await same.files.read('/home/user/node.txt'), 'kept')
     })
+    await check('autoResume: a command wakes a paused sandbox', async () => {
+      const waking = await Sandbox.create(template, {
+        timeoutMs: 60_000,
+        lifecycle: { onTimeout: 'pause', autoResume: true },
+      })
+      made.push(waking)
+      const info = await waking.getInfo()
+      assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true })
+      await waking.files.write('/home/user/wake.txt', 'kept')
+      assert.equal(await waking.pause(), true)
+      const run = await waking.commands.run('cat /home/user/wake.txt')
+      assert.equal(run.stdout, 'kept')
+      assert.equal((await Sandbox.getInfo(waking.sandboxId)).state, 'running')
+    })
   } finally {
     for (const s of made) await s.kill()
     await sbx.kill()

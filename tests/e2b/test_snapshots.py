@@ -4,12 +4,24 @@ test_sdk.py). gvisor: checkpoints are serialised host-wide and take seconds each
 """
 
 import os
+import time
 
+import httpx
 import pytest
 
 from e2b import Sandbox, SandboxNotFoundException, SandboxQuery, SandboxState
 
 TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
+API_URL = os.environ["E2B_API_URL"]
+
+WAKING = {"on_timeout": "pause", "auto_resume": True}
+
+# Serves "awake" on port 8000: python3's server in `base`, busybox httpd in the fixture.
+SERVE_8000 = (
+    "mkdir -p /tmp/www && echo awake > /tmp/www/index.html && cd /tmp/www && "
+    "if command -v python3 >/dev/null; then exec python3 -m http.server 8000; "
+    "else exec httpd -f -p 8000 -h /tmp/www; fi"
+)
 
 
 def test_pause_then_connect_resumes_the_same_sandbox():
@@ -38,6 +50,48 @@ def test_pause_then_connect_resumes_the_same_sandbox():
         Sandbox.connect(sbx.sandbox_id)
     with pytest.raises(SandboxNotFoundException):
         Sandbox.pause(sbx.sandbox_id)
+
+
+def test_auto_resume_wakes_a_paused_sandbox_for_its_ports_and_its_envd():
+    # One sandbox woken by a port, another by a command (neither connected first).
+    web = Sandbox.create(template=TEMPLATE, timeout=60, lifecycle=WAKING)
+    cmd = Sandbox.create(template=TEMPLATE, timeout=60, lifecycle=WAKING)
+    try:
+        assert web.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": True}
+        web.commands.run(SERVE_8000, background=True)
+        route = {"E2b-Sandbox-Id": web.sandbox_id, "E2b-Sandbox-Port": "8000"}
+        for _ in range(100):
+            if httpx.get(API_URL, headers=route, timeout=10).status_code == 200:
+                break
+            time.sleep(0.1)
+        assert web.pause() is True
+        assert Sandbox.get_info(web.sandbox_id).state == SandboxState.PAUSED
+        r = httpx.get(API_URL, headers=route, timeout=90)
+        assert (r.status_code, r.text.strip()) == (200, "awake")
+        assert Sandbox.get_info(web.sandbox_id).state == SandboxState.RUNNING
+
+        cmd.files.write("/home/user/kept.txt", "before pause")
+        assert cmd.pause() is True
+        # No connect: the command itself wakes it.
+        assert cmd.commands.run("cat /home/user/kept.txt").stdout == "before pause"
+        assert cmd.files.read("/home/user/kept.txt") == "before pause"
+        assert Sandbox.get_info(cmd.sandbox_id).state == SandboxState.RUNNING
+    finally:
+        web.kill()
+        cmd.kill()
+
+
+def test_without_auto_resume_a_paused_sandbox_stays_paused():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=60, lifecycle={"on_timeout": "pause"})
+    try:
+        assert sbx.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        assert sbx.pause() is True
+        route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"}
+        r = httpx.get(API_URL, headers=route, timeout=30)
+        assert r.status_code == 502 and "was not found" in r.text, r.text
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+    finally:
+        sbx.kill()
 
 
 def test_snapshot_is_a_template_and_fork_makes_independent_sandboxes():

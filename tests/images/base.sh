@@ -95,6 +95,25 @@ check "python3 stdlib modules import" "stdlib ok" "${lines[4]:-}"
 check "the hostname resolves" "1" "${lines[5]:-}"
 check "PID 1 is the agent" "sandcell-agent" "${lines[6]:-}"
 
+# What E2B's template has and agents reach for: `python` is Python 3, a C and a C++
+# compiler and make, usable by `user` in its home.
+build_script=$(cat <<'EOF'
+python -c 'import sys; print(sys.version_info[0])'
+make --version | head -n 1
+cd /home/user && printf '#include <stdio.h>\nint main(void){puts("cc ok");return 0;}\n' > t.c && gcc -O2 -o t t.c && ./t
+printf '#include <iostream>\nint main(){std::cout<<"c++ ok"<<std::endl;}\n' > t.cc && g++ -o tcc t.cc && ./tcc
+printf 'all:\n\t@echo make ok\n' > Makefile && make -s
+EOF
+)
+run sudo -u user bash -c "$build_script"
+check "sandbox: the build-tools check exits 0" 0 "$rc"
+mapfile -t lines <<<"$out"
+check "python is Python 3" "3" "${lines[0]:-}"
+check_re "make runs" 'GNU Make 4\.[0-9.]+' "${lines[1]:-}"
+check "gcc compiles and links C as user" "cc ok" "${lines[2]:-}"
+check "g++ compiles and links C++ as user" "c++ ok" "${lines[3]:-}"
+check "make runs a Makefile" "make ok" "${lines[4]:-}"
+
 # The user can write its home, not the system.
 run sudo -u user bash -c 'echo hi > ~/f && cat ~/f; touch /usr/x 2>/dev/null && echo wrote-usr || echo no-usr'
 check "user writes home, not /usr" "hi

@@ -4,7 +4,8 @@
 //! - the control API with E2B's routes and JSON (router in `http/`, described at
 //!   `GET /openapi.json`), authenticated by API keys (`keys/`), state in SQLite (`store/`);
 //! - the envd proxy (`http/proxy.rs`): requests with `E2b-Sandbox-Id`/`E2b-Sandbox-Port`, or a
-//!   Host `<port>-<sandboxID>.<domain>`, go to the sandbox's agent.
+//!   Host `<port>-<sandboxID>.<domain>`, go to the sandbox's agent (a paused sandbox with
+//!   auto-resume is resumed first, `http/wake.rs`).
 //!
 //! So the stock E2B SDKs work with `E2B_API_URL=http://HOST:3000`,
 //! `E2B_SANDBOX_URL=http://HOST:3000` and `E2B_API_KEY=<key>` (the first start writes an
@@ -266,6 +267,8 @@ pub struct App {
     pub builds: templates::builds::Builds,
     /// Upload URLs handed out for template builds' COPY archives.
     pub uploads: templates::api::UploadGrants,
+    /// Auto-resumes in flight (http/wake.rs).
+    pub wakes: http::wake::Wakes,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -413,6 +416,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             templates::builds::host_dirs(&dirs),
         ),
         uploads: Default::default(),
+        wakes: Default::default(),
     });
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");

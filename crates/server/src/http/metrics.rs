@@ -12,6 +12,9 @@
 //!   template by how they were made (templates/memory_snapshot.rs): `restored` (its memory
 //!   snapshot), `fallback` (the restore failed: booted), `booted` (no usable snapshot, or
 //!   another size) (counter).
+//! - `sandcell_auto_resumes_total{outcome}`: resumes of paused sandboxes started by a request
+//!   for them (http/wake.rs), one per resume however many requests waited for it:
+//!   `resumed` or `failed` (counter).
 //!
 //! - `sandcell_sandbox_cpu_used_cores`, `sandcell_sandbox_mem_used_bytes`,
 //!   `sandcell_sandbox_mem_total_bytes`, `sandcell_sandbox_disk_used_bytes`,
@@ -44,6 +47,8 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), u64>>,
     create: Mutex<Histogram>,
     template_creates: Mutex<BTreeMap<&'static str, u64>>,
+    /// Auto-resumes: [resumed, failed].
+    auto_resumes: Mutex<[u64; 2]>,
 }
 
 /// How a create from an API-built template was made (`sandcell_template_creates_total`).
@@ -89,6 +94,11 @@ impl Metrics {
         *lock(&self.template_creates)
             .entry(path.label())
             .or_default() += 1;
+    }
+
+    /// One auto-resume (http/wake.rs) that ended `resumed` or not.
+    pub fn count_auto_resume(&self, resumed: bool) {
+        lock(&self.auto_resumes)[usize::from(!resumed)] += 1;
     }
 
     pub fn count_request(&self, route: &str, method: &str, status: u16) {
@@ -165,6 +175,21 @@ impl Metrics {
                 path.label()
             );
         }
+        drop(creates);
+        out.push_str(
+            "# HELP sandcell_auto_resumes_total Resumes of paused sandboxes that a request for \
+             them started, by outcome.\n",
+        );
+        out.push_str("# TYPE sandcell_auto_resumes_total counter\n");
+        let [resumed, failed] = *lock(&self.auto_resumes);
+        let _ = writeln!(
+            out,
+            "sandcell_auto_resumes_total{{outcome=\"resumed\"}} {resumed}"
+        );
+        let _ = writeln!(
+            out,
+            "sandcell_auto_resumes_total{{outcome=\"failed\"}} {failed}"
+        );
         out
     }
 }
@@ -263,7 +288,10 @@ mod tests {
         m.count_template_create(TemplateCreate::Restored);
         m.count_template_create(TemplateCreate::Restored);
         m.count_template_create(TemplateCreate::Fallback);
+        m.count_auto_resume(true);
         let text = m.render(&[(SbState::Running, 3)]);
+        assert!(text.contains("sandcell_auto_resumes_total{outcome=\"resumed\"} 1\n"));
+        assert!(text.contains("sandcell_auto_resumes_total{outcome=\"failed\"} 0\n"));
         assert!(text.contains("sandcell_template_creates_total{path=\"restored\"} 2\n"));
         assert!(text.contains("sandcell_template_creates_total{path=\"fallback\"} 1\n"));
         assert!(text.contains("sandcell_template_creates_total{path=\"booted\"} 0\n"));

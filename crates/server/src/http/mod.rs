@@ -1,7 +1,7 @@
 //! The HTTP side of the daemon: the router and its OpenAPI description, the extractors
 //! ([`extract`]), the envd proxy ([`proxy`]), metrics ([`metrics`]) and the errors as E2B
 //! answers them ([`error`]), a log span per request ([`trace`]), and MCP at `/mcp`
-//! ([`mcp`]).
+//! ([`mcp`]); auto-resume of paused sandboxes at the proxy ([`wake`]).
 
 pub mod error;
 pub mod extract;
@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod signed_url;
 pub mod trace;
+pub mod wake;
 
 use crate::App;
 use crate::http::error::ApiError;

@@ -15,13 +15,15 @@
 //! the proxy does not rely on the agent version). Routes envd keeps internal (`/init`) and
 //! our agent's `/sandcell/...` routes answer 404 through the proxy, as E2B's proxy does.
 //! Nothing that authenticates the caller to the daemon reaches the sandbox
-//! ([`strip_credentials`]).
+//! ([`strip_credentials`]). Both guards are [`admit`]'s, which also decides whether a
+//! request may wake a paused sandbox with auto-resume (http/wake.rs).
 
 use crate::App;
 use crate::http::error::ApiError;
 use crate::util::constant_time_eq;
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -115,60 +117,101 @@ fn token_given(headers: &HeaderMap, name: &str, token: &str) -> bool {
     }
 }
 
-fn not_found_in_sandbox(id: &str) -> ApiError {
+pub(crate) fn not_found_in_sandbox(id: &str) -> ApiError {
     // The SDKs recognise "was not found" in a 502 as "the sandbox is gone".
     ApiError::bad_gateway(format!("The sandbox {id} was not found"))
 }
 
-async fn proxy(app: &App, target: Target, req: Request) -> Result<Response, ApiError> {
-    let Some(live) = app.lifecycle.live(&target.sandbox_id) else {
-        return Err(not_found_in_sandbox(&target.sandbox_id));
-    };
-    // Ports other than envd's: to whatever the sandbox serves there, through its network
-    // ([`forward_port`]). The envd access token guards envd only, as in E2B.
-    if target.port != sandcell_runtime::AGENT_PORT
-        && let Some(net) = live.sandbox.network()
-    {
-        if let Some(token) = app.lifecycle.networks.traffic_token(&target.sandbox_id)
-            && !token_given(req.headers(), TRAFFIC_TOKEN_HEADER, &token)
+/// What guards a sandbox's traffic ([`admit`]).
+pub(crate) struct Guard {
+    /// The envd access token (every sandbox a key creates has one).
+    pub access_token: Option<String>,
+    /// `allowPublicTraffic: false`: the token its ports want.
+    pub traffic_token: Option<String>,
+    /// Its ports are reached through its network ([`forward_port`]); without one, every
+    /// port goes through the agent's transport and is guarded as envd is.
+    pub network: bool,
+}
+
+/// How a request passed its sandbox's [`Guard`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admitted {
+    /// To a port served through the sandbox's network.
+    Port,
+    /// To envd (or a port through the agent); `signed`: by a signed file URL instead of
+    /// the access token.
+    Envd { signed: bool },
+}
+
+/// Whether `req` to `port` passes `guard`. The same rules for a running sandbox and for a
+/// paused one about to be woken (http/wake.rs): a request that would be refused is refused
+/// before anything is done for it. The envd access token guards envd only, as in E2B;
+/// routes envd keeps internal (`/init`) and our agent's `/sandcell/...` answer 404.
+pub(crate) fn admit(req: &Parts, port: u32, guard: &Guard) -> Result<Admitted, ApiError> {
+    if port != sandcell_runtime::AGENT_PORT && guard.network {
+        if let Some(token) = &guard.traffic_token
+            && !token_given(&req.headers, TRAFFIC_TOKEN_HEADER, token)
         {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 format!("missing or invalid {TRAFFIC_TOKEN_HEADER} for this sandbox's ports"),
             ));
         }
-        let mut req = req;
-        strip_credentials(req.headers_mut(), false);
-        return Ok(forward_port(&net, &target.sandbox_id, target.port, req).await);
+        return Ok(Admitted::Port);
     }
-    let mut req = req;
-    if let Some(token) = &live.access_token {
-        let given = req.headers().get(ACCESS_TOKEN_HEADER);
-        let signed = given.is_none()
+    let mut signed = false;
+    if let Some(token) = &guard.access_token {
+        signed = !req.headers.contains_key(ACCESS_TOKEN_HEADER)
             && crate::http::signed_url::check(
-                req.method().as_str(),
-                req.uri().path(),
-                req.uri().query(),
+                req.method.as_str(),
+                req.uri.path(),
+                req.uri.query(),
                 token,
                 crate::util::now_ms() / 1000,
             )?;
-        if signed {
-            // The agent checks the header too: a valid signature stands for the token.
-            let value = HeaderValue::from_str(token).map_err(|_| {
-                ApiError::internal("the sandbox's access token is not a header value")
-            })?;
-            req.headers_mut().insert(ACCESS_TOKEN_HEADER, value);
-        } else if !token_given(req.headers(), ACCESS_TOKEN_HEADER, token) {
+        if !signed && !token_given(&req.headers, ACCESS_TOKEN_HEADER, token) {
             return Err(ApiError::unauthorized(
                 "missing or invalid X-Access-Token for this sandbox (or a signed file URL)",
             ));
         }
     }
-    let path = req.uri().path();
+    let path = req.uri.path();
     if path == "/init" || path.starts_with("/sandcell/") {
         return Err(ApiError::not_found(format!("no route {path}")));
     }
-    let mut req = req;
+    Ok(Admitted::Envd { signed })
+}
+
+async fn proxy(app: &Arc<App>, target: Target, req: Request) -> Result<Response, ApiError> {
+    // The head apart from the body while a wake is awaited (the body is not `Sync`).
+    let (parts, body) = req.into_parts();
+    let live = match app.lifecycle.live(&target.sandbox_id) {
+        Some(live) => live,
+        // Not running: woken first if it is paused with auto-resume and the request passes
+        // its guard (http/wake.rs); else "not found", as E2B answers.
+        None => crate::http::wake::wake_for(app, &target, &parts).await?,
+    };
+    let net = live.sandbox.network();
+    let guard = Guard {
+        access_token: live.access_token.clone(),
+        traffic_token: app.lifecycle.networks.traffic_token(&target.sandbox_id),
+        network: net.is_some(),
+    };
+    let admitted = admit(&parts, target.port, &guard)?;
+    let mut req = Request::from_parts(parts, body);
+    // Ports other than envd's: to whatever the sandbox serves there, through its network.
+    if let (Admitted::Port, Some(net)) = (admitted, &net) {
+        strip_credentials(req.headers_mut(), false);
+        return Ok(forward_port(net, &target.sandbox_id, target.port, req).await);
+    }
+    if admitted == (Admitted::Envd { signed: true })
+        && let Some(token) = &live.access_token
+    {
+        // The agent checks the header too: a valid signature stands for the token.
+        let value = HeaderValue::from_str(token)
+            .map_err(|_| ApiError::internal("the sandbox's access token is not a header value"))?;
+        req.headers_mut().insert(ACCESS_TOKEN_HEADER, value);
+    }
     // envd checks the access token itself: that one stays.
     strip_credentials(req.headers_mut(), true);
     forward(&live.sandbox, target.port, req)
@@ -450,6 +493,85 @@ mod tests {
             ACCESS_TOKEN_HEADER,
             x
         ));
+    }
+
+    fn head(path: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut req = Request::get(path);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        req.body(Body::empty()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_guard_refuses_before_anything_is_done() {
+        let access = "a".repeat(40);
+        let traffic = "t".repeat(40);
+        let guard = Guard {
+            access_token: Some(access.clone()),
+            traffic_token: Some(traffic.clone()),
+            network: true,
+        };
+        let envd = sandcell_runtime::AGENT_PORT;
+        // envd: the access token, nothing else
+        assert_eq!(
+            admit(
+                &head("/files", &[(ACCESS_TOKEN_HEADER, &access)]),
+                envd,
+                &guard
+            ),
+            Ok(Admitted::Envd { signed: false })
+        );
+        for headers in [
+            &[][..],
+            &[(ACCESS_TOKEN_HEADER, traffic.as_str())][..],
+            &[(TRAFFIC_TOKEN_HEADER, access.as_str())][..],
+        ] {
+            let e = admit(&head("/files", headers), envd, &guard).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNAUTHORIZED, "{headers:?}");
+        }
+        // a signed URL stands for the token; a forged one does not
+        let sig = crate::http::signed_url::sign("/tmp/x", "read", "", &access, None);
+        let url = format!("/files?path=/tmp/x&signature={sig}");
+        assert_eq!(
+            admit(&head(&url, &[]), envd, &guard),
+            Ok(Admitted::Envd { signed: true })
+        );
+        let forged = format!("/files?path=/tmp/y&signature={sig}");
+        assert!(admit(&head(&forged, &[]), envd, &guard).is_err());
+        // internal routes: 404 even with the token
+        for path in ["/init", "/sandcell/snapshot"] {
+            let e = admit(&head(path, &[(ACCESS_TOKEN_HEADER, &access)]), envd, &guard);
+            assert_eq!(e.unwrap_err().status, StatusCode::NOT_FOUND, "{path}");
+        }
+        // ports through the network: the traffic token, the access token does not count
+        assert_eq!(
+            admit(
+                &head("/", &[(TRAFFIC_TOKEN_HEADER, &traffic)]),
+                8080,
+                &guard
+            ),
+            Ok(Admitted::Port)
+        );
+        let e = admit(&head("/", &[(ACCESS_TOKEN_HEADER, &access)]), 8080, &guard).unwrap_err();
+        assert_eq!(e.status, StatusCode::FORBIDDEN);
+        // public ports: anyone
+        let public = Guard {
+            traffic_token: None,
+            ..guard
+        };
+        assert_eq!(admit(&head("/", &[]), 8080, &public), Ok(Admitted::Port));
+        // no network: every port goes through the agent, guarded as envd
+        let no_net = Guard {
+            network: false,
+            ..public
+        };
+        let e = admit(&head("/", &[]), 8080, &no_net).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            admit(&head("/", &[(ACCESS_TOKEN_HEADER, &access)]), 8080, &no_net),
+            Ok(Admitted::Envd { signed: false })
+        );
     }
 
     #[test]

@@ -341,7 +341,29 @@ impl Networks {
         })?;
         db.record_sandbox_net_id(sandbox, &net.network().id, &egress)
             .await?;
+        // A resume (same id) gets its token back: [`Networks::ended`] forgot it at the
+        // pause, and without it the resumed sandbox's ports would open to anyone.
+        if let Some(token) = db
+            .sandbox_network(sandbox)
+            .await?
+            .and_then(|row| row.traffic_token)
+        {
+            self.traffic(|m| m.insert(sandbox.to_string(), token));
+        }
         self.refresh_peers(db).await
+    }
+
+    /// The traffic token recorded for `sandbox` (running or not: a paused one's ports want
+    /// it too before a request may wake it, http/wake.rs).
+    pub async fn recorded_traffic_token(
+        &self,
+        db: &Db,
+        sandbox: &str,
+    ) -> Result<Option<String>, Error> {
+        Ok(db
+            .sandbox_network(sandbox)
+            .await?
+            .and_then(|row| row.traffic_token))
     }
 }
 

@@ -415,7 +415,7 @@ pub async fn get_sandbox(
         envd_access_token: row.access_token.clone(),
         domain: app.config.domain.clone(),
         lifecycle: LifecycleInfo {
-            auto_resume: false,
+            auto_resume: life.auto_resume.is_some(),
             on_timeout: if life.auto_pause { "pause" } else { "kill" }.into(),
         },
         parent_id: life.parent_id,

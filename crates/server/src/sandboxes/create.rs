@@ -39,6 +39,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The shortest timeout an auto-resume gives (E2B's: 5 minutes, or the create's timeout
+/// when longer).
+pub const AUTO_RESUME_MIN_TIMEOUT_SECS: u64 = 300;
+
 /// What a create's `templateID` resolved to.
 enum Resolved {
     /// A named snapshot of the key: restored as it is.
@@ -64,6 +68,8 @@ struct BootPlan {
     env: BTreeMap<String, String>,
     timeout: u64,
     auto_pause: bool,
+    /// The timeout an auto-resume gives, when the create asked for auto-resume.
+    auto_resume: Option<u64>,
 }
 
 impl SandboxService {
@@ -201,6 +207,7 @@ impl SandboxService {
         let image = resolve_template(&self.dirs, &req.template_id)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         self.check_timeout(timeout)?;
+        let auto_resume = self.auto_resume(&req, timeout)?;
         let env = req.env_vars.unwrap_or_default();
         if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
             return Err(SandboxError::Invalid(format!(
@@ -245,7 +252,38 @@ impl SandboxService {
             env,
             timeout,
             auto_pause: req.auto_pause == Some(true),
+            auto_resume,
         })
+    }
+
+    /// `autoResume` of a create whose timeout is `timeout`: the timeout a wake gives
+    /// (http/wake.rs), or `None` without auto-resume. As E2B: only with `autoPause` (a
+    /// sandbox killed at its timeout has nothing to resume), and a wake gives the timeout
+    /// asked for at create, at least [`AUTO_RESUME_MIN_TIMEOUT_SECS`] (within the longest
+    /// lifetime).
+    pub(crate) fn auto_resume(
+        &self,
+        req: &NewSandbox,
+        timeout: u64,
+    ) -> Result<Option<u64>, SandboxError> {
+        if !req.auto_resume.is_some_and(|a| a.enabled) {
+            return Ok(None);
+        }
+        if req.auto_pause != Some(true) {
+            return Err(SandboxError::Invalid(
+                "autoResume {\"enabled\": true} needs autoPause: true (lifecycle on_timeout \
+                 \"pause\"): a sandbox killed at its timeout has nothing to resume"
+                    .into(),
+            ));
+        }
+        Ok(Some(self.auto_resume_timeout(timeout)))
+    }
+
+    /// The timeout a wake of a sandbox made with `timeout` gives.
+    pub(crate) fn auto_resume_timeout(&self, timeout: u64) -> u64 {
+        timeout
+            .max(AUTO_RESUME_MIN_TIMEOUT_SECS)
+            .min(self.max_lifetime_secs())
     }
 
     /// Step 5: the row is inserted within the key's quotas (429 beyond them) and the host's
@@ -266,6 +304,7 @@ impl SandboxService {
                     id,
                     &LifecycleRow {
                         auto_pause: true,
+                        auto_resume: plan.auto_resume,
                         ..Default::default()
                     },
                 )

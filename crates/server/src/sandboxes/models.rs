@@ -36,6 +36,10 @@ pub struct NewSandbox {
     /// At the timeout, pause the sandbox (resume it with connect) instead of killing it.
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    /// `{"enabled": true}` (needs `autoPause: true`): while paused, a request for the
+    /// sandbox through the proxy (its envd, its ports) resumes it and is then served.
+    #[serde(default, deserialize_with = "auto_resume_field")]
+    pub auto_resume: Option<AutoResumeConfig>,
     /// false: nothing out (as `denyOut: ["0.0.0.0/0"]`). Default true.
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
@@ -45,6 +49,28 @@ pub struct NewSandbox {
     /// Private networks of the key to join (our extension; `POST /networks`).
     #[serde(default)]
     pub networks: Option<Vec<String>>,
+}
+
+/// E2B's `SandboxAutoResumeConfig`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
+pub struct AutoResumeConfig {
+    /// Default false.
+    pub enabled: bool,
+}
+
+/// `autoResume`, with a message that says what to send when it is malformed.
+fn auto_resume_field<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<AutoResumeConfig>, D::Error> {
+    use serde::de::Error;
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(|_| {
+            D::Error::custom(
+                "autoResume must be an object: {\"enabled\": true} or {\"enabled\": false}",
+            )
+        }),
+    }
 }
 
 /// A created or connected sandbox.
@@ -107,6 +133,7 @@ pub struct ListedSandbox {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[schema(as = SandboxService)]
 pub struct LifecycleInfo {
+    /// Created with `autoResume: {"enabled": true}`: a request for it while paused resumes it.
     #[serde(rename = "autoResume")]
     pub auto_resume: bool,
     /// `kill`, or `pause` for a sandbox created with `autoPause`.
@@ -203,4 +230,29 @@ pub struct Health {
     /// `gvisor` or `microvm`
     pub runtime: String,
     pub version: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_resume_takes_e2bs_object_and_says_what_to_send() {
+        let parse = |body: &str| serde_json::from_str::<NewSandbox>(body);
+        let on = parse(r#"{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}"#);
+        assert!(on.unwrap().auto_resume.is_some_and(|a| a.enabled));
+        let off = parse(r#"{"templateID":"base","autoResume":{"enabled":false}}"#);
+        assert!(off.unwrap().auto_resume.is_some_and(|a| !a.enabled));
+        for absent in [
+            r#"{"templateID":"base"}"#,
+            r#"{"templateID":"base","autoResume":null}"#,
+        ] {
+            assert!(parse(absent).unwrap().auto_resume.is_none(), "{absent}");
+        }
+        for bad in [r#"true"#, r#"{}"#, r#"{"enabled":"yes"}"#] {
+            let body = format!(r#"{{"templateID":"base","autoResume":{bad}}}"#);
+            let e = parse(&body).unwrap_err().to_string();
+            assert!(e.contains(r#"{"enabled": true}"#), "{bad}: {e}");
+        }
+    }
 }

@@ -34,6 +34,8 @@ pub(super) struct RestoredSpec {
     pub(super) secure: bool,
     pub(super) timeout: u64,
     pub(super) auto_pause: bool,
+    /// The timeout an auto-resume gives (http/wake.rs); `None`: no auto-resume.
+    pub(super) auto_resume: Option<u64>,
     pub(super) parent_id: Option<String>,
     pub(super) network: RestoredNetwork,
 }
@@ -73,6 +75,7 @@ impl SandboxService {
         let handle = parse_handle(snap)?;
         let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         self.check_timeout(timeout)?;
+        let auto_resume = self.auto_resume(&req, timeout)?;
         if let Some(env) = &req.env_vars
             && let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0']))
         {
@@ -87,6 +90,7 @@ impl SandboxService {
             secure: req.secure.unwrap_or(secure_by_default),
             timeout,
             auto_pause: req.auto_pause.unwrap_or(false),
+            auto_resume,
             parent_id: None,
             network: network.unwrap_or_else(|| RestoredNetwork::Of(snap.source_id.clone())),
         };
@@ -144,6 +148,7 @@ impl SandboxService {
                     auto_pause: spec.auto_pause,
                     paused_in: None,
                     parent_id: spec.parent_id,
+                    auto_resume: spec.auto_resume,
                 },
             )
             .await?;

@@ -70,6 +70,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "key quotas",
         include_str!("../../migrations/0009_key_quotas.sql"),
     ),
+    (
+        11,
+        "auto resume",
+        include_str!("../../migrations/0011_auto_resume.sql"),
+    ),
 ];
 
 pub use crate::sandboxes::state::State;

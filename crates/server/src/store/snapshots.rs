@@ -101,6 +101,9 @@ pub struct LifecycleRow {
     pub auto_pause: bool,
     pub paused_in: Option<String>,
     pub parent_id: Option<String>,
+    /// Auto-resume (http/wake.rs): `Some(timeout)` when a request for the paused sandbox
+    /// resumes it, with that timeout in seconds.
+    pub auto_resume: Option<u64>,
 }
 
 impl Db {
@@ -383,15 +386,18 @@ impl Db {
 
     pub async fn set_sandbox_lifecycle(&self, sandbox_id: &str, row: &LifecycleRow) -> Result<()> {
         sqlx::query(
-            "INSERT INTO sandbox_lifecycle (sandbox_id, auto_pause, paused_in, parent_id) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT(sandbox_id) DO UPDATE SET \
+            "INSERT INTO sandbox_lifecycle \
+             (sandbox_id, auto_pause, paused_in, parent_id, auto_resume_timeout_secs) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT(sandbox_id) DO UPDATE SET \
              auto_pause = excluded.auto_pause, paused_in = excluded.paused_in, \
-             parent_id = excluded.parent_id",
+             parent_id = excluded.parent_id, \
+             auto_resume_timeout_secs = excluded.auto_resume_timeout_secs",
         )
         .bind(sandbox_id)
         .bind(row.auto_pause)
         .bind(&row.paused_in)
         .bind(&row.parent_id)
+        .bind(row.auto_resume.and_then(|t| i64::try_from(t).ok()))
         .execute(self.pool())
         .await
         .map_err(Error::db(format!(
@@ -400,10 +406,12 @@ impl Db {
         Ok(())
     }
 
-    /// Defaults (no auto-pause, not paused, no parent) when nothing was recorded.
+    /// Defaults (no auto-pause or auto-resume, not paused, no parent) when nothing was
+    /// recorded.
     pub async fn sandbox_lifecycle(&self, sandbox_id: &str) -> Result<LifecycleRow> {
         let row = sqlx::query(
-            "SELECT auto_pause, paused_in, parent_id FROM sandbox_lifecycle WHERE sandbox_id = $1",
+            "SELECT auto_pause, paused_in, parent_id, auto_resume_timeout_secs \
+             FROM sandbox_lifecycle WHERE sandbox_id = $1",
         )
         .bind(sandbox_id)
         .fetch_optional(self.pool())
@@ -419,6 +427,9 @@ impl Db {
                 auto_pause: row.try_get::<i64, _>("auto_pause")? != 0,
                 paused_in: row.try_get("paused_in")?,
                 parent_id: row.try_get("parent_id")?,
+                auto_resume: row
+                    .try_get::<Option<i64>, _>("auto_resume_timeout_secs")?
+                    .and_then(|t| u64::try_from(t).ok()),
             })
         };
         read().map_err(Error::db(format!(
