@@ -22,6 +22,7 @@ pub mod keys;
 pub mod logging;
 pub mod networks;
 pub mod sandboxes;
+pub mod secrets;
 pub mod snapshots;
 pub mod store;
 pub mod templates;
@@ -272,6 +273,8 @@ pub struct App {
     pub builds: templates::builds::Builds,
     /// Upload URLs handed out for template builds' COPY archives.
     pub uploads: templates::api::UploadGrants,
+    /// The keys' secrets and the key ring that seals them.
+    pub secrets: secrets::service::Secrets,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -339,6 +342,11 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             tracing::warn!("{e}: other host users may reach the template trees under it");
         }
     }
+    // Before anything is served: a key file that does not load stops the start.
+    let secrets = secrets::service::Secrets::new(
+        db.clone(),
+        secrets::crypto::KeyRing::load_or_create(&dirs.data)?,
+    );
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
@@ -421,6 +429,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             templates::builds::host_dirs(&dirs),
         ),
         uploads: Default::default(),
+        secrets,
     });
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");

@@ -6,6 +6,7 @@ pub mod keys;
 pub mod logs;
 pub mod networks;
 pub mod sandboxes;
+pub mod secrets;
 pub mod snapshots;
 pub mod templates;
 pub mod usage;
@@ -69,6 +70,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         9,
         "key quotas",
         include_str!("../../migrations/0009_key_quotas.sql"),
+    ),
+    (
+        13,
+        "secrets",
+        include_str!("../../migrations/0013_secrets.sql"),
     ),
 ];
 
