@@ -30,6 +30,7 @@ pub mod util;
 
 pub use http::{router, routes};
 pub use keys::cli::{KeysCommand, keys};
+pub use secrets::cli::{SecretsCommand, secrets};
 
 use http::error::Error;
 use http::metrics;
@@ -343,10 +344,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         }
     }
     // Before anything is served: a key file that does not load stops the start.
-    let secrets = secrets::service::Secrets::new(
-        db.clone(),
-        secrets::crypto::KeyRing::load_or_create(&dirs.data)?,
-    );
+    let secrets = secrets::service::Secrets::open(db.clone(), &dirs.data)?;
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");

@@ -270,7 +270,9 @@ impl From<crate::secrets::service::SecretsError> for ApiError {
                 ApiError::conflict(e.to_string())
             }
             SecretsError::TooMany => ApiError::too_many(e.to_string()),
-            SecretsError::Crypto(_) => ApiError::internal(e.to_string()),
+            SecretsError::Crypto(_) | SecretsError::DaemonRunning => {
+                ApiError::internal(e.to_string())
+            }
             SecretsError::Host(e) => e.into(),
         }
     }

@@ -355,6 +355,40 @@ pub fn key_lines(path: &Path) -> Result<Vec<Zeroizing<String>>, CryptoError> {
         .collect())
 }
 
+/// The lock a daemon holds on its key ring for as long as it runs, so that rotation
+/// (which needs the daemon stopped: a running one would go on sealing with the old key)
+/// can tell. `None`: another process holds it.
+pub fn lock_key_ring(data_dir: &Path) -> Result<Option<std::fs::File>, CryptoError> {
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join("secrets.key.lock");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|source| CryptoError::KeyFile {
+            path: path.clone(),
+            what: "opening its lock",
+            source,
+        })?;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(Some(file));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        return Ok(None);
+    }
+    Err(CryptoError::KeyFile {
+        path,
+        what: "locking",
+        source: e,
+    })
+}
+
 /// A new key line, for rotation.
 pub fn generate_key_line() -> Result<Zeroizing<String>, CryptoError> {
     new_key_line()

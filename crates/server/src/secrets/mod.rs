@@ -2,5 +2,6 @@
 //! `/secrets` routes ([`api`]) and resolved for the egress proxy ([`service`]).
 
 pub mod api;
+pub mod cli;
 pub mod crypto;
 pub mod service;

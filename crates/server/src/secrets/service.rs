@@ -51,6 +51,8 @@ pub enum SecretsError {
     TooMany,
     #[error("secret {0:?} is being updated concurrently: try again")]
     Contended(String),
+    #[error("a daemon runs on this data dir (it holds secrets.key.lock): stop it first")]
+    DaemonRunning,
     #[error(transparent)]
     Crypto(#[from] CryptoError),
     #[error(transparent)]
@@ -144,6 +146,8 @@ fn metadata_json(metadata: &BTreeMap<String, String>) -> String {
 pub struct Secrets {
     db: Db,
     ring: Arc<KeyRing>,
+    /// Held while the daemon runs (see [`crypto::lock_key_ring`]).
+    _lock: Option<Arc<std::fs::File>>,
 }
 
 impl Secrets {
@@ -151,7 +155,26 @@ impl Secrets {
         Secrets {
             db,
             ring: Arc::new(ring),
+            _lock: None,
         }
+    }
+
+    /// The daemon's secrets: the key ring of `data_dir` (made on the first start), locked
+    /// against rotation while the daemon runs.
+    pub fn open(db: Db, data_dir: &Path) -> Result<Secrets, CryptoError> {
+        let ring = KeyRing::load_or_create(data_dir)?;
+        let lock = crypto::lock_key_ring(data_dir)?;
+        if lock.is_none() {
+            tracing::warn!(
+                "another process holds {}/secrets.key.lock: two daemons on one data dir?",
+                data_dir.display()
+            );
+        }
+        Ok(Secrets {
+            db,
+            ring: Arc::new(ring),
+            _lock: lock.map(Arc::new),
+        })
     }
 
     /// A new secret of key `key_id`, at version 1.
@@ -282,6 +305,9 @@ impl Secrets {
 /// the next start reads: the rows name the key that sealed them and the file holds it
 /// until no row does. Returns how many versions were resealed.
 pub async fn rotate_key(db: &Db, data_dir: &Path) -> Result<usize> {
+    let Some(_lock) = crypto::lock_key_ring(data_dir)? else {
+        return Err(SecretsError::DaemonRunning);
+    };
     let path = data_dir.join(crypto::KEY_FILE);
     let new_line = crypto::generate_key_line()?;
     let mut lines = vec![new_line.clone()];
@@ -451,6 +477,12 @@ mod tests {
         s.update("key_a", "a", &SecretValue::new("beta".into()), None)
             .await
             .unwrap();
+        let held = crypto::lock_key_ring(dir.path()).unwrap().unwrap();
+        assert!(matches!(
+            rotate_key(&db, dir.path()).await,
+            Err(SecretsError::DaemonRunning)
+        ));
+        drop(held);
         let old_kid = KeyRing::load(&dir.path().join(crypto::KEY_FILE))
             .unwrap()
             .current_kid()
