@@ -4,4 +4,5 @@
 pub mod api;
 pub mod cli;
 pub mod crypto;
+pub mod placeholders;
 pub mod service;
