@@ -156,7 +156,10 @@ mod tests {
             h("Bad Header", "x"),
             h("X-Split", "a\r\nX-Injected: 1"),
         ] {
-            assert!(names_of_transform("d", std::slice::from_ref(&bad)).is_err(), "{bad:?}");
+            assert!(
+                names_of_transform("d", std::slice::from_ref(&bad)).is_err(),
+                "{bad:?}"
+            );
         }
         let many: Vec<_> = (0..33)
             .map(|i| h(&format!("X-{i}"), &format!("${{e2b.secrets.s{i}}}")))
