@@ -202,6 +202,43 @@ async fn secrets_are_created_versioned_listed_and_deleted_per_key_and_never_show
 }
 
 #[tokio::test]
+async fn openapi_describes_the_secrets_routes_and_they_need_a_key() {
+    let env = common::Env::new();
+    let daemon = env.start(&[]);
+    let spec = json_of(&call(&daemon.client, Method::GET, "/openapi.json", None).await);
+    for (path, method) in [
+        ("/secrets", "get"),
+        ("/secrets", "post"),
+        ("/secrets/{secretID}", "get"),
+        ("/secrets/{secretID}", "post"),
+        ("/secrets/{secretID}", "delete"),
+    ] {
+        assert!(
+            spec["paths"][path][method].is_object(),
+            "{method} {path} is missing"
+        );
+    }
+    assert!(spec["components"]["schemas"]["SecretInfo"].is_object());
+    let anonymous = daemon.client.with_api_key(None);
+    for (method, path) in [
+        (Method::GET, "/secrets"),
+        (Method::POST, "/secrets"),
+        (Method::GET, "/secrets/x"),
+        (Method::DELETE, "/secrets/x"),
+    ] {
+        let r = call(
+            &anonymous,
+            method.clone(),
+            path,
+            Some(json!({"name": "x", "value": "y"})),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+    }
+    daemon.stop();
+}
+
+#[tokio::test]
 async fn secrets_survive_a_restart_under_the_same_key_file() {
     let env = common::Env::new();
     let daemon = env.start(&[]);
