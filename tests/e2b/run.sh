@@ -95,6 +95,8 @@ retry_once() {
 }
 say "python: pytest tests/e2b/test_sdk.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_sdk.py" ${PYTEST_ARGS:-} || status=1
+say "python: pytest tests/e2b/test_secrets.py (e2b $PY_SDK)"
+"$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_secrets.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_template.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_template.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_snapshots.py (e2b $PY_SDK)"
@@ -102,10 +104,17 @@ retry_once test_snapshots.py "$CACHE/venv/bin/python" -m pytest -q -p no:cachepr
     "$HERE/test_snapshots.py" ${PYTEST_ARGS:-} || status=1
 say "node: tests/e2b/sdk.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/sdk.cjs" || status=1
+say "node: tests/e2b/secrets.cjs (e2b $NPM_SDK)"
+NODE_PATH="$CACHE/node/node_modules" node "$HERE/secrets.cjs" || status=1
 say "node: tests/e2b/template.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/template.cjs" || status=1
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 
+# The secrets suites' values all start so: none may reach the daemon's log.
+if grep -qE 'sk-(py|js)-' "$TMP/serve.err"; then
+    echo "tests/e2b: a secret value is in the daemon's log" >&2
+    status=1
+fi
 if [ "$status" != 0 ]; then sc_daemon_log; fi
 exit "$status"

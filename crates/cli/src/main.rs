@@ -77,6 +77,11 @@ enum Command {
         #[command(subcommand)]
         command: sandcell_server::KeysCommand,
     },
+    /// The daemon's secrets key (works on <data-dir> directly, with the daemon stopped)
+    Secrets {
+        #[command(subcommand)]
+        command: sandcell_server::SecretsCommand,
+    },
     /// OCI images: pull from a registry, import a layout or `docker save` tarball, ls, rm
     Image {
         #[command(subcommand)]
@@ -217,6 +222,7 @@ fn main() {
             Command::Doctor(args) => doctor::doctor(dirs, args).await,
             Command::Serve(args) => sandcell_server::serve(dirs, args).await,
             Command::Keys { command } => sandcell_server::keys(dirs, command).await,
+            Command::Secrets { command } => sandcell_server::secrets(dirs, command).await,
             Command::Image { command } => image::run(&dirs, command).await,
             Command::Template { command } => template::run(&dirs, command).await,
             Command::Client(command) => client(&dirs, command).await,

@@ -26,6 +26,7 @@ pub mod conntrack;
 pub mod dns;
 mod error;
 pub mod hostcheck;
+pub mod inject;
 pub mod network;
 pub mod nft;
 pub mod policy;

@@ -17,6 +17,10 @@ pub enum Error {
     #[error(transparent)]
     Runtime(#[from] sandcell_runtime::Error),
 
+    /// The secrets key ring (its file, or a stored value that does not open).
+    #[error(transparent)]
+    Secrets(#[from] crate::secrets::crypto::CryptoError),
+
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -23,6 +23,7 @@ pub mod keys;
 pub mod logging;
 pub mod networks;
 pub mod sandboxes;
+pub mod secrets;
 pub mod snapshots;
 pub mod store;
 pub mod templates;
@@ -30,6 +31,7 @@ pub mod util;
 
 pub use http::{router, routes};
 pub use keys::cli::{KeysCommand, keys};
+pub use secrets::cli::{SecretsCommand, secrets};
 
 use http::error::Error;
 use http::metrics;
@@ -269,6 +271,8 @@ pub struct App {
     pub uploads: templates::api::UploadGrants,
     /// Auto-resumes in flight (http/wake.rs).
     pub wakes: http::wake::Wakes,
+    /// The keys' secrets and the key ring that seals them.
+    pub secrets: secrets::service::Secrets,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -336,6 +340,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             tracing::warn!("{e}: other host users may reach the template trees under it");
         }
     }
+    // Before anything is served: a key file that does not load stops the start.
+    let secrets = secrets::service::Secrets::open(db.clone(), &dirs.data)?;
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
@@ -417,6 +423,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         ),
         uploads: Default::default(),
         wakes: Default::default(),
+        secrets,
     });
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");

@@ -258,6 +258,26 @@ impl From<crate::networks::service::NetworkError> for ApiError {
     }
 }
 
+impl From<crate::secrets::service::SecretsError> for ApiError {
+    fn from(e: crate::secrets::service::SecretsError) -> ApiError {
+        use crate::secrets::service::SecretsError;
+        match e {
+            SecretsError::InvalidName(_)
+            | SecretsError::InvalidMetadata(_)
+            | SecretsError::InvalidValue(_) => ApiError::bad_request(e.to_string()),
+            SecretsError::NotFound(_) => ApiError::not_found(e.to_string()),
+            SecretsError::Exists(_) | SecretsError::Contended(_) => {
+                ApiError::conflict(e.to_string())
+            }
+            SecretsError::TooMany => ApiError::too_many(e.to_string()),
+            SecretsError::Crypto(_) | SecretsError::DaemonRunning => {
+                ApiError::internal(e.to_string())
+            }
+            SecretsError::Host(e) => e.into(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body(None))).into_response();

@@ -16,7 +16,7 @@ pub mod wake;
 use crate::App;
 use crate::http::error::ApiError;
 use crate::sandboxes::models::Health;
-use crate::{networks, sandboxes, snapshots, templates};
+use crate::{networks, sandboxes, secrets, snapshots, templates};
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -106,6 +106,15 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
         ))
         .routes(routes!(networks::api::delete_network))
         .routes(routes!(networks::api::attach, networks::api::detach))
+        .routes(routes!(
+            secrets::api::list_secrets,
+            secrets::api::create_secret
+        ))
+        .routes(routes!(
+            secrets::api::get_secret,
+            secrets::api::update_secret,
+            secrets::api::delete_secret
+        ))
         .split_for_parts()
 }
 

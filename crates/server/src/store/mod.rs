@@ -6,6 +6,7 @@ pub mod keys;
 pub mod logs;
 pub mod networks;
 pub mod sandboxes;
+pub mod secrets;
 pub mod snapshots;
 pub mod templates;
 pub mod usage;
@@ -74,6 +75,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         11,
         "auto resume",
         include_str!("../../migrations/0011_auto_resume.sql"),
+    ),
+    (
+        13,
+        "secrets",
+        include_str!("../../migrations/0013_secrets.sql"),
     ),
 ];
 
