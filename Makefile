@@ -10,7 +10,7 @@ HOST_TRIPLE := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(HOST_TRIPLE)/release/sandcell-agent
 export SANDCELL_DATA_DIR := $(DATA_DIR)
 
-.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images test-e2b test-attacks test-mcp deps build build-release agent \
+.PHONY: run test test-unit test-microvm test-nested test-gvisor test-images test-e2b test-attacks test-mcp fuzz fuzz-smoke deps build build-release agent \
         kernel images install bench fmt lint clean
 
 ## make run: set everything up on a fresh machine, run a demo command in a sandbox, then
@@ -33,6 +33,7 @@ run: deps build-release install
 ## make test: every test: unit, payloads on /dev/kvm, the gvisor suite, images, the nested-KVM harness.
 test: build agent install
 	$(CARGO) nextest run --workspace --no-fail-fast
+	$(MAKE) fuzz-smoke
 	$(MAKE) test-images
 	$(MAKE) test-e2b
 	$(MAKE) test-attacks
@@ -64,6 +65,17 @@ test-attacks: build install
 ## The MCP server (stdio and /mcp) with the official MCP Python SDK against a real daemon.
 test-mcp: build install
 	tests/mcp/run.sh
+
+## make fuzz: every fuzz target (fuzz/, cargo-fuzz on nightly) for FUZZ_SECONDS each, with
+## AddressSanitizer; the summary goes to target/fuzz-report.json.
+FUZZ_SECONDS ?= 60
+fuzz:
+	scripts/fuzz.sh --seconds $(FUZZ_SECONDS)
+
+## What `make test` runs: each target over its seeds and for 5 s, without a sanitizer (quick
+## to build), so a crash on a known input fails the run.
+fuzz-smoke:
+	scripts/fuzz.sh --seconds 5 --sanitizer none
 
 test-images: build install
 	tests/images/base.sh
@@ -99,9 +111,11 @@ bench: build-release install
 
 fmt:
 	$(CARGO) fmt --all
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml
 
 lint:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 clean:

@@ -37,10 +37,47 @@ const MAX_CONNECTIONS: usize = 256;
 /// Longest HTTP method token accepted (`OPTIONS`, `CONNECT`, WebDAV's `PROPPATCH`...).
 const MAX_METHOD: usize = 16;
 
+/// The protocol a connection's first bytes speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Kind {
     Http,
     Tls,
+}
+
+/// What the proxy makes of the bytes a connection sent so far ([`sniff`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sniffed {
+    /// Not enough yet to tell (and under [`MAX_HEAD`]).
+    NeedMore,
+    /// Neither TLS nor HTTP/1.x, no usable name, ambiguous, or too long: the connection is
+    /// refused.
+    Refuse,
+    /// The protocol and the host name it names (lowercased, without port or final dot).
+    Name(Kind, String),
+}
+
+/// The decision on `head`, the first bytes of a connection. Once it is not
+/// [`Sniffed::NeedMore`], more bytes never change it (a request head ends at its first
+/// blank line, a ClientHello record at its length): so however the client splits its
+/// writes, the proxy decides the same (tests/fuzz target `egress_sniff` check it).
+pub fn sniff(head: &[u8]) -> Sniffed {
+    // What the proxy reads is at most MAX_HEAD: decide on no more, whatever the caller has.
+    let head = &head[..head.len().min(MAX_HEAD)];
+    let parsed = match head_kind(head) {
+        Some(Kind::Http) => http_host(head),
+        Some(Kind::Tls) => tls_sni(head),
+        None if may_become_known(head) => Parsed::NeedMore,
+        None => Parsed::Refuse,
+    };
+    match parsed {
+        Parsed::Name(n) => match head_kind(head) {
+            Some(kind) if valid_name(&n) => Sniffed::Name(kind, n),
+            _ => Sniffed::Refuse,
+        },
+        Parsed::Refuse => Sniffed::Refuse,
+        Parsed::NeedMore if head.len() >= MAX_HEAD => Sniffed::Refuse,
+        Parsed::NeedMore => Sniffed::NeedMore,
+    }
 }
 
 /// Starts the proxy listener of one sandbox on `gateway`.
@@ -202,21 +239,10 @@ async fn read_name(
 ) -> std::io::Result<Option<(Kind, String)>> {
     let mut buf = [0u8; 4096];
     loop {
-        let parsed = match head_kind(head) {
-            Some(Kind::Http) => http_host(head),
-            Some(Kind::Tls) => tls_sni(head),
-            None if may_become_known(head) => Parsed::NeedMore,
-            None => Parsed::Refuse,
-        };
-        match parsed {
-            Parsed::Name(n) => {
-                return Ok(head_kind(head)
-                    .filter(|_| valid_name(&n))
-                    .map(|kind| (kind, n)));
-            }
-            Parsed::Refuse => return Ok(None),
-            Parsed::NeedMore if head.len() >= MAX_HEAD => return Ok(None),
-            Parsed::NeedMore => {}
+        match sniff(head) {
+            Sniffed::Name(kind, n) => return Ok(Some((kind, n))),
+            Sniffed::Refuse => return Ok(None),
+            Sniffed::NeedMore => {}
         }
         let want = (MAX_HEAD - head.len()).min(buf.len());
         let n = conn.read(&mut buf[..want]).await?;
@@ -236,14 +262,14 @@ fn valid_name(n: &str) -> bool {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Parsed {
+enum Parsed {
     Name(String),
     NeedMore,
     Refuse,
 }
 
 /// The `Host` of an HTTP/1.x request head (port and trailing dot dropped, lowercased).
-pub(crate) fn http_host(head: &[u8]) -> Parsed {
+fn http_host(head: &[u8]) -> Parsed {
     let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Parsed::NeedMore;
     };
@@ -268,7 +294,7 @@ pub(crate) fn http_host(head: &[u8]) -> Parsed {
 }
 
 /// The SNI host name of a TLS ClientHello (in its first record).
-pub(crate) fn tls_sni(b: &[u8]) -> Parsed {
+fn tls_sni(b: &[u8]) -> Parsed {
     // Record: type 22 (handshake), version, length.
     if b.len() < 5 {
         return Parsed::NeedMore;

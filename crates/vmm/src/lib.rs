@@ -11,6 +11,7 @@
 //! - [`bus`], [`devices`]: port and MMIO dispatch and the emulated devices.
 //! - [`control`]: the control socket; [`exit`]: how the VM ends.
 //! - [`machine`]: what a running VM is made of; [`snapshot`]: save, restore, fork images.
+//! - `fuzzing` (feature `fuzzing`, for fuzz/ only): entry points for guest-fed input.
 
 #[macro_use]
 pub mod logger;
@@ -22,6 +23,8 @@ pub mod config;
 pub mod control;
 pub mod devices;
 pub mod exit;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod kvm;
 pub mod loader;
 pub mod machine;

@@ -71,7 +71,9 @@ pub fn read_name(buf: &[u8], at: usize) -> Result<(String, usize), WireError> {
     let mut pos = at;
     let mut end: Option<usize> = None;
     // Pointers must go strictly backwards, so this terminates; the name length bound
-    // keeps it short anyway.
+    // keeps it short anyway. And never into the header: no name lives there, and one read
+    // from a query's header would read otherwise in the reply built from it (whose header
+    // differs), so the name checked would not be the name answered (found by fuzzing).
     let mut lowest = at;
     loop {
         let len = *buf.get(pos).ok_or(WireError::Truncated)?;
@@ -100,7 +102,7 @@ pub fn read_name(buf: &[u8], at: usize) -> Result<(String, usize), WireError> {
             }
             0xC0 => {
                 let target = usize::from(u16_at(buf, pos)? & 0x3FFF);
-                if target >= lowest {
+                if target >= lowest || target < HEADER_LEN {
                     return Err(WireError::BadName);
                 }
                 end.get_or_insert(pos + 2);
@@ -294,6 +296,21 @@ mod tests {
         let at = m.len() as u8;
         m.extend_from_slice(&[0xC0, at, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 1, 1, 1, 1]);
         assert_eq!(parse_answer(&m), Err(WireError::BadName));
+    }
+
+    /// fuzz/ target dns_wire's first find: a question whose name points into the header
+    /// parsed (as the root name), and the reply built from it, whose header differs, named
+    /// something else.
+    #[test]
+    fn names_pointing_into_the_header_are_refused() {
+        let query = [
+            0x40, 0x07, 0x01, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0xC0, 0x07, 0x75, 0x3D, 0x62,
+            0x04, 0x62, 0x61, 0x01,
+        ];
+        assert_eq!(parse_query(&query), Err(WireError::BadName));
+        // Still answered (with the header alone), never with that question.
+        let reply = error_reply(&query, 1).unwrap();
+        assert_eq!(reply.len(), HEADER_LEN);
     }
 
     #[test]

@@ -60,5 +60,5 @@ pub use mmio::{MMIO_WINDOW_SIZE, MmioError, MmioTransport, QUEUE_NOTIFY_OFFSET};
 
 #[cfg(test)]
 mod mmio_tests;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod test_utils;

@@ -1,6 +1,9 @@
 //! Test helpers: real guest memory, a driver-side view of a split virtqueue (on
 //! virtio-queue's mock descriptor table) and a transport programmed the way Linux's
-//! virtio_mmio driver does it.
+//! virtio_mmio driver does it. Also the guest side of the fuzz entry points (crate::fuzzing).
+
+#![allow(clippy::unwrap_used)]
+#![cfg_attr(not(test), allow(dead_code))]
 
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
