@@ -29,6 +29,7 @@
 
 pub mod bundle;
 pub mod disk;
+pub mod flatten;
 mod host_sockets;
 pub mod network;
 pub mod runsc;
