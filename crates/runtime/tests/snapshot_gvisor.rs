@@ -233,7 +233,7 @@ fn rebase(snap: &SnapshotHandle, dir: &Path) -> SnapshotHandle {
     let mut h = snap.clone();
     h.dir = dir.to_path_buf();
     h.files = sandcell_runtime::snapshot::SnapshotFiles::Gvisor {
-        checkpoint_dir: dir.join("checkpoint"),
+        checkpoint_dir: Some(dir.join("checkpoint")),
         upper_dir: dir.join("upper"),
         disk_mib: None,
     };

@@ -169,7 +169,7 @@ async fn checkpoint_to(
         memory_mib: sb.memory_mib,
         env: sb.env.clone(),
         files: SnapshotFiles::Gvisor {
-            checkpoint_dir: images,
+            checkpoint_dir: Some(images),
             upper_dir: upper,
             disk_mib: sb.disk_mib,
         },
@@ -441,7 +441,7 @@ async fn wait_gone(sb: &GvisorSandbox, pid: u32) -> Result<()> {
 
 /// Merges the stopped sandbox's upper layer and the frozen layers below it into `dest`
 /// (see flatten.rs), bounded by twice what its disk (or, without one, its memory) holds.
-async fn flatten_root(sb: &GvisorSandbox, dest: &Path) -> Result<()> {
+pub(super) async fn flatten_root(sb: &GvisorSandbox, dest: &Path) -> Result<()> {
     let mut layers = vec![sb.paths.upper.clone()];
     layers.extend(lock(&sb.lowers).iter().cloned());
     let max_bytes = u64::from(sb.disk_mib.unwrap_or(sb.memory_mib)).saturating_mul(2 << 20);
@@ -598,8 +598,11 @@ pub(in crate::gvisor) async fn restore_new(
         }
         sandbox.prepare(&spec, &[upper_dir, &base]).await?;
         *lock(&sandbox.lowers) = vec![upper_dir.clone()];
-        resume_agent(&sandbox)?;
-        *lock(&sandbox.restore_from) = Some(checkpoint_dir.clone());
+        // No checkpoint (a filesystem-only pause): a fresh boot on the saved files.
+        if let Some(images) = checkpoint_dir {
+            resume_agent(&sandbox)?;
+            *lock(&sandbox.restore_from) = Some(images.clone());
+        }
         sandbox.start().await
     };
     if let Err(e) = started.await {

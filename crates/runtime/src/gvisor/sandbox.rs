@@ -6,6 +6,8 @@ use sandcell_proto::sync::lock;
 // A child module, so that checkpoint/restore can rebuild this sandbox's process in place.
 #[path = "checkpoint.rs"]
 mod checkpoint;
+#[path = "files_pause.rs"]
+mod files_pause;
 use crate::cgroup::SandboxCgroup;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, log_tail};
@@ -670,6 +672,10 @@ impl Sandbox for GvisorSandbox {
 
     async fn pause_to_disk(&self, dest: &Path) -> Result<crate::SnapshotHandle> {
         checkpoint::pause_to_disk(self, dest).await
+    }
+
+    async fn pause_files_to_disk(&self, dest: &Path) -> Result<crate::SnapshotHandle> {
+        files_pause::pause_files_to_disk(self, dest).await
     }
 
     async fn fork(&self, count: usize, dest: &Path) -> Result<Vec<Box<dyn Sandbox>>> {

@@ -64,6 +64,8 @@ struct BootPlan {
     env: BTreeMap<String, String>,
     timeout: u64,
     auto_pause: bool,
+    /// E2B's `autoPauseMemory: false`.
+    auto_pause_files_only: bool,
 }
 
 impl SandboxService {
@@ -245,6 +247,8 @@ impl SandboxService {
             env,
             timeout,
             auto_pause: req.auto_pause == Some(true),
+            auto_pause_files_only: req.auto_pause == Some(true)
+                && req.auto_pause_memory == Some(false),
         })
     }
 
@@ -266,6 +270,7 @@ impl SandboxService {
                     id,
                     &LifecycleRow {
                         auto_pause: true,
+                        auto_pause_files_only: plan.auto_pause_files_only,
                         ..Default::default()
                     },
                 )

@@ -129,7 +129,7 @@ impl SandboxService {
             return Err(SnapshotError::ForkCount(count));
         }
         let (snap, handle) = self.checkpoint(parent, SnapshotPurpose::Fork, None).await?;
-        let auto_pause = self.db.sandbox_lifecycle(&parent.id).await?.auto_pause;
+        let parent_life = self.db.sandbox_lifecycle(&parent.id).await?;
         let mut results = Vec::with_capacity(count as usize);
         // One after the other: the gvisor runtime restores one at a time anyway.
         for _ in 0..count {
@@ -139,7 +139,8 @@ impl SandboxService {
                 env: handle.env.clone(),
                 secure: parent.secure,
                 timeout,
-                auto_pause,
+                auto_pause: parent_life.auto_pause,
+                auto_pause_files_only: parent_life.auto_pause_files_only,
                 parent_id: Some(parent.id.clone()),
                 network: RestoredNetwork::Of(parent.id.clone()),
             };

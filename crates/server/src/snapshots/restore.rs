@@ -34,6 +34,8 @@ pub(super) struct RestoredSpec {
     pub(super) secure: bool,
     pub(super) timeout: u64,
     pub(super) auto_pause: bool,
+    /// E2B's `autoPauseMemory: false` (with `auto_pause`).
+    pub(super) auto_pause_files_only: bool,
     pub(super) parent_id: Option<String>,
     pub(super) network: RestoredNetwork,
 }
@@ -87,6 +89,8 @@ impl SandboxService {
             secure: req.secure.unwrap_or(secure_by_default),
             timeout,
             auto_pause: req.auto_pause.unwrap_or(false),
+            auto_pause_files_only: req.auto_pause == Some(true)
+                && req.auto_pause_memory == Some(false),
             parent_id: None,
             network: network.unwrap_or_else(|| RestoredNetwork::Of(snap.source_id.clone())),
         };
@@ -142,6 +146,7 @@ impl SandboxService {
                 &id,
                 &LifecycleRow {
                     auto_pause: spec.auto_pause,
+                    auto_pause_files_only: spec.auto_pause_files_only,
                     paused_in: None,
                     parent_id: spec.parent_id,
                 },

@@ -70,6 +70,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "key quotas",
         include_str!("../../migrations/0009_key_quotas.sql"),
     ),
+    (
+        10,
+        "filesystem-only auto-pause",
+        include_str!("../../migrations/0010_auto_pause_files_only.sql"),
+    ),
 ];
 
 pub use crate::sandboxes::state::State;

@@ -68,6 +68,7 @@ pub async fn take(
         cpu_count: None,
         memory_mb: None,
         auto_pause: None,
+        auto_pause_memory: None,
         allow_internet_access: None,
         network: None,
         networks: None,
