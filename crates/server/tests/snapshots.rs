@@ -184,15 +184,6 @@ async fn pause_codes_listing_metering_and_auto_pause() {
     let (status, _) = call(&c, Method::POST, &format!("/sandboxes/{id}/resume"), None).await;
     assert_eq!(status, StatusCode::CONFLICT, "resume of a running one");
     assert_eq!(connect(&c, &id).await.0, StatusCode::OK);
-    let (status, _) = call(
-        &c,
-        Method::POST,
-        &format!("/sandboxes/{id}/pause"),
-        Some(json!({"memory": false})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "filesystem-only pause");
-
     assert_eq!(pause(&c, &id).await, StatusCode::NO_CONTENT);
     assert_eq!(pause(&c, &id).await, StatusCode::CONFLICT);
     let paused = c

@@ -58,7 +58,7 @@ pub struct SnapshotRequest {
     /// replaces the first. Without: the snapshot is known by its id.
     #[serde(default)]
     pub name: Option<String>,
-    /// Only true (the default) is supported.
+    /// Only true (the default) is supported (false: 400).
     #[serde(default)]
     pub memory: Option<bool>,
 }
@@ -123,11 +123,13 @@ async fn owned(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxRow> {
     }
 }
 
+/// Snapshots (unlike pauses) always keep the memory.
 fn no_filesystem_only(memory: Option<bool>) -> ApiResult<()> {
     if memory == Some(false) {
         return Err(ApiError::bad_request(
-            "memory: false (filesystem only) is not supported by this server: pauses and \
-             snapshots always save the memory and resumes restore it",
+            "memory: false (filesystem only) is not supported for snapshots: they always save \
+             the memory (a pause can save the files only: POST /sandboxes/{id}/pause with \
+             {\"memory\": false})",
         ));
     }
     Ok(())
