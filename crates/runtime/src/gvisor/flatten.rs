@@ -136,7 +136,7 @@ impl Job {
                 let mark_opaque = match below {
                     Some(libc::S_IFDIR) if !opaque => false,
                     Some(_) => {
-                        remove_at(dst, &c, at, depth).map_err(io_err("removing", at))?;
+                        remove_at(dst, &c, depth).map_err(io_err("removing", at))?;
                         true
                     }
                     None => opaque,
@@ -155,7 +155,7 @@ impl Job {
                 copy_meta(&s, &d, at)
             }
             libc::S_IFREG => {
-                remove_at(dst, &c, at, depth).map_err(io_err("removing", at))?;
+                remove_at(dst, &c, depth).map_err(io_err("removing", at))?;
                 let s = open_at(src, &c, libc::O_RDONLY).map_err(io_err("opening", at))?;
                 refuse_redirects(&s, at)?;
                 let size = u64::try_from(st.st_size).unwrap_or(0);
@@ -189,7 +189,7 @@ impl Job {
                 copy_meta(&s, &d, at)
             }
             libc::S_IFLNK => {
-                remove_at(dst, &c, at, depth).map_err(io_err("removing", at))?;
+                remove_at(dst, &c, depth).map_err(io_err("removing", at))?;
                 let target = read_link_at(src, &c).map_err(io_err("reading link", at))?;
                 // SAFETY: both strings are valid and NUL-terminated; symlinkat creates the
                 // link itself and follows nothing.
@@ -199,11 +199,11 @@ impl Job {
             }
             libc::S_IFCHR if st.st_rdev == 0 => {
                 // A whiteout.
-                remove_at(dst, &c, at, depth).map_err(io_err("removing", at))?;
+                remove_at(dst, &c, depth).map_err(io_err("removing", at))?;
                 mknod_at(dst, &c, libc::S_IFCHR, 0).map_err(io_err("creating whiteout", at))
             }
             kind @ (libc::S_IFIFO | libc::S_IFSOCK) => {
-                remove_at(dst, &c, at, depth).map_err(io_err("removing", at))?;
+                remove_at(dst, &c, depth).map_err(io_err("removing", at))?;
                 mknod_at(dst, &c, kind | (st.st_mode & 0o7777), 0)
                     .map_err(io_err("creating", at))?;
                 copy_meta_at(dst, &c, &st, at)
@@ -289,7 +289,7 @@ fn list_dir(dir: &OwnedFd, at: &Path) -> Result<Vec<std::ffi::OsString>, Flatten
 
 /// Removes whatever is at `name` in `dir` (a directory with its contents); nothing there is
 /// fine.
-fn remove_at(dir: &OwnedFd, name: &CString, at: &Path, depth: usize) -> io::Result<()> {
+fn remove_at(dir: &OwnedFd, name: &CString, depth: usize) -> io::Result<()> {
     let st = match stat_at(dir, name) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
         other => other?,
@@ -306,7 +306,7 @@ fn remove_at(dir: &OwnedFd, name: &CString, at: &Path, depth: usize) -> io::Resu
         for entry in std::fs::read_dir(via)? {
             let child = CString::new(entry?.file_name().as_bytes())
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"))?;
-            remove_at(&sub, &child, at, depth + 1)?;
+            remove_at(&sub, &child, depth + 1)?;
         }
         flags = libc::AT_REMOVEDIR;
     }

@@ -115,7 +115,7 @@ fn the_flattened_layer_shows_what_the_stack_showed() {
     opaque(&top.join("hidden"));
     write(&top.join("becomes-dir/inner"), "top inner"); // a dir over a deep file
     write(&top.join("wh-dir/new"), "top over a whiteout"); // a plain dir over one
-    fs::create_dir_all(&top.join("back")).unwrap(); // plain dir: merges with the image
+    fs::create_dir_all(top.join("back")).unwrap(); // plain dir: merges with the image
     write(&top.join("back/y"), "top back");
     symlink(&outside, top.join("linked")).unwrap(); // a guest's link over a deep dir
     symlink("/etc/passwd", top.join("passwd")).unwrap();

@@ -532,6 +532,10 @@ impl GvisorRuntime {
                 }
             }
         }
+        // Disk files whose sandbox is gone (after the sandboxes above lost theirs).
+        for id in disk::remove_orphans(&shared.dirs) {
+            tracing::info!("gvisor: removed the orphaned disk of sandbox {id}");
+        }
         match first {
             Some(e) if cleaned.is_empty() => Err(e),
             _ => Ok(cleaned),
