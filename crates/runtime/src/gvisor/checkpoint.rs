@@ -451,7 +451,7 @@ pub(super) async fn flatten_root(sb: &GvisorSandbox, dest: &Path) -> Result<()> 
         super::super::flatten::flatten(&layers, &to, max_bytes)
     })
     .await;
-    match flattened {
+    let problem = match flattened {
         Ok(Ok(copied)) => {
             tracing::debug!(
                 "gvisor sandbox {}: flattened its root ({} entries, {} bytes)",
@@ -459,17 +459,15 @@ pub(super) async fn flatten_root(sb: &GvisorSandbox, dest: &Path) -> Result<()> 
                 copied.entries,
                 copied.bytes
             );
-            Ok(())
+            return Ok(());
         }
-        Ok(Err(e)) => Err(Error::Snapshot {
-            path: dest.to_path_buf(),
-            problem: format!("recording the root of sandbox {}: {e}", sb.id),
-        }),
-        Err(e) => Err(Error::Snapshot {
-            path: dest.to_path_buf(),
-            problem: format!("recording the root of sandbox {}: {e}", sb.id),
-        }),
-    }
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(Error::Snapshot {
+        path: dest.to_path_buf(),
+        problem: format!("recording the root of sandbox {}: {problem}", sb.id),
+    })
 }
 
 /// Restores the checkpointed sandbox `sb` from `images` into itself (same id, files and
