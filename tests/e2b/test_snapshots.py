@@ -90,6 +90,39 @@ def test_without_auto_resume_a_paused_sandbox_stays_paused():
         r = httpx.get(API_URL, headers=route, timeout=30)
         assert r.status_code == 502 and "was not found" in r.text, r.text
         assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+def test_a_filesystem_only_pause_keeps_the_files_not_the_processes():
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120)
+    try:
+        sbx.files.write("/home/user/kept.txt", "before pause")
+        sbx.commands.run("sleep 600", background=True)
+        assert sbx.pause(mode="filesystem") is True
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+
+        same = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert same.sandbox_id == sbx.sandbox_id
+        assert same.files.read("/home/user/kept.txt") == "before pause"
+        assert "sleep 600" not in same.commands.run("ps -eo args").stdout
+        assert same.commands.run("echo $E2B_SANDBOX_ID").stdout.strip() == sbx.sandbox_id
+    finally:
+        sbx.kill()
+
+
+def test_auto_pause_at_the_timeout_can_keep_the_files_only():
+    sbx = Sandbox.create(
+        template=TEMPLATE,
+        timeout=20,
+        lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
+    )
+    try:
+        sbx.files.write("/home/user/kept.txt", "before the timeout")
+        sbx.commands.run("sleep 600", background=True)
+        deadline = time.monotonic() + 120
+        while Sandbox.get_info(sbx.sandbox_id).state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "not auto-paused 100 s after its timeout"
+            time.sleep(0.5)
+        same = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert same.files.read("/home/user/kept.txt") == "before the timeout"
+        assert "sleep 600" not in same.commands.run("ps -eo args").stdout
     finally:
         sbx.kill()
 

@@ -369,6 +369,18 @@ pub trait Sandbox: Send + Sync {
     /// (except the snapshot): resume with [`Runtime::restore`].
     async fn pause_to_disk(&self, dest: &std::path::Path) -> Result<SnapshotHandle>;
 
+    /// A filesystem-only pause (E2B's `pause(memory=False)`): the sandbox's files are saved
+    /// into `dest` and it stops (its processes end); [`Runtime::restore`] of the handle
+    /// boots a fresh sandbox on those files. Default: the runtime cannot.
+    async fn pause_files_to_disk(&self, dest: &std::path::Path) -> Result<SnapshotHandle> {
+        let _ = dest;
+        Err(Error::Unsupported {
+            runtime: self.runtime(),
+            op: "pause without memory",
+            why: "this runtime saves only whole sandboxes (memory: true)".into(),
+        })
+    }
+
     /// `count` new running sandboxes that continue from this one's present state, each on
     /// its own writable layer; the parent keeps running (gvisor: restored in place, as for
     /// [`Sandbox::snapshot`]). The snapshot they come from is kept in `dest` (the caller

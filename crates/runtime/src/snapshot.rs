@@ -7,7 +7,8 @@
 //! - gvisor ([`crate::gvisor`], checkpoint.rs): `checkpoint/` (`runsc checkpoint`'s image:
 //!   every process, the sandbox's memory, and with `--overlay2=root:memory` the writes to
 //!   its root), `upper/` (a copy of the host overlayfs upper layer at the checkpoint: the
-//!   restored sandbox's root is a new upper over `[upper/, image tree]`).
+//!   restored sandbox's root is a new upper over `[upper/, image tree]`; the root's layers
+//!   flattened, see gvisor/flatten.rs). A filesystem-only pause has `upper/` alone.
 //! - microvm ([`crate::microvm`], snapshot.rs): `vm.state`, `vm.mem` (full) or a symlink to
 //!   the parent VMM's frozen memory (fork: valid while that VMM lives), and the frozen disk
 //!   layers.
@@ -74,8 +75,11 @@ impl From<&SnapshotImage> for Image {
 #[serde(tag = "runtime", rename_all = "lowercase")]
 pub enum SnapshotFiles {
     Gvisor {
-        /// `runsc checkpoint --image-path`.
-        checkpoint_dir: PathBuf,
+        /// `runsc checkpoint --image-path`; `None`: a filesystem-only pause
+        /// ([`crate::Sandbox::pause_files_to_disk`]), whose restore boots a fresh sandbox on
+        /// the saved files.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint_dir: Option<PathBuf>,
         /// The frozen copy of the host overlayfs upper layer.
         upper_dir: PathBuf,
         /// The sandbox's disk size ([`crate::SandboxSpec::disk_mib`]), if it had a disk: a
@@ -163,8 +167,10 @@ impl SnapshotHandle {
                 upper_dir,
                 ..
             } => {
-                if !checkpoint_dir.join("checkpoint.img").is_file() {
-                    return Err(missing(checkpoint_dir, "the runsc checkpoint image"));
+                if let Some(dir) = checkpoint_dir
+                    && !dir.join("checkpoint.img").is_file()
+                {
+                    return Err(missing(dir, "the runsc checkpoint image"));
                 }
                 if !upper_dir.is_dir() {
                     return Err(missing(upper_dir, "the frozen root layer"));
@@ -265,7 +271,7 @@ mod tests {
             memory_mib: 256,
             env: BTreeMap::new(),
             files: SnapshotFiles::Gvisor {
-                checkpoint_dir: dir.join("checkpoint"),
+                checkpoint_dir: Some(dir.join("checkpoint")),
                 upper_dir: dir.join("upper"),
                 disk_mib: None,
             },

@@ -233,7 +233,7 @@ fn rebase(snap: &SnapshotHandle, dir: &Path) -> SnapshotHandle {
     let mut h = snap.clone();
     h.dir = dir.to_path_buf();
     h.files = sandcell_runtime::snapshot::SnapshotFiles::Gvisor {
-        checkpoint_dir: dir.join("checkpoint"),
+        checkpoint_dir: Some(dir.join("checkpoint")),
         upper_dir: dir.join("upper"),
         disk_mib: None,
     };
@@ -355,4 +355,61 @@ async fn chained_restores_answer() {
     for id in &ids {
         assert_gone(&env, &rt, id).await;
     }
+}
+
+/// A sandbox with a disk, restored from a snapshot (its root: its upper over the snapshot's
+/// layer over the image), paused to disk, resumes with both layers' files, a deletion of a
+/// file of the snapshot's layer included, and its pause does not need the first snapshot
+/// (deleted before the resume). A filesystem-only pause of it keeps the files, not the
+/// processes. Disks go with the sandboxes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_sandbox_with_a_disk_pauses_on_its_flattened_layers() {
+    let env = env();
+    let rt = runtime(&env).await;
+    let mut spec = common::sandbox_spec(&env.image, 256);
+    spec.disk_mib = Some(128);
+    let parent: Arc<dyn Sandbox> = Arc::from(rt.create(spec).await.unwrap());
+    parent.start().await.unwrap();
+    let script = "mkdir -p /root/d && echo one > /root/d/a && echo two > /root/d/b";
+    assert_eq!(sh(&parent, script).await.1, 0);
+    let first = parent
+        .snapshot(&env.snapshot_dir("first"), SnapshotKind::Full)
+        .await
+        .unwrap();
+    parent.destroy().await.unwrap();
+
+    let restored: Arc<dyn Sandbox> = Arc::from(rt.restore(&first, restore_spec()).await.unwrap());
+    let script = "rm /root/d/b && echo three > /root/d/c && echo done";
+    assert_eq!(sh(&restored, script).await, ("done\n".to_string(), 0));
+    let paused = restored
+        .pause_to_disk(&env.snapshot_dir("paused"))
+        .await
+        .unwrap();
+    first.delete().unwrap();
+
+    let resumed: Arc<dyn Sandbox> = Arc::from(rt.restore(&paused, restore_spec()).await.unwrap());
+    let (out, status) = sh(&resumed, "cat /root/d/a /root/d/c; ls /root/d").await;
+    assert_eq!((out.as_str(), status), ("one\nthree\na\nc\n", 0));
+    start_counter(&resumed).await;
+    count_at_least(&resumed, 2).await;
+
+    let files = resumed
+        .pause_files_to_disk(&env.snapshot_dir("files"))
+        .await
+        .unwrap();
+    paused.delete().unwrap();
+    let booted: Arc<dyn Sandbox> = Arc::from(rt.restore(&files, restore_spec()).await.unwrap());
+    let (out, _) = sh(&booted, "cat /root/d/a /root/d/c; ls /root/d").await;
+    assert_eq!(out, "one\nthree\na\nc\n");
+    let before = count(&booted).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count(&booted).await, before, "the counter came back");
+    let id = booted.id().to_string();
+    booted.destroy().await.unwrap();
+    files.delete().unwrap();
+    assert_gone(&env, &rt, &id).await;
+    let disks = std::fs::read_dir(env.dirs.data.join("disks"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(disks, 0, "disk files left");
 }

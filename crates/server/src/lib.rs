@@ -68,12 +68,11 @@ pub struct ServeArgs {
     /// Largest memory a sandbox may ask for (`memoryMB` on create)
     #[arg(long, default_value_t = 8192, value_name = "MIB")]
     pub max_memory_mib: u32,
-    /// gvisor: give every sandbox a disk of this size (a sparse ext4 file under
-    /// `<data-dir>/disks`, taking only what is written; the root's writes go there: ENOSPC
-    /// when full, `df /` and the API's `diskSizeMB` tell the size); 0 (the default until a
-    /// paused fork child with a disk resumes, see known-limits.md): the root's writes live
-    /// in the sandbox's memory. 10240 is a good size
-    #[arg(long, default_value_t = 0, value_name = "MIB")]
+    /// gvisor: every sandbox's disk (a sparse ext4 file under `<data-dir>/disks`, taking
+    /// only what is written; the root's writes go there: ENOSPC when full, `df /` and the
+    /// API's `diskSizeMB` tell the size); 0: none, the root's writes live in the sandbox's
+    /// memory (creates ~50 ms faster; no filesystem-only pause)
+    #[arg(long, default_value_t = 10240, value_name = "MIB")]
     pub disk_mib: u32,
     /// Kill every sandbox when the daemon stops (default: they keep running and the next
     /// `sandcell serve` adopts them)

@@ -184,15 +184,6 @@ async fn pause_codes_listing_metering_and_auto_pause() {
     let (status, _) = call(&c, Method::POST, &format!("/sandboxes/{id}/resume"), None).await;
     assert_eq!(status, StatusCode::CONFLICT, "resume of a running one");
     assert_eq!(connect(&c, &id).await.0, StatusCode::OK);
-    let (status, _) = call(
-        &c,
-        Method::POST,
-        &format!("/sandboxes/{id}/pause"),
-        Some(json!({"memory": false})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "filesystem-only pause");
-
     assert_eq!(pause(&c, &id).await, StatusCode::NO_CONTENT);
     assert_eq!(pause(&c, &id).await, StatusCode::CONFLICT);
     let paused = c
@@ -492,5 +483,104 @@ async fn a_snapshot_is_a_template_for_twenty_concurrent_creates() {
     }
     c.kill_sandbox(&source.sandbox_id).await.unwrap();
     assert!(snapshot_dirs(&env).is_empty(), "{:?}", snapshot_dirs(&env));
+    daemon.stop();
+}
+
+/// `pause` with `memory: false` (E2B's filesystem-only pause; every sandbox has a disk by
+/// default): the files, deletions of image files included, come back, the processes do not,
+/// the id, token and env stay; state paused with `pauseMode: filesystem`. A later pause with
+/// memory of the resumed sandbox (whose root stands on the saved files) resumes too, and
+/// kill leaves no snapshot and no disk.
+#[tokio::test]
+async fn a_filesystem_only_pause_keeps_the_files_and_ends_the_processes() {
+    let env = common::Env::new();
+    let daemon = start(&env);
+    let c = daemon.client.clone();
+    let sb = c.create_sandbox(&minimal(Some(600))).await.unwrap();
+    let id = sb.sandbox_id.clone();
+    sh(&c, &sb, COUNTER).await;
+    sh(
+        &c,
+        &sb,
+        "mkdir -p /home/user/d && echo kept > /home/user/d/f && echo x > /home/user/d/g",
+    )
+    .await;
+
+    let (status, body) = call(
+        &c,
+        Method::POST,
+        &format!("/sandboxes/{id}/pause"),
+        Some(json!({"memory": false})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(state(&c, &id).await, "paused");
+    let (_, detail) = call(&c, Method::GET, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(detail["pauseMode"], "filesystem", "{detail}");
+
+    let (status, resumed) = connect(&c, &id).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(resumed.sandbox_id, id);
+    assert_eq!(resumed.envd_access_token, sb.envd_access_token);
+    assert_eq!(sh(&c, &sb, "cat /home/user/d/f").await.trim(), "kept");
+    assert_eq!(sh(&c, &sb, "echo $E2B_SANDBOX_ID").await.trim(), id);
+    // The counter did not come back: its count stands still.
+    let before = count(&c, &sb).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(count(&c, &sb).await, before, "a process survived the pause");
+
+    // Its root is [its upper, the saved files, image]: a pause with memory flattens both.
+    // A deletion of a saved file is a whiteout in its upper: it stays deleted.
+    sh(
+        &c,
+        &sb,
+        "echo second > /home/user/second && rm /home/user/d/g",
+    )
+    .await;
+    assert_eq!(pause(&c, &id).await, StatusCode::NO_CONTENT);
+    let (status, _) = connect(&c, &id).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        sh(
+            &c,
+            &sb,
+            "cat /home/user/d/f /home/user/second; ls /home/user/d"
+        )
+        .await,
+        "kept\nsecond\nf\n"
+    );
+    c.kill_sandbox(&id).await.unwrap();
+    assert!(snapshot_dirs(&env).is_empty(), "{:?}", snapshot_dirs(&env));
+    let disks: Vec<_> = std::fs::read_dir(env.data().join("disks"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(disks.is_empty(), "disks left: {disks:?}");
+    assert!(env.traces_of(&id).is_empty());
+    daemon.stop();
+}
+
+/// Without a disk the files live in the sandbox's memory: `memory: false` is 400, saying
+/// what to do, and the sandbox runs on.
+#[tokio::test]
+async fn a_filesystem_only_pause_without_a_disk_is_refused() {
+    let env = common::Env::new();
+    let daemon = env.start(&["--no-network", "--disk-mib", "0"]);
+    let c = daemon.client.clone();
+    let sb = c.create_sandbox(&minimal(Some(600))).await.unwrap();
+    let (status, body) = call(
+        &c,
+        Method::POST,
+        &format!("/sandboxes/{}/pause", sb.sandbox_id),
+        Some(json!({"memory": false})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("--disk-mib"),
+        "{body}"
+    );
+    assert_eq!(state(&c, &sb.sandbox_id).await, "running");
+    assert_eq!(sh(&c, &sb, "echo up").await.trim(), "up");
+    c.kill_sandbox(&sb.sandbox_id).await.unwrap();
     daemon.stop();
 }

@@ -128,7 +128,7 @@ async fn checkpoint_to(
 ) -> Result<SnapshotHandle> {
     let pid = check_checkpointable(sb)?;
     let (images, upper) = create_snapshot_dirs(dest)?;
-    let _one_at_a_time = one_at_a_time(&sb.shared).await?;
+    let one_at_a_time_guard = one_at_a_time(&sb.shared).await?;
     // Ordering: the agent must hold (no host socket open) before the sandbox is frozen;
     // frozen, nothing in it binds a new host socket while we look for one (a save that
     // meets one ends the sandbox); the agent's socket file goes only then (the guest could
@@ -142,8 +142,22 @@ async fn checkpoint_to(
     }
     run_checkpoint(sb, pid, &images).await?;
     wait_gone(sb, pid).await?;
+    // The copy below needs no runsc; restore_in_place takes the lock again.
+    drop(one_at_a_time_guard);
 
-    copy_tree(&sb.paths.upper, &upper).await?;
+    // The root's layers, flattened (flatten.rs): the snapshot stands on the image alone. A
+    // failure here leaves the sandbox's own files as they were: it is restored in place.
+    if let Err(e) = flatten_root(sb, &upper).await {
+        let restored = restore_in_place(sb, &images).await;
+        let _ = crate::util::remove_dir_all_if_exists(dest);
+        return Err(match restored {
+            Ok(()) => e,
+            Err(again) => Error::Snapshot {
+                path: dest.to_path_buf(),
+                problem: format!("{e}; restoring the sandbox after it: {again}"),
+            },
+        });
+    }
     let handle = SnapshotHandle {
         format: crate::snapshot::SNAPSHOT_FORMAT,
         runtime: RT,
@@ -155,7 +169,7 @@ async fn checkpoint_to(
         memory_mib: sb.memory_mib,
         env: sb.env.clone(),
         files: SnapshotFiles::Gvisor {
-            checkpoint_dir: images,
+            checkpoint_dir: Some(images),
             upper_dir: upper,
             disk_mib: sb.disk_mib,
         },
@@ -425,26 +439,35 @@ async fn wait_gone(sb: &GvisorSandbox, pid: u32) -> Result<()> {
     Ok(())
 }
 
-/// `cp -a` (keeps overlayfs whiteouts and their xattrs).
-async fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    let out = tokio::process::Command::new("cp")
-        .arg("-a")
-        .arg("--")
-        .arg(from)
-        .arg(to)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|e| Error::io(RT, "running cp", e))?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            runtime: RT,
-            command: format!("cp -a {} {}", from.display(), to.display()),
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
+/// Merges the stopped sandbox's upper layer and the frozen layers below it into `dest`
+/// (see flatten.rs), bounded by twice what its disk (or, without one, its memory) holds.
+pub(super) async fn flatten_root(sb: &GvisorSandbox, dest: &Path) -> Result<()> {
+    let mut layers = vec![sb.paths.upper.clone()];
+    layers.extend(lock(&sb.lowers).iter().cloned());
+    let max_bytes = u64::from(sb.disk_mib.unwrap_or(sb.memory_mib)).saturating_mul(2 << 20);
+    let to = dest.to_path_buf();
+    let flattened = tokio::task::spawn_blocking(move || {
+        let layers: Vec<&Path> = layers.iter().map(PathBuf::as_path).collect();
+        super::super::flatten::flatten(&layers, &to, max_bytes)
+    })
+    .await;
+    let problem = match flattened {
+        Ok(Ok(copied)) => {
+            tracing::debug!(
+                "gvisor sandbox {}: flattened its root ({} entries, {} bytes)",
+                sb.id,
+                copied.entries,
+                copied.bytes
+            );
+            return Ok(());
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(Error::Snapshot {
+        path: dest.to_path_buf(),
+        problem: format!("recording the root of sandbox {}: {problem}", sb.id),
+    })
 }
 
 /// Restores the checkpointed sandbox `sb` from `images` into itself (same id, files and
@@ -572,8 +595,12 @@ pub(in crate::gvisor) async fn restore_new(
             sandbox.attach_network(net).await?;
         }
         sandbox.prepare(&spec, &[upper_dir, &base]).await?;
-        resume_agent(&sandbox)?;
-        *lock(&sandbox.restore_from) = Some(checkpoint_dir.clone());
+        *lock(&sandbox.lowers) = vec![upper_dir.clone()];
+        // No checkpoint (a filesystem-only pause): a fresh boot on the saved files.
+        if let Some(images) = checkpoint_dir {
+            resume_agent(&sandbox)?;
+            *lock(&sandbox.restore_from) = Some(images.clone());
+        }
         sandbox.start().await
     };
     if let Err(e) = started.await {

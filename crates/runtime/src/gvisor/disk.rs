@@ -11,7 +11,8 @@
 //! The guest never touches the file's blocks: it sees files through runsc's gofer, and the
 //! host's ext4 driver reads only what the host wrote. The mount goes with the sandbox's
 //! other leftovers (`Shared::remove_leftovers`: kill, sweep, a failed create), and `mount
-//! -o loop` sets the loop device to detach itself once unmounted.
+//! -o loop` sets the loop device to detach itself once unmounted. A sweep also removes disk
+//! files left without their sandbox ([`remove_orphans`]).
 
 use super::RT;
 use crate::{Dirs, Error, Result};
@@ -115,6 +116,51 @@ pub(super) fn remove(dirs: &Dirs, id: &str) -> Result<()> {
         )),
         _ => Ok(()),
     }
+}
+
+/// Removes disk files that no sandbox of `dirs` has (no run dir) and no loop device
+/// holds: what a crash between a sandbox's unmount and its file's removal leaves. Returns
+/// the ids whose disks went.
+pub(super) fn remove_orphans(dirs: &Dirs) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dirs.data.join("disks")) else {
+        return Vec::new();
+    };
+    let held = loop_backing_files();
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".ext4")) else {
+            continue;
+        };
+        let path = entry.path();
+        // A held one is in use (by a sandbox of another run dir, say): never touched.
+        let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if !crate::validate_id(id)
+            || dirs.sandbox_run_dir(id).exists()
+            || held.contains(&canonical)
+            || held.contains(&path)
+        {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push(id.to_string()),
+            Err(e) => tracing::warn!("removing orphaned disk {}: {e}", path.display()),
+        }
+    }
+    removed
+}
+
+/// The files behind the host's loop devices (`/sys/block/loop*/loop/backing_file`).
+fn loop_backing_files() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .map(|s| PathBuf::from(s.trim_end_matches('\n')))
+        .collect()
 }
 
 async fn run(program: &str, args: &[&std::ffi::OsStr], hint: &str) -> Result<()> {

@@ -29,6 +29,7 @@
 
 pub mod bundle;
 pub mod disk;
+pub mod flatten;
 mod host_sockets;
 pub mod network;
 pub mod runsc;
@@ -530,6 +531,10 @@ impl GvisorRuntime {
                     first.get_or_insert(e);
                 }
             }
+        }
+        // Disk files whose sandbox is gone (after the sandboxes above lost theirs).
+        for id in disk::remove_orphans(&shared.dirs) {
+            tracing::info!("gvisor: removed the orphaned disk of sandbox {id}");
         }
         match first {
             Some(e) if cleaned.is_empty() => Err(e),

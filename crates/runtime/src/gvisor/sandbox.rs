@@ -6,6 +6,8 @@ use sandcell_proto::sync::lock;
 // A child module, so that checkpoint/restore can rebuild this sandbox's process in place.
 #[path = "checkpoint.rs"]
 mod checkpoint;
+#[path = "files_pause.rs"]
+mod files_pause;
 use crate::cgroup::SandboxCgroup;
 use crate::supervise::{ExitCell, NotReady, poll_ready};
 use crate::util::{kill_pid, log_tail};
@@ -95,6 +97,9 @@ pub struct GvisorSandbox {
     host_writes: bool,
     /// [`SandboxSpec::disk_mib`] (disk.rs), recorded in its snapshots.
     pub(super) disk_mib: Option<u32>,
+    /// The frozen layers between its upper and the image tree (top first): a restored
+    /// sandbox's snapshot layer. A checkpoint flattens them with the upper (flatten.rs).
+    pub(super) lowers: Mutex<Vec<PathBuf>>,
 }
 
 impl GvisorSandbox {
@@ -123,6 +128,7 @@ impl GvisorSandbox {
             launch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             host_writes: spec.host_layer.is_some() || spec.disk_mib.is_some(),
             disk_mib: spec.disk_mib,
+            lowers: Mutex::new(Vec::new()),
         }
     }
 
@@ -379,8 +385,9 @@ fn mount_overlay(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> 
         }
     }
     let lower: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+    // No redirects or metacopy: a snapshot flattens the upper into a plain layer (flatten.rs).
     let options = format!(
-        "lowerdir={},upperdir={},workdir={}",
+        "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off",
         lower.join(":"),
         upper.display(),
         work.display()
@@ -665,6 +672,10 @@ impl Sandbox for GvisorSandbox {
 
     async fn pause_to_disk(&self, dest: &Path) -> Result<crate::SnapshotHandle> {
         checkpoint::pause_to_disk(self, dest).await
+    }
+
+    async fn pause_files_to_disk(&self, dest: &Path) -> Result<crate::SnapshotHandle> {
+        files_pause::pause_files_to_disk(self, dest).await
     }
 
     async fn fork(&self, count: usize, dest: &Path) -> Result<Vec<Box<dyn Sandbox>>> {

@@ -202,6 +202,7 @@ impl From<crate::snapshots::error::SnapshotError> for ApiError {
                 ApiError::conflict(e.to_string())
             }
             SnapshotError::InvalidName(_)
+            | SnapshotError::FilesOnlyWithoutDisk(_)
             | SnapshotError::NameOfTemplate(_)
             | SnapshotError::ForkCount(_) => ApiError::bad_request(e.to_string()),
             // E2B: 503 when it cannot be paused now and keeps running.

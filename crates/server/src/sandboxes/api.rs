@@ -410,7 +410,13 @@ pub async fn get_sandbox(
     let life = app.db.sandbox_lifecycle(&id).await?;
     let listed = listed_json(&row);
     Ok(Json(SandboxDetail {
-        pause_mode: (listed.state == SandboxState::Paused).then(|| "full".to_string()),
+        pause_mode: match listed.state {
+            SandboxState::Paused if app.lifecycle.paused_files_only(&id).await => {
+                Some("filesystem".to_string())
+            }
+            SandboxState::Paused => Some("full".to_string()),
+            _ => None,
+        },
         listed,
         envd_access_token: row.access_token.clone(),
         domain: app.config.domain.clone(),
@@ -510,11 +516,10 @@ async fn connect(
         .timeout
         .unwrap_or(crate::sandboxes::service::DEFAULT_TIMEOUT_SECS);
     app.lifecycle.check_timeout(timeout)?;
-    let row = match app.db.sandbox_of_key(&caller.0.id, &id).await? {
-        Some(row) if row.state.is_addressable() => row,
-        _ => return Err(ApiError::sandbox_not_found(&id)),
-    };
-    crate::snapshots::api::check_connect_memory(&row, req.memory)?;
+    if !matches!(app.db.sandbox_of_key(&caller.0.id, &id).await?, Some(row) if row.state.is_addressable())
+    {
+        return Err(ApiError::sandbox_not_found(&id));
+    }
     // 201 when it was paused and resumed (snapshots/pause.rs), 200 when it was running.
     match crate::snapshots::api::resume(&app, id, timeout).await? {
         crate::snapshots::pause::Resumed::Resumed(row) => {

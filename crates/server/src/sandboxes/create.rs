@@ -70,6 +70,8 @@ struct BootPlan {
     auto_pause: bool,
     /// The timeout an auto-resume gives, when the create asked for auto-resume.
     auto_resume: Option<u64>,
+    /// E2B's `autoPauseMemory: false`.
+    auto_pause_files_only: bool,
 }
 
 impl SandboxService {
@@ -253,6 +255,8 @@ impl SandboxService {
             timeout,
             auto_pause: req.auto_pause == Some(true),
             auto_resume,
+            auto_pause_files_only: req.auto_pause == Some(true)
+                && req.auto_pause_memory == Some(false),
         })
     }
 
@@ -305,6 +309,7 @@ impl SandboxService {
                     &LifecycleRow {
                         auto_pause: true,
                         auto_resume: plan.auto_resume,
+                        auto_pause_files_only: plan.auto_pause_files_only,
                         ..Default::default()
                     },
                 )

@@ -40,6 +40,10 @@ pub struct NewSandbox {
     /// sandbox through the proxy (its envd, its ports) resumes it and is then served.
     #[serde(default, deserialize_with = "auto_resume_field")]
     pub auto_resume: Option<AutoResumeConfig>,
+    /// With `autoPause`: false saves only the files at the timeout (the resume boots a
+    /// fresh sandbox on them: processes gone); default true (the memory too).
+    #[serde(default)]
+    pub auto_pause_memory: Option<bool>,
     /// false: nothing out (as `denyOut: ["0.0.0.0/0"]`). Default true.
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
@@ -150,7 +154,8 @@ pub struct SandboxDetail {
     pub envd_access_token: Option<String>,
     pub domain: Option<String>,
     pub lifecycle: LifecycleInfo,
-    /// `full` for a paused sandbox (memory and files saved), absent while running.
+    /// For a paused sandbox: `full` (memory and files saved) or `filesystem` (files only: the
+    /// resume boots afresh); absent while running.
     #[serde(rename = "pauseMode", skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<String>,
     /// Our extension: the sandbox this one was forked from.
@@ -182,8 +187,8 @@ pub struct ConnectRequest {
     /// Seconds from now; the sandbox's end is moved later, never earlier.
     #[serde(default)]
     pub timeout: Option<u64>,
-    /// Only true (the default) is supported: a paused sandbox resumes from its memory
-    /// snapshot; false on a paused sandbox is refused with 400 (a no-op on a running one).
+    /// Accepted: a paused sandbox resumes from what its pause saved (its memory, or with
+    /// a filesystem-only pause its files: a fresh boot on them).
     #[serde(default)]
     pub memory: Option<bool>,
 }

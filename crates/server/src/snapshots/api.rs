@@ -24,8 +24,10 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseRequest {
-    /// Only true (the default) is supported: the memory is always saved, and a resume
-    /// restores the sandbox where it was. false (filesystem only) is refused with 400.
+    /// true (the default): the memory is saved too, and a resume restores the sandbox where
+    /// it was. false (filesystem only): its files are saved and its processes end; a resume
+    /// boots a fresh sandbox on them (same id, env, network and token). Needs a disk
+    /// (`sandcell serve --disk-mib`, the default), else 400.
     #[serde(default)]
     pub memory: Option<bool>,
     /// Accepted. The pause always needs the agent to answer (it prepares the checkpoint);
@@ -44,7 +46,7 @@ pub struct ResumeRequest {
     /// Pause instead of kill at the timeout from now on.
     #[serde(default)]
     pub auto_pause: Option<bool>,
-    /// Only true (the default) is supported.
+    /// Accepted: a resume restores what the pause saved (the memory or the files only).
     #[serde(default)]
     pub memory: Option<bool>,
 }
@@ -56,7 +58,7 @@ pub struct SnapshotRequest {
     /// replaces the first. Without: the snapshot is known by its id.
     #[serde(default)]
     pub name: Option<String>,
-    /// Only true (the default) is supported.
+    /// Only true (the default) is supported (false: 400).
     #[serde(default)]
     pub memory: Option<bool>,
 }
@@ -121,11 +123,13 @@ async fn owned(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxRow> {
     }
 }
 
+/// Snapshots (unlike pauses) always keep the memory.
 fn no_filesystem_only(memory: Option<bool>) -> ApiResult<()> {
     if memory == Some(false) {
         return Err(ApiError::bad_request(
-            "memory: false (filesystem only) is not supported by this server: pauses and \
-             snapshots always save the memory and resumes restore it",
+            "memory: false (filesystem only) is not supported for snapshots: they always save \
+             the memory (a pause can save the files only: POST /sandboxes/{id}/pause with \
+             {\"memory\": false})",
         ));
     }
     Ok(())
@@ -145,13 +149,14 @@ where
         .map_err(ApiError::from)
 }
 
-/// Pauses the sandbox: its memory, processes and files are saved to disk and it stops
-/// running (and being billed). Resume it with connect (or resume): same id, same token.
+/// Pauses the sandbox: its memory, processes and files (or with `memory: false` its files
+/// only) are saved to disk and it stops running (and being billed). Resume it with connect
+/// (or resume): same id, same token.
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/pause", tag = "sandboxes",
     security(("ApiKeyAuth" = [])), params(("sandboxID" = String, Path)),
     request_body = PauseRequest,
     responses((status = 204, description = "Paused"),
-        (status = 400, description = "memory: false", body = ErrorBody),
+        (status = 400, description = "memory: false without a disk", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Already paused", body = ErrorBody),
         (status = 500, body = ErrorBody),
@@ -163,17 +168,16 @@ pub async fn pause_sandbox(
     OptionalJson(req): OptionalJson<PauseRequest>,
 ) -> ApiResult<StatusCode> {
     let row = owned(&app, &caller, &id).await?;
-    no_filesystem_only(req.memory)?;
+    let memory = req.memory.unwrap_or(true);
     if matches!(row.state, DbState::Paused | DbState::Pausing) {
         return Err(ApiError::conflict(format!(
             "sandbox {id} is already paused"
         )));
     }
     let lifecycle = app.lifecycle.clone();
-    detached(
-        "pausing the sandbox",
-        async move { lifecycle.pause(&id).await },
-    )
+    detached("pausing the sandbox", async move {
+        lifecycle.pause(&id, memory).await
+    })
     .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -194,7 +198,6 @@ pub async fn resume_sandbox(
     OptionalJson(req): OptionalJson<ResumeRequest>,
 ) -> ApiResult<(StatusCode, Json<Sandbox>)> {
     let row = owned(&app, &caller, &id).await?;
-    no_filesystem_only(req.memory)?;
     let timeout = req.timeout.unwrap_or(15);
     app.lifecycle.check_timeout(timeout)?;
     if row.state == DbState::Running {
@@ -222,14 +225,6 @@ pub(crate) async fn resume(app: &App, id: String, timeout: u64) -> ApiResult<Res
         lifecycle.resume(&id, timeout).await
     })
     .await
-}
-
-/// Connect with `memory: false` on a paused sandbox is refused (running: a no-op, as E2B).
-pub(crate) fn check_connect_memory(row: &SandboxRow, memory: Option<bool>) -> ApiResult<()> {
-    if row.state != DbState::Running {
-        no_filesystem_only(memory)?;
-    }
-    Ok(())
 }
 
 /// Saves the running sandbox as a snapshot, usable as `templateID` on create; the sandbox

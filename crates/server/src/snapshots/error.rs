@@ -12,6 +12,11 @@ pub enum SnapshotError {
     SandboxNotFound(String),
     #[error("sandbox {0} is already paused")]
     AlreadyPaused(String),
+    #[error(
+        "sandbox {0} has no disk, so its files live in its memory: pause it with memory (omit \
+         `memory: false`), or run the daemon with `sandcell serve --disk-mib N` (gvisor)"
+    )]
+    FilesOnlyWithoutDisk(String),
     /// A snapshot or fork of a paused sandbox.
     #[error("sandbox {0} is paused: resume it first")]
     Paused(String),

@@ -146,6 +146,7 @@ impl SandboxService {
                 timeout,
                 auto_pause: parent_life.auto_pause,
                 auto_resume,
+                auto_pause_files_only: parent_life.auto_pause_files_only,
                 parent_id: Some(parent.id.clone()),
                 network: RestoredNetwork::Of(parent.id.clone()),
             };

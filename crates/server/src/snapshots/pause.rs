@@ -1,4 +1,6 @@
-//! Pause and resume, as E2B: `POST /sandboxes/{id}/pause` (204; 409 when already paused),
+//! Pause and resume, as E2B: `POST /sandboxes/{id}/pause` (204; 409 when already paused;
+//! `memory: false`: the files only, the runtime's `pause_files_to_disk`, whose resume boots
+//! a fresh sandbox with the same id on them),
 //! `POST /sandboxes/{id}/resume` (201; 409 when running) and resume through
 //! `POST /v2/sandboxes/{id}/connect` (201 when it resumed, 200 when it was running);
 //! `autoPause` on create pauses instead of killing at the timeout.
@@ -55,10 +57,14 @@ impl SandboxService {
         self.dirs.data.join("snapshots").join(snapshot_id)
     }
 
-    /// Pauses running sandbox `id` into a snapshot on disk. 409 when it is paused or being
-    /// paused already, 404 when it is not running.
-    pub async fn pause(&self, id: &str) -> Result<(), SnapshotError> {
+    /// Pauses running sandbox `id` into a snapshot on disk: with its `memory`, or its files
+    /// only. 409 when it is paused or being paused already, 404 when it is not running, 400
+    /// for the files only of a sandbox without a disk.
+    pub async fn pause(&self, id: &str, memory: bool) -> Result<(), SnapshotError> {
         let _op = self.ops.lock(id).await;
+        if !memory {
+            self.check_files_only(id).await?;
+        }
         let now = now_ms();
         if !self
             .db
@@ -107,7 +113,12 @@ impl SandboxService {
                 .pause_failed(&row, &snap_id, None, "the daemon does not run it".into())
                 .await);
         };
-        match live.sandbox.pause_to_disk(&dir).await {
+        let paused = if memory {
+            live.sandbox.pause_to_disk(&dir).await
+        } else {
+            live.sandbox.pause_files_to_disk(&dir).await
+        };
+        match paused {
             Ok(handle) => {
                 let json = serde_json::to_string(&handle).map_err(SnapshotError::Encode)?;
                 self.db.set_snapshot_handle(&snap_id, &json).await?;
@@ -137,6 +148,33 @@ impl SandboxService {
                 }
             }
         }
+    }
+
+    /// A filesystem-only pause needs the sandbox's files on a disk (without one they live in
+    /// its memory).
+    async fn check_files_only(&self, id: &str) -> Result<(), SnapshotError> {
+        let row = self
+            .db
+            .sandbox(id)
+            .await?
+            .ok_or_else(|| SnapshotError::SandboxNotFound(id.to_string()))?;
+        if row.disk_mib == 0 || self.sandbox_disk_mib().is_none() {
+            return Err(SnapshotError::FilesOnlyWithoutDisk(id.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Whether paused sandbox `id` was paused without its memory (its resume boots afresh).
+    pub async fn paused_files_only(&self, id: &str) -> bool {
+        self.paused_snapshot(id).await.is_ok_and(|h| {
+            matches!(
+                h.files,
+                sandcell_runtime::snapshot::SnapshotFiles::Gvisor {
+                    checkpoint_dir: None,
+                    ..
+                }
+            )
+        })
     }
 
     /// After a failed pause: the sandbox runs on if it still does, else it is an error.
@@ -352,8 +390,9 @@ impl SandboxService {
     /// At the timeout: pause if the sandbox was created with autoPause, else kill.
     pub async fn expire(self: &Arc<Self>, id: &str, reason: &'static str) -> Result<(), Error> {
         let revoked = reason.contains("revoked");
-        if !revoked && self.db.sandbox_lifecycle(id).await?.auto_pause {
-            match self.pause(id).await {
+        let life = self.db.sandbox_lifecycle(id).await?;
+        if !revoked && life.auto_pause {
+            match self.pause(id, !life.auto_pause_files_only).await {
                 Ok(()) => return Ok(()),
                 // Paused already, or ended meanwhile.
                 Err(e) if e.is_not_running() => return Ok(()),

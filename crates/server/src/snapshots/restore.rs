@@ -36,6 +36,8 @@ pub(super) struct RestoredSpec {
     pub(super) auto_pause: bool,
     /// The timeout an auto-resume gives (http/wake.rs); `None`: no auto-resume.
     pub(super) auto_resume: Option<u64>,
+    /// E2B's `autoPauseMemory: false` (with `auto_pause`).
+    pub(super) auto_pause_files_only: bool,
     pub(super) parent_id: Option<String>,
     pub(super) network: RestoredNetwork,
 }
@@ -91,6 +93,8 @@ impl SandboxService {
             timeout,
             auto_pause: req.auto_pause.unwrap_or(false),
             auto_resume,
+            auto_pause_files_only: req.auto_pause == Some(true)
+                && req.auto_pause_memory == Some(false),
             parent_id: None,
             network: network.unwrap_or_else(|| RestoredNetwork::Of(snap.source_id.clone())),
         };
@@ -146,6 +150,7 @@ impl SandboxService {
                 &id,
                 &LifecycleRow {
                     auto_pause: spec.auto_pause,
+                    auto_pause_files_only: spec.auto_pause_files_only,
                     paused_in: None,
                     parent_id: spec.parent_id,
                     auto_resume: spec.auto_resume,

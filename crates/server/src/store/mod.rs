@@ -72,6 +72,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../migrations/0009_key_quotas.sql"),
     ),
     (
+        10,
+        "filesystem-only auto-pause",
+        include_str!("../../migrations/0010_auto_pause_files_only.sql"),
+    ),
+    (
         11,
         "auto resume",
         include_str!("../../migrations/0011_auto_resume.sql"),

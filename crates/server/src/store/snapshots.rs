@@ -99,6 +99,8 @@ fn live_states_sql() -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LifecycleRow {
     pub auto_pause: bool,
+    /// The auto-pause saves the files only (E2B's `autoPauseMemory: false`).
+    pub auto_pause_files_only: bool,
     pub paused_in: Option<String>,
     pub parent_id: Option<String>,
     /// Auto-resume (http/wake.rs): `Some(timeout)` when a request for the paused sandbox
@@ -387,17 +389,20 @@ impl Db {
     pub async fn set_sandbox_lifecycle(&self, sandbox_id: &str, row: &LifecycleRow) -> Result<()> {
         sqlx::query(
             "INSERT INTO sandbox_lifecycle \
-             (sandbox_id, auto_pause, paused_in, parent_id, auto_resume_timeout_secs) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT(sandbox_id) DO UPDATE SET \
+             (sandbox_id, auto_pause, paused_in, parent_id, auto_resume_timeout_secs, \
+             auto_pause_files_only) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT(sandbox_id) DO UPDATE SET \
              auto_pause = excluded.auto_pause, paused_in = excluded.paused_in, \
              parent_id = excluded.parent_id, \
-             auto_resume_timeout_secs = excluded.auto_resume_timeout_secs",
+             auto_resume_timeout_secs = excluded.auto_resume_timeout_secs, \
+             auto_pause_files_only = excluded.auto_pause_files_only",
         )
         .bind(sandbox_id)
         .bind(row.auto_pause)
         .bind(&row.paused_in)
         .bind(&row.parent_id)
         .bind(row.auto_resume.and_then(|t| i64::try_from(t).ok()))
+        .bind(row.auto_pause_files_only)
         .execute(self.pool())
         .await
         .map_err(Error::db(format!(
@@ -410,8 +415,8 @@ impl Db {
     /// recorded.
     pub async fn sandbox_lifecycle(&self, sandbox_id: &str) -> Result<LifecycleRow> {
         let row = sqlx::query(
-            "SELECT auto_pause, paused_in, parent_id, auto_resume_timeout_secs \
-             FROM sandbox_lifecycle WHERE sandbox_id = $1",
+            "SELECT auto_pause, paused_in, parent_id, auto_resume_timeout_secs, \
+             auto_pause_files_only FROM sandbox_lifecycle WHERE sandbox_id = $1",
         )
         .bind(sandbox_id)
         .fetch_optional(self.pool())
@@ -425,6 +430,7 @@ impl Db {
         let read = || -> Result<LifecycleRow, sqlx::Error> {
             Ok(LifecycleRow {
                 auto_pause: row.try_get::<i64, _>("auto_pause")? != 0,
+                auto_pause_files_only: row.try_get::<i64, _>("auto_pause_files_only")? != 0,
                 paused_in: row.try_get("paused_in")?,
                 parent_id: row.try_get("parent_id")?,
                 auto_resume: row

@@ -69,6 +69,7 @@ pub async fn take(
         memory_mb: None,
         auto_pause: None,
         auto_resume: None,
+        auto_pause_memory: None,
         allow_internet_access: None,
         network: None,
         networks: None,
