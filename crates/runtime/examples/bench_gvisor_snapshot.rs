@@ -18,7 +18,7 @@
 //! - fork_n: `runsc checkpoint` + `delete` + `restore` of the parent + n `restore`s;
 //! - create_from_snapshot: `runsc restore -detach` of a template image into a new id.
 //!
-//! Usage: bench_gvisor_snapshot --image DIR [--runs N]
+//! Usage: bench_gvisor_snapshot --image DIR [--runs N] [--subreaper on|off]
 
 #![allow(clippy::unwrap_used)]
 
@@ -191,14 +191,21 @@ async fn healthy(sb: &Arc<dyn Sandbox>) {
 async fn main() {
     let mut image_dir = PathBuf::new();
     let mut runs = 10usize;
+    let mut subreaper = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--image" => image_dir = value.into(),
             "--runs" => runs = value.parse().unwrap(),
+            // As the daemon does (runtime/src/subreaper.rs); off: orphans go to init.
+            "--subreaper" => subreaper = value == "on",
             other => panic!("unknown flag {other}"),
         }
+    }
+    if subreaper {
+        sandcell_runtime::subreaper::become_subreaper().unwrap();
+        sandcell_runtime::subreaper::spawn_reaper();
     }
     let image = Image::resolve(Path::new("/nonexistent"), &image_dir.to_string_lossy()).unwrap();
     let tree = image.rootfs_dir.clone().unwrap();
@@ -364,6 +371,7 @@ async fn main() {
         "platform": rt.runsc().platform,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "runs": runs,
+        "subreaper": subreaper,
         "load1": {"min": sorted.first(), "max": sorted.last(), "samples": loads},
         "results": results,
         "notes": "sandcell: 256 MiB sandbox with the agent, each time to the agent answering /health; fork_n and restore include the parent's checkpoint and in-place restore (gVisor cannot fork without stopping the parent). runsc: the same runsc commands on a shell-counter container over the same image tree with the same flags, each time to the commands returning. Interleaved run by run; load1 = 1-minute load average sampled before each run.",

@@ -328,6 +328,15 @@ fn raise_open_files_limit() {
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     raise_open_files_limit();
+    // runsc's orphans come to us and are reaped at once, not whenever the host's init gets
+    // to them (`runsc delete` waits for them: runtime/src/subreaper.rs).
+    let subreaper = match sandcell_runtime::subreaper::become_subreaper() {
+        Ok(()) => Some(sandcell_runtime::subreaper::spawn_reaper()),
+        Err(e) => {
+            tracing::warn!("cannot become a child subreaper ({e}): runsc's orphans go to init");
+            None
+        }
+    };
     let db = keys::open_db(&dirs.data).await?;
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
@@ -447,6 +456,9 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     reaper.abort();
     sampler.abort();
+    if let Some(subreaper) = subreaper {
+        subreaper.abort();
+    }
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
     lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;
