@@ -100,9 +100,28 @@ impl SandboxService {
                 None => template_path = TemplateCreate::Fallback,
             }
         }
-        let plan = self.plan_boot(key, template.req, template.e2b.as_ref(), secure_by_default)?;
-        self.admit(key, &plan, net_req.as_ref()).await?;
-        let row = self.boot_and_finish(plan, template.e2b.as_ref()).await?;
+        let mut plan =
+            self.plan_boot(key, template.req, template.e2b.as_ref(), secure_by_default)?;
+        // A plain image template at the default size: an idle sandbox of the warm pool
+        // (sandboxes/warm.rs) becomes this one, under its own id.
+        let warm = (template.e2b.is_none()
+            && template.memory_snapshot.is_none()
+            && self.warm_fits(&plan.row.template_id, plan.row.vcpus, plan.row.memory_mib))
+        .then(|| self.take_warm())
+        .flatten();
+        if let Some(sb) = &warm {
+            plan.row.id = sb.id().to_string();
+        }
+        if let Err(e) = self.admit(key, &plan, net_req.as_ref()).await {
+            if let Some(sb) = warm {
+                self.return_warm(sb, &e);
+            }
+            return Err(e);
+        }
+        let row = match warm {
+            Some(sb) => self.finish_warm(plan, sb, net_req.as_ref()).await?,
+            None => self.boot_and_finish(plan, template.e2b.as_ref()).await?,
+        };
         self.metrics.observe_create(begun.elapsed());
         if template.e2b.is_some() {
             self.metrics.count_template_create(template_path);
@@ -305,6 +324,40 @@ impl SandboxService {
         // E2B's startCmd/readyCmd of an API-built template (templates/start.rs).
         crate::templates::start::after_create(self, &row, e2b).await?;
         Ok(row)
+    }
+
+    /// Step 6 for a sandbox taken from the warm pool: the request's egress rules put in
+    /// force on its network (it had none), then the same `/init` and bookkeeping as a boot.
+    async fn finish_warm(
+        self: &Arc<Self>,
+        plan: BootPlan,
+        sandbox: Arc<dyn Sandbox>,
+        net_req: Option<&NetRequest>,
+    ) -> Result<SandboxRow, SandboxError> {
+        if let (Some(n), Some(net)) = (net_req, sandbox.network())
+            && let Err(e) = net.set_policy(&n.egress).await
+        {
+            let e = Error::Io {
+                what: format!("sandbox {}: putting its egress rules in force", plan.row.id),
+                source: std::io::Error::other(e),
+            };
+            let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+            self.mark_create_failed(&plan.row.id, &e).await;
+            return Err(e.into());
+        }
+        self.finish_create(plan.row, sandbox, &plan.env, plan.timeout)
+            .await
+    }
+
+    /// A create refused after it took a pooled sandbox: refused before its row existed
+    /// (quotas, capacity), the sandbox is as it was and goes back; otherwise it is destroyed
+    /// (its id is on an `error` row now).
+    fn return_warm(&self, sb: Arc<dyn Sandbox>, why: &SandboxError) {
+        if matches!(why, SandboxError::Admission(_)) {
+            self.put_back_warm(sb);
+        } else {
+            self.discard_warm(sb);
+        }
     }
 
     /// A create that failed before the sandbox ran: its row goes `error` with the reason.
