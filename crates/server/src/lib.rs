@@ -92,8 +92,8 @@ pub struct ServeArgs {
     pub net_warm: usize,
     /// gvisor: booted idle sandboxes of `--warm-template` at the default size kept for
     /// creates to take (each in its own network, no egress until taken; not listed,
-    /// metered or counted against any key); 0: every create boots
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    /// metered or counted against any key); 0: every create boots. Ignored on microvm
+    #[arg(long, default_value_t = 2, value_name = "N")]
     pub warm: usize,
     /// The most memory the warm pool's idle sandboxes may be given together
     #[arg(long, default_value_t = 2048, value_name = "MIB")]

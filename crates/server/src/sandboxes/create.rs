@@ -112,6 +112,7 @@ impl SandboxService {
         if let Some(sb) = &warm {
             plan.row.id = sb.id().to_string();
         }
+        let admitting = Instant::now();
         if let Err(e) = self.admit(key, &plan, net_req.as_ref()).await {
             if let Some(sb) = warm {
                 self.return_warm(sb, &e);
@@ -119,7 +120,15 @@ impl SandboxService {
             return Err(e);
         }
         let row = match warm {
-            Some(sb) => self.finish_warm(plan, sb, net_req.as_ref()).await?,
+            Some(sb) => {
+                tracing::debug!(
+                    "create {} from the warm pool: resolved and planned in {:?}, admitted in {:?}",
+                    plan.row.id,
+                    admitting.duration_since(begun),
+                    admitting.elapsed()
+                );
+                self.finish_warm(plan, sb, net_req.as_ref()).await?
+            }
             None => self.boot_and_finish(plan, template.e2b.as_ref()).await?,
         };
         self.metrics.observe_create(begun.elapsed());
@@ -334,6 +343,7 @@ impl SandboxService {
         sandbox: Arc<dyn Sandbox>,
         net_req: Option<&NetRequest>,
     ) -> Result<SandboxRow, SandboxError> {
+        let begun = Instant::now();
         if let (Some(n), Some(net)) = (net_req, sandbox.network())
             && let Err(e) = net.set_policy(&n.egress).await
         {
@@ -345,8 +355,16 @@ impl SandboxService {
             self.mark_create_failed(&plan.row.id, &e).await;
             return Err(e.into());
         }
-        self.finish_create(plan.row, sandbox, &plan.env, plan.timeout)
-            .await
+        let egress = begun.elapsed();
+        let id = plan.row.id.clone();
+        let row = self
+            .finish_create(plan.row, sandbox, &plan.env, plan.timeout)
+            .await;
+        tracing::debug!(
+            "create {id} from the warm pool: egress rules in {egress:?}, /init and records in {:?}",
+            begun.elapsed() - egress
+        );
+        row
     }
 
     /// A create refused after it took a pooled sandbox: refused before its row existed
@@ -409,6 +427,7 @@ impl SandboxService {
         env: &BTreeMap<String, String>,
         timeout: u64,
     ) -> Result<SandboxRow, SandboxError> {
+        let initing = Instant::now();
         let envd_version = match tokio::time::timeout(
             INIT_TIMEOUT,
             init_agent_with(
@@ -443,6 +462,7 @@ impl SandboxService {
                 return Err(SandboxError::Agent(e));
             }
         };
+        tracing::debug!("sandbox {}: /init took {:?}", row.id, initing.elapsed());
         lock(&self.live).insert(
             row.id.clone(),
             Arc::new(Live {

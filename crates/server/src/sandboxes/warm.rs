@@ -35,7 +35,11 @@ use std::time::Duration;
 /// host: not worth a busy loop).
 const REFILL_BACKOFF: Duration = Duration::from_secs(5);
 
-/// `serve --warm`, `--warm-memory`, `--warm-template`.
+/// How often a pool whose template is not installed looks again.
+const TEMPLATE_MISSING_RECHECK: Duration = Duration::from_secs(30);
+
+/// `serve --warm`, `--warm-memory`, `--warm-template` (the daemon's default is 2 idle
+/// sandboxes; this struct's, for services made in tests, none).
 #[derive(Debug, Clone)]
 pub struct WarmConfig {
     /// Idle sandboxes kept; 0: no pool.
@@ -141,6 +145,16 @@ impl SandboxService {
         Some(tokio::spawn(async move {
             loop {
                 while this.warm.idle() < this.warm_target() {
+                    // A daemon without the template (test daemons with `minimal` only):
+                    // nothing to boot until it is installed; no warning every few seconds.
+                    if !this.dirs.images().join(&this.config.warm.template).is_dir() {
+                        tracing::debug!(
+                            "warm pool: template {} is not installed",
+                            this.config.warm.template
+                        );
+                        tokio::time::sleep(TEMPLATE_MISSING_RECHECK).await;
+                        continue;
+                    }
                     match this.boot_warm().await {
                         Ok(sb) => lock(&this.warm.idle).push(sb),
                         Err(e) => {
