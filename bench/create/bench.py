@@ -132,6 +132,11 @@ def runsc_true(tree, work):
     return once
 
 
+def sdk_version():
+    from importlib.metadata import version
+    return version("e2b")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", required=True)
@@ -139,6 +144,7 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warm", type=int, default=2)
     ap.add_argument("--port", type=int, default=31103)
+    ap.add_argument("--build", default="release")
     args = ap.parse_args()
     try:
         import e2b as sdk
@@ -180,9 +186,10 @@ def main():
         "runsc": version.splitlines()[0] if version else "",
         "cpus": os.cpu_count(),
         "warm": args.warm,
+        "build": args.build,
         "pool_hits": hits,
         "pool_misses": misses,
-        "e2b_sdk": getattr(sdk, "__version__", None) if sdk else None,
+        "e2b_sdk": sdk_version() if sdk else None,
         "load1": {"min": min(loads), "max": max(loads), "samples": loads},
         "results": {k: stats(v) for k, v in res.items() if v},
         "notes": "POST /sandboxes until 201 on loopback (client-timed, one keep-alive "

@@ -37,6 +37,6 @@ venv=${XDG_CACHE_HOME:-$HOME/.cache}/sandcell/e2b-test/venv
 [ -x "$venv/bin/python" ] && py=$venv/bin/python
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$py" bench/create/bench.py --serve "$serve" --data-dir "$data" --runs "$runs" --warm "$warm" \
-  --port "$port" > "$out.tmp"
+  --port "$port" --build "$profile" > "$out.tmp"
 mv "$out.tmp" "$out"
 cat "$out"

@@ -35,9 +35,24 @@ const BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Makes this process the subreaper of its descendants.
 pub fn become_subreaper() -> io::Result<()> {
+    set_subreaper(true)
+}
+
+/// Turns this process's subreaper flag on or off (off: later orphans go to init again;
+/// benchmarks compare the two in one process).
+pub fn set_subreaper(on: bool) -> io::Result<()> {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag and touches no
     // memory of ours.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_CHILD_SUBREAPER,
+            libc::c_ulong::from(on),
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     Ok(())
