@@ -71,7 +71,7 @@ enum Command {
     /// `auto` picks and why.
     Doctor(DoctorArgs),
     /// Run the daemon: E2B-compatible API and envd proxy (crates/server)
-    Serve(sandcell_server::ServeArgs),
+    Serve(Box<sandcell_server::ServeArgs>),
     /// Manage the daemon's API keys (works on <data-dir>/sandcell.db directly)
     Keys {
         #[command(subcommand)]
@@ -220,7 +220,7 @@ fn main() {
         match cli.command {
             Command::Run(args) => run::run(dirs, args).await,
             Command::Doctor(args) => doctor::doctor(dirs, args).await,
-            Command::Serve(args) => sandcell_server::serve(dirs, args).await,
+            Command::Serve(args) => sandcell_server::serve(dirs, *args).await,
             Command::Keys { command } => sandcell_server::keys(dirs, command).await,
             Command::Secrets { command } => sandcell_server::secrets(dirs, command).await,
             Command::Image { command } => image::run(&dirs, command).await,

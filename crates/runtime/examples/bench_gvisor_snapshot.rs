@@ -18,7 +18,10 @@
 //! - fork_n: `runsc checkpoint` + `delete` + `restore` of the parent + n `restore`s;
 //! - create_from_snapshot: `runsc restore -detach` of a template image into a new id.
 //!
-//! Usage: bench_gvisor_snapshot --image DIR [--runs N]
+//! Usage: bench_gvisor_snapshot --image DIR [--runs N] [--subreaper on|off|alternate]
+//!   [--direct-only on]
+//! (`alternate`: even runs with the subreaper, odd runs without, reported apart under
+//! `without_subreaper_interleaved`.)
 
 #![allow(clippy::unwrap_used)]
 
@@ -191,14 +194,29 @@ async fn healthy(sb: &Arc<dyn Sandbox>) {
 async fn main() {
     let mut image_dir = PathBuf::new();
     let mut runs = 10usize;
+    let mut subreaper = false;
+    // Even runs with the subreaper, odd ones without, in one process (the load hits both).
+    let mut alternate = false;
+    let mut direct_only = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--image" => image_dir = value.into(),
             "--runs" => runs = value.parse().unwrap(),
+            // As the daemon does (runtime/src/subreaper.rs); off: orphans go to init.
+            "--subreaper" => {
+                subreaper = value == "on" || value == "alternate";
+                alternate = value == "alternate";
+            }
+            // Only the runsc-direct column (what the subreaper changes for runsc itself).
+            "--direct-only" => direct_only = value == "on",
             other => panic!("unknown flag {other}"),
         }
+    }
+    if subreaper {
+        sandcell_runtime::subreaper::become_subreaper().unwrap();
+        sandcell_runtime::subreaper::spawn_reaper();
     }
     let image = Image::resolve(Path::new("/nonexistent"), &image_dir.to_string_lossy()).unwrap();
     let tree = image.rootfs_dir.clone().unwrap();
@@ -244,51 +262,65 @@ async fn main() {
     direct.checkpoint("tmpl", &direct_template);
     direct.delete("tmpl");
 
-    let mut ours: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut theirs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut ours_on: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut theirs_on: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut ours_off: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut theirs_off: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut loads = Vec::new();
     for run in 0..runs {
         loads.push(load1());
-        // Sandcell.
-        let sb: Arc<dyn Sandbox> = Arc::from(rt.create(spec(&image)).await.unwrap());
-        sb.start().await.unwrap();
-        healthy(&sb).await;
-        let id = sb.id().to_string();
-        let snap_dir = tmp.path().join(format!("pause-{run}"));
-        let t = Instant::now();
-        let snap = sb.pause_to_disk(&snap_dir).await.unwrap();
-        ours.entry("checkpoint").or_default().push(ms(t.elapsed()));
-        let t = Instant::now();
-        let sb: Arc<dyn Sandbox> = Arc::from(rt.restore(&snap, restore_spec(id)).await.unwrap());
-        healthy(&sb).await;
-        ours.entry("restore").or_default().push(ms(t.elapsed()));
-        snap.delete().unwrap();
-        for (op, n) in [("fork_1", 1usize), ("fork_4", 4)] {
-            let fork_dir = tmp.path().join(format!("{op}-{run}"));
-            let t = Instant::now();
-            let children = sb.fork(n, &fork_dir).await.unwrap();
-            let children: Vec<Arc<dyn Sandbox>> = children.into_iter().map(Arc::from).collect();
-            for child in &children {
-                healthy(child).await;
-            }
-            ours.entry(op).or_default().push(ms(t.elapsed()));
-            for child in &children {
-                child.destroy().await.unwrap();
-            }
-            let _ = std::fs::remove_dir_all(&fork_dir);
+        let off = alternate && run % 2 == 1;
+        if alternate {
+            sandcell_runtime::subreaper::set_subreaper(!off).unwrap();
         }
-        sb.destroy().await.unwrap();
-        let t = Instant::now();
-        let created: Arc<dyn Sandbox> = Arc::from(
-            rt.restore(&template, restore_spec(new_sandbox_id().unwrap()))
-                .await
-                .unwrap(),
-        );
-        healthy(&created).await;
-        ours.entry("create_from_snapshot")
-            .or_default()
-            .push(ms(t.elapsed()));
-        created.destroy().await.unwrap();
+        let (ours, theirs) = if off {
+            (&mut ours_off, &mut theirs_off)
+        } else {
+            (&mut ours_on, &mut theirs_on)
+        };
+        // Sandcell.
+        if !direct_only {
+            let sb: Arc<dyn Sandbox> = Arc::from(rt.create(spec(&image)).await.unwrap());
+            sb.start().await.unwrap();
+            healthy(&sb).await;
+            let id = sb.id().to_string();
+            let snap_dir = tmp.path().join(format!("pause-{run}"));
+            let t = Instant::now();
+            let snap = sb.pause_to_disk(&snap_dir).await.unwrap();
+            ours.entry("checkpoint").or_default().push(ms(t.elapsed()));
+            let t = Instant::now();
+            let sb: Arc<dyn Sandbox> =
+                Arc::from(rt.restore(&snap, restore_spec(id)).await.unwrap());
+            healthy(&sb).await;
+            ours.entry("restore").or_default().push(ms(t.elapsed()));
+            snap.delete().unwrap();
+            for (op, n) in [("fork_1", 1usize), ("fork_4", 4)] {
+                let fork_dir = tmp.path().join(format!("{op}-{run}"));
+                let t = Instant::now();
+                let children = sb.fork(n, &fork_dir).await.unwrap();
+                let children: Vec<Arc<dyn Sandbox>> = children.into_iter().map(Arc::from).collect();
+                for child in &children {
+                    healthy(child).await;
+                }
+                ours.entry(op).or_default().push(ms(t.elapsed()));
+                for child in &children {
+                    child.destroy().await.unwrap();
+                }
+                let _ = std::fs::remove_dir_all(&fork_dir);
+            }
+            sb.destroy().await.unwrap();
+            let t = Instant::now();
+            let created: Arc<dyn Sandbox> = Arc::from(
+                rt.restore(&template, restore_spec(new_sandbox_id().unwrap()))
+                    .await
+                    .unwrap(),
+            );
+            healthy(&created).await;
+            ours.entry("create_from_snapshot")
+                .or_default()
+                .push(ms(t.elapsed()));
+            created.destroy().await.unwrap();
+        }
 
         // runsc directly.
         let (a, b) = (format!("d{run}a"), format!("d{run}b"));
@@ -340,6 +372,18 @@ async fn main() {
         .arg(direct_dir.join("rootfs"))
         .status();
 
+    let mut interleaved_off = serde_json::Map::new();
+    for op in OPS {
+        let (o, d) = (
+            ours_off.get(op).cloned().unwrap_or_default(),
+            theirs_off.get(op).cloned().unwrap_or_default(),
+        );
+        interleaved_off.insert(
+            op.to_string(),
+            serde_json::json!({"sandcell": stats(&o), "runsc": stats(&d)}),
+        );
+    }
+    let (ours, theirs) = (ours_on, theirs_on);
     let mut results = serde_json::Map::new();
     for op in OPS {
         let (o, d) = (
@@ -364,6 +408,10 @@ async fn main() {
         "platform": rt.runsc().platform,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "runs": runs,
+        "subreaper": subreaper,
+        "alternate": alternate,
+        "direct_only": direct_only,
+        "without_subreaper_interleaved": interleaved_off,
         "load1": {"min": sorted.first(), "max": sorted.last(), "samples": loads},
         "results": results,
         "notes": "sandcell: 256 MiB sandbox with the agent, each time to the agent answering /health; fork_n and restore include the parent's checkpoint and in-place restore (gVisor cannot fork without stopping the parent). runsc: the same runsc commands on a shell-counter container over the same image tree with the same flags, each time to the commands returning. Interleaved run by run; load1 = 1-minute load average sampled before each run.",

@@ -47,6 +47,9 @@ const LOG_FLAGS: libc::c_int =
 /// Starts the writer of `log` (appending to what is there) and returns the pipe's write
 /// end: give it to the process whose output it is (close-on-exec, so only that process and
 /// its children keep it).
+/// [`crate::subreaper::LOG_WRITER_COMM`], NUL-terminated for prctl.
+const LOG_WRITER_NAME: &std::ffi::CStr = c"sandcell-log";
+
 pub fn spawn(log: &Path, cap: u64) -> io::Result<OwnedFd> {
     let c_log = cpath(log)?;
     let c_old = cpath(&rotated(log))?;
@@ -77,9 +80,12 @@ pub fn spawn(log: &Path, cap: u64) -> io::Result<OwnedFd> {
         unsafe {
             libc::setsid();
             if libc::fork() != 0 {
-                // The middle process: exits at once so that the writer is init's child.
+                // The middle process: exits at once so that the writer is init's child
+                // (or the daemon's, when it is a subreaper: crate::subreaper).
                 libc::_exit(0);
             }
+            // The name the subreaper knows orphaned writers by (crate::subreaper).
+            libc::prctl(libc::PR_SET_NAME, LOG_WRITER_NAME.as_ptr(), 0, 0, 0);
             writer(
                 read.as_raw_fd(),
                 file.as_raw_fd(),

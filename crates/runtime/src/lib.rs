@@ -27,6 +27,7 @@ pub mod nofollow;
 mod owner;
 pub mod select;
 pub mod snapshot;
+pub mod subreaper;
 mod supervise;
 mod util;
 

@@ -92,6 +92,17 @@ pub struct ServeArgs {
     /// Sandbox networks kept prepared ahead of creates
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub net_warm: usize,
+    /// gvisor: booted idle sandboxes of `--warm-template` at the default size kept for
+    /// creates to take (each in its own network, no egress until taken; not listed,
+    /// metered or counted against any key); 0: every create boots. Ignored on microvm
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub warm: usize,
+    /// The most memory the warm pool's idle sandboxes may be given together
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
+    pub warm_memory: u64,
+    /// The template the warm pool boots
+    #[arg(long, default_value = "base", value_name = "NAME")]
+    pub warm_template: String,
     /// Most connections the API port serves at once; beyond, accepting pauses (clients wait
     /// in the backlog)
     #[arg(long, default_value_t = 1024, value_name = "N")]
@@ -328,6 +339,15 @@ fn raise_open_files_limit() {
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     raise_open_files_limit();
+    // runsc's orphans come to us and are reaped at once, not whenever the host's init gets
+    // to them (`runsc delete` waits for them: runtime/src/subreaper.rs).
+    let subreaper = match sandcell_runtime::subreaper::become_subreaper() {
+        Ok(()) => Some(sandcell_runtime::subreaper::spawn_reaper()),
+        Err(e) => {
+            tracing::warn!("cannot become a child subreaper ({e}): runsc's orphans go to init");
+            None
+        }
+    };
     let db = keys::open_db(&dirs.data).await?;
     if let Some(file) = keys::ensure_admin_key(&db, &dirs.data).await? {
         tracing::info!("created the admin API key in {}", file.display());
@@ -365,6 +385,11 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
             max_lifetime_secs: args.max_lifetime,
             admission: args.admission(),
             disk_mib: args.disk_mib,
+            warm: sandboxes::warm::WarmConfig {
+                count: args.warm,
+                memory_mib: args.warm_memory,
+                template: args.warm_template.clone(),
+            },
         },
         metrics.clone(),
         networks.clone(),
@@ -386,6 +411,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     // After reconcile, which removes this daemon's unused networks, prepared ones too.
     networks.start_pool()?;
+    // After reconcile too: its sweep removed the previous daemon's idle pooled sandboxes.
+    let warm_pool = lifecycle.start_warm_pool();
     let reaper = tokio::spawn(lifecycle.clone().reap_forever());
     let sampler = tokio::spawn(lifecycle.clone().sample_forever());
     if args.template_cache_days > 0 {
@@ -449,6 +476,12 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     reaper.abort();
     sampler.abort();
+    if let Some(pool) = warm_pool {
+        pool.abort();
+    }
+    if let Some(subreaper) = subreaper {
+        subreaper.abort();
+    }
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
     lifecycle.runtime.stop_prestarted();
     lifecycle.shutdown().await;

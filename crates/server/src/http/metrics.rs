@@ -268,6 +268,7 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response {
             let mut text = app.metrics.render(&by_state);
             let latest = app.lifecycle.samples.latest_all();
             render_samples(&mut text, &latest, app.config.metrics_per_sandbox);
+            app.lifecycle.render_warm(&mut text);
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
         }
         Err(e) => crate::http::error::ApiError::from(e).into_response(),

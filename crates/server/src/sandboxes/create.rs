@@ -108,9 +108,37 @@ impl SandboxService {
                 None => template_path = TemplateCreate::Fallback,
             }
         }
-        let plan = self.plan_boot(key, template.req, template.e2b.as_ref(), secure_by_default)?;
-        self.admit(key, &plan, net_req.as_ref()).await?;
-        let row = self.boot_and_finish(plan, template.e2b.as_ref()).await?;
+        let mut plan =
+            self.plan_boot(key, template.req, template.e2b.as_ref(), secure_by_default)?;
+        // A plain image template at the default size: an idle sandbox of the warm pool
+        // (sandboxes/warm.rs) becomes this one, under its own id.
+        let warm = (template.e2b.is_none()
+            && template.memory_snapshot.is_none()
+            && self.warm_fits(&plan.row.template_id, plan.row.vcpus, plan.row.memory_mib))
+        .then(|| self.take_warm())
+        .flatten();
+        if let Some(sb) = &warm {
+            plan.row.id = sb.id().to_string();
+        }
+        let admitting = Instant::now();
+        if let Err(e) = self.admit(key, &plan, net_req.as_ref()).await {
+            if let Some(sb) = warm {
+                self.return_warm(sb, &e);
+            }
+            return Err(e);
+        }
+        let row = match warm {
+            Some(sb) => {
+                tracing::debug!(
+                    "create {} from the warm pool: resolved and planned in {:?}, admitted in {:?}",
+                    plan.row.id,
+                    admitting.duration_since(begun),
+                    admitting.elapsed()
+                );
+                self.finish_warm(plan, sb, net_req.as_ref()).await?
+            }
+            None => self.boot_and_finish(plan, template.e2b.as_ref()).await?,
+        };
         self.metrics.observe_create(begun.elapsed());
         if template.e2b.is_some() {
             self.metrics.count_template_create(template_path);
@@ -351,6 +379,49 @@ impl SandboxService {
         Ok(row)
     }
 
+    /// Step 6 for a sandbox taken from the warm pool: the request's egress rules put in
+    /// force on its network (it had none), then the same `/init` and bookkeeping as a boot.
+    async fn finish_warm(
+        self: &Arc<Self>,
+        plan: BootPlan,
+        sandbox: Arc<dyn Sandbox>,
+        net_req: Option<&NetRequest>,
+    ) -> Result<SandboxRow, SandboxError> {
+        let begun = Instant::now();
+        if let (Some(n), Some(net)) = (net_req, sandbox.network())
+            && let Err(e) = net.set_policy(&n.egress).await
+        {
+            let e = Error::Io {
+                what: format!("sandbox {}: putting its egress rules in force", plan.row.id),
+                source: std::io::Error::other(e),
+            };
+            let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+            self.mark_create_failed(&plan.row.id, &e).await;
+            return Err(e.into());
+        }
+        let egress = begun.elapsed();
+        let id = plan.row.id.clone();
+        let row = self
+            .finish_create(plan.row, sandbox, &plan.env, plan.timeout)
+            .await;
+        tracing::debug!(
+            "create {id} from the warm pool: egress rules in {egress:?}, /init and records in {:?}",
+            begun.elapsed() - egress
+        );
+        row
+    }
+
+    /// A create refused after it took a pooled sandbox: refused before its row existed
+    /// (quotas, capacity), the sandbox is as it was and goes back; otherwise it is destroyed
+    /// (its id is on an `error` row now).
+    fn return_warm(&self, sb: Arc<dyn Sandbox>, why: &SandboxError) {
+        if matches!(why, SandboxError::Admission(_)) {
+            self.put_back_warm(sb);
+        } else {
+            self.discard_warm(sb);
+        }
+    }
+
     /// A create that failed before the sandbox ran: its row goes `error` with the reason.
     async fn mark_create_failed(&self, id: &str, e: &Error) {
         let _ = self
@@ -400,6 +471,7 @@ impl SandboxService {
         env: &BTreeMap<String, String>,
         timeout: u64,
     ) -> Result<SandboxRow, SandboxError> {
+        let initing = Instant::now();
         let envd_version = match tokio::time::timeout(
             INIT_TIMEOUT,
             init_agent_with(
@@ -434,6 +506,7 @@ impl SandboxService {
                 return Err(SandboxError::Agent(e));
             }
         };
+        tracing::debug!("sandbox {}: /init took {:?}", row.id, initing.elapsed());
         lock(&self.live).insert(
             row.id.clone(),
             Arc::new(Live {

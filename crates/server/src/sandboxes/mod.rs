@@ -17,3 +17,4 @@ pub mod reaper;
 pub mod reconcile;
 pub mod service;
 pub mod state;
+pub mod warm;

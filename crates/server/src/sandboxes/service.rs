@@ -62,6 +62,8 @@ pub struct SandboxServiceConfig {
     pub admission: crate::sandboxes::admission::AdmissionConfig,
     /// `serve --disk-mib` (gvisor): each sandbox's disk; 0: none (root writes in memory).
     pub disk_mib: u32,
+    /// `serve --warm`: the pool of idle sandboxes creates take (sandboxes/warm.rs).
+    pub warm: super::warm::WarmConfig,
 }
 
 impl Default for SandboxServiceConfig {
@@ -73,6 +75,7 @@ impl Default for SandboxServiceConfig {
             max_lifetime_secs: DEFAULT_MAX_LIFETIME_SECS,
             admission: Default::default(),
             disk_mib: 0,
+            warm: Default::default(),
         }
     }
 }
@@ -88,7 +91,7 @@ pub struct SandboxService {
     pub(crate) db: Db,
     pub(crate) runtime: Arc<dyn Runtime>,
     pub(crate) dirs: Dirs,
-    config: SandboxServiceConfig,
+    pub(crate) config: SandboxServiceConfig,
     pub(super) metrics: Arc<crate::http::metrics::Metrics>,
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
     /// The daemon's side of the sandboxes' networks.
@@ -103,6 +106,8 @@ pub struct SandboxService {
     pub(crate) admission_lock: tokio::sync::Mutex<()>,
     /// CPU, memory and disk samples of the running sandboxes (sandboxes/metrics.rs).
     pub samples: super::metrics::SampleStore,
+    /// Idle booted sandboxes that creates take (sandboxes/warm.rs).
+    pub warm: super::warm::WarmPool,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -166,6 +171,7 @@ impl SandboxService {
             ops: Default::default(),
             admission_lock: tokio::sync::Mutex::new(()),
             samples: Default::default(),
+            warm: Default::default(),
         }
     }
 
@@ -324,6 +330,8 @@ impl SandboxService {
     /// On daemon shutdown: with `kill_on_exit`, kills every sandbox; else leaves them
     /// running for the next daemon (their metering is flushed).
     pub async fn shutdown(self: &Arc<Self>) {
+        // Idle pooled sandboxes are no one's: they go with the daemon either way.
+        self.drain_warm().await;
         if !self.config.kill_on_exit {
             if let Err(e) = self.db.flush_usage(now_ms()).await {
                 tracing::warn!("metering: {e}");
