@@ -11,6 +11,7 @@
 //! - [`bus`], [`devices`]: port and MMIO dispatch and the emulated devices.
 //! - [`control`]: the control socket; [`exit`]: how the VM ends.
 //! - [`machine`]: what a running VM is made of; [`snapshot`]: save, restore, fork images.
+//! - [`seccomp`]: the syscall filter of each thread kind.
 
 #[macro_use]
 pub mod logger;
@@ -27,5 +28,6 @@ pub mod loader;
 pub mod machine;
 pub mod memory;
 pub mod pool;
+pub mod seccomp;
 pub mod snapshot;
 pub mod vmm;
