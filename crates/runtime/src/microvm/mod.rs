@@ -482,7 +482,13 @@ mod tests {
             }
         );
         let said = e.to_string();
-        assert!(said.contains("crashed") && said.contains("seccomp"), "{said}");
-        assert_eq!(classify(status, true, String::new()), SandboxExit::Destroyed);
+        assert!(
+            said.contains("crashed") && said.contains("seccomp"),
+            "{said}"
+        );
+        assert_eq!(
+            classify(status, true, String::new()),
+            SandboxExit::Destroyed
+        );
     }
 }
