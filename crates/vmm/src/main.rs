@@ -22,6 +22,7 @@ fn main() {
     let (args, no_seccomp): (Vec<String>, Vec<String>) =
         std::env::args().skip(1).partition(|a| a != "--no-seccomp");
     seccomp::configure(seccomp_mode(!no_seccomp.is_empty()));
+    no_core_dumps();
     let command = match config::parse_command(args) {
         Ok(c) => c,
         Err(e) => exit(ExitStatus::BadConfig, &e.to_string()),
@@ -106,5 +107,22 @@ fn seccomp_mode(no_seccomp: bool) -> Mode {
     match std::env::var("SANDCELL_VMM_SECCOMP").as_deref() {
         Ok("log") => Mode::Log,
         _ => Mode::Kill,
+    }
+}
+
+/// A core dump of a VMM would hold its guest's memory, and a seccomp kill (SIGSYS) dumps
+/// core by default: none, ever (hard limit too, so nothing in this process can raise it).
+fn no_core_dumps() {
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `zero` is a valid rlimit that outlives the call; the result is checked.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) } != 0 {
+        let e = std::io::Error::last_os_error();
+        exit(
+            ExitStatus::VmmError,
+            &format!("setting RLIMIT_CORE to 0 failed: {e}"),
+        );
     }
 }

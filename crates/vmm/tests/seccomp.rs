@@ -1,5 +1,6 @@
 //! The seccomp filters are in force in a running `sandcell-vmm`: a syscall outside them
-//! kills the process with SIGSYS, `--no-seccomp` turns them off, and /proc shows the mode.
+//! kills the process with SIGSYS (and dumps no core), `--no-seccomp` turns them off, and
+//! /proc shows the mode.
 //! Every other payload test in this directory also runs under the filters (the default),
 //! so a code path that needs a syscall missing from a table kills its VMM and fails there.
 //! Needs /dev/kvm (fails without it) and the `test-control` feature (enabled for this
@@ -10,7 +11,8 @@ mod common;
 use std::os::unix::process::ExitStatusExt;
 
 use common::{
-    Control, ok, require_kvm, shutdown_and_expect_stopped, spawn, wait, with_log_and_control,
+    Control, ok, require_kvm, shutdown_and_expect_stopped, spawn, wait, wait_until,
+    with_log_and_control,
 };
 use sandcell_proto::vmm::{ControlRequest, VmState};
 
@@ -52,11 +54,15 @@ fn thread_modes(pid: u32) -> Vec<(String, String)> {
 fn a_forbidden_syscall_kills_the_vmm_with_sigsys() {
     require_kvm();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (cfg, _log, sock) = with_log_and_control(dir.path(), "ticker", "ticker");
+    let (cfg, log, sock) = with_log_and_control(dir.path(), "ticker", "ticker");
     let child = spawn(&cfg, &[]);
     let mut ctl = Control::connect(&sock);
     assert_eq!(ctl.request(&ControlRequest::Status), ok(VmState::Running));
-    // Status answered: the VMM thread is in its loop, so its filter is installed.
+    // Status answered: the VMM thread is in its loop, so its filter is installed. A tick on
+    // the console: the vCPU ran guest code, so its filter is installed too.
+    wait_until("the first tick", || {
+        std::fs::read(&log).is_ok_and(|l| l.contains(&b'\n'))
+    });
     let pid = child.id();
     assert_eq!(seccomp_status(pid), ("2".into(), "1".into()));
     let threads = thread_modes(pid);
@@ -70,6 +76,17 @@ fn a_forbidden_syscall_kills_the_vmm_with_sigsys() {
             "thread {name} runs without a filter: {threads:?}"
         );
     }
+
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .expect("core limit line");
+    assert_eq!(
+        core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(),
+        ["0", "0"],
+        "a VMM never dumps core (its guest's memory): {core}"
+    );
 
     ctl.send_only(FORBIDDEN);
     let out = wait(child);
