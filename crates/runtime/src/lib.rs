@@ -213,6 +213,15 @@ impl fmt::Display for SandboxExit {
                     suffix(detail)
                 )
             }
+            SandboxExit::Killed {
+                signal: libc::SIGSYS,
+                detail,
+            } => write!(
+                f,
+                "the sandbox crashed: its runtime process made a system call outside its \
+                 seccomp filter and was killed (SIGSYS){}",
+                suffix(detail)
+            ),
             SandboxExit::Killed { signal, detail } => {
                 write!(
                     f,

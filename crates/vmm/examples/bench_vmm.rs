@@ -1,6 +1,8 @@
 //! Benchmarks of `sandcell-vmm` on tiny payloads (see bench/vmm/run.sh), printed as JSON:
 //! - `start_to_first_output_ms`: from spawning the process to the first console byte on
-//!   its stdout (1 vCPU, 128 MiB, the `hello` payload);
+//!   its stdout (1 vCPU, 128 MiB, the `hello` payload), with the seccomp filters (the
+//!   default); `start_to_first_output_no_seccomp_ms`: the same with `--no-seccomp`, the runs
+//!   interleaved so both see the same host;
 //! - `idle_rss_mib` / `idle_pss_mib`: /proc/<pid>/smaps_rollup of a 128 MiB VM whose guest
 //!   printed a line and halted (the `idle` payload), measured after it settles.
 //!
@@ -53,10 +55,11 @@ fn summary(samples: Vec<f64>) -> serde_json::Value {
     stats
 }
 
-fn first_output_ms(a: &Args) -> Result<f64, String> {
+fn first_output_ms(a: &Args, extra: &[&str]) -> Result<f64, String> {
     let start = Instant::now();
     let mut child = Command::new(&a.vmm)
         .args(["--config-json", &config(&a.hello)])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -102,10 +105,12 @@ fn main() {
     let a = common::args_or_exit("bench_vmm", parse_args());
     let run = || -> Result<serde_json::Value, String> {
         let mut first = Vec::new();
+        let mut first_unfiltered = Vec::new();
         let mut rss = Vec::new();
         let mut pss = Vec::new();
         for _ in 0..a.runs {
-            first.push(first_output_ms(&a)?);
+            first.push(first_output_ms(&a, &[])?);
+            first_unfiltered.push(first_output_ms(&a, &["--no-seccomp"])?);
             let (r, p) = idle_memory_mib(&a)?;
             rss.push(r);
             pss.push(p);
@@ -114,6 +119,7 @@ fn main() {
             "runs": a.runs,
             "vm": { "vcpus": 1, "memory_mib": 128 },
             "start_to_first_output_ms": summary(first),
+            "start_to_first_output_no_seccomp_ms": summary(first_unfiltered),
             "idle_rss_mib": summary(rss),
             "idle_pss_mib": summary(pss),
             "firecracker_same_host": {

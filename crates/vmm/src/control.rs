@@ -188,6 +188,8 @@ fn split_lines(conn: &mut Conn, data: &[u8], mut emit: impl FnMut(Result<Control
                 conn.discarding = false;
             } else {
                 let line = std::mem::take(&mut conn.buf);
+                #[cfg(feature = "test-control")]
+                test_control::maybe_forbidden_syscall(&line);
                 if !line.iter().all(u8::is_ascii_whitespace) {
                     emit(
                         serde_json::from_slice(&line).map_err(|e| format!("invalid request: {e}")),
@@ -287,5 +289,25 @@ mod tests {
         split_lines(&mut c, b"yyy\n{\"op\":\"resume\"}\n", |r| out.push(r));
         assert_eq!(out.len(), 2);
         assert_eq!(out[1], Ok(ControlRequest::Resume));
+    }
+}
+
+/// Test-only requests, compiled only with the `test-control` feature (never in release
+/// binaries): they exist to prove that the seccomp filter is in force.
+#[cfg(feature = "test-control")]
+mod test_control {
+    /// The request line that makes the VMM thread call a syscall outside its filter.
+    pub const FORBIDDEN_SYSCALL: &[u8] = br#"{"op":"test_forbidden_syscall"}"#;
+
+    /// On [`FORBIDDEN_SYSCALL`], calls `getppid` (harmless, and in no filter table): under
+    /// the filter the process dies with SIGSYS here; without it the line is then refused as
+    /// an unknown request.
+    pub fn maybe_forbidden_syscall(line: &[u8]) {
+        if line.trim_ascii() == FORBIDDEN_SYSCALL {
+            tracing::warn!("test-control: calling getppid, which the seccomp filter forbids");
+            // SAFETY: getppid takes no arguments and touches no memory.
+            let ppid = unsafe { libc::syscall(libc::SYS_getppid) };
+            tracing::warn!("test-control: getppid returned {ppid}: no seccomp filter");
+        }
     }
 }

@@ -12,6 +12,7 @@
 //! - [`control`]: the control socket; [`exit`]: how the VM ends.
 //! - [`machine`]: what a running VM is made of; [`snapshot`]: save, restore, fork images.
 //! - `fuzzing` (feature `fuzzing`, for fuzz/ only): entry points for guest-fed input.
+//! - [`seccomp`]: the syscall filter of each thread kind.
 
 #[macro_use]
 pub mod logger;
@@ -30,5 +31,6 @@ pub mod loader;
 pub mod machine;
 pub mod memory;
 pub mod pool;
+pub mod seccomp;
 pub mod snapshot;
 pub mod vmm;

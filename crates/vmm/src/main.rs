@@ -3,18 +3,27 @@
 //! `sandcell-vmm --wait-restore --control-socket PATH`
 //! `sandcell-vmm flatten --base IMAGE [--layer LAYER]... --out LAYER`
 //!
+//! Every form takes `--no-seccomp` (debugging: no syscall filters). The filters are on
+//! otherwise; `SANDCELL_VMM_SECCOMP=log` makes them log what they would kill (see
+//! `sandcell_vmm::seccomp`).
+//!
 //! Runs one VM and exits with a `sandcell_proto::vmm::ExitStatus` code that says how it
 //! ended; the reason is on stderr. A refused configuration or snapshot exits BadConfig.
 
 use sandcell_proto::vmm::ExitStatus;
 use sandcell_vmm::builder::{self, BuildError};
 use sandcell_vmm::config::{self, Command};
+use sandcell_vmm::seccomp::{self, Mode};
 use sandcell_vmm::vmm::Vmm;
 use sandcell_vmm::{logger, pool};
 
 fn main() {
     logger::init_from_env();
-    let command = match config::parse_command(std::env::args().skip(1)) {
+    let (args, no_seccomp): (Vec<String>, Vec<String>) =
+        std::env::args().skip(1).partition(|a| a != "--no-seccomp");
+    seccomp::configure(seccomp_mode(!no_seccomp.is_empty()));
+    no_core_dumps();
+    let command = match config::parse_command(args) {
         Ok(c) => c,
         Err(e) => exit(ExitStatus::BadConfig, &e.to_string()),
     };
@@ -88,4 +97,32 @@ fn exit(status: ExitStatus, message: &str) -> ! {
         status.code()
     );
     std::process::exit(status.code());
+}
+
+/// The filters are on unless `--no-seccomp`; `SANDCELL_VMM_SECCOMP=log` only logs.
+fn seccomp_mode(no_seccomp: bool) -> Mode {
+    if no_seccomp {
+        return Mode::Off;
+    }
+    match std::env::var("SANDCELL_VMM_SECCOMP").as_deref() {
+        Ok("log") => Mode::Log,
+        _ => Mode::Kill,
+    }
+}
+
+/// A core dump of a VMM would hold its guest's memory, and a seccomp kill (SIGSYS) dumps
+/// core by default: none, ever (hard limit too, so nothing in this process can raise it).
+fn no_core_dumps() {
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `zero` is a valid rlimit that outlives the call; the result is checked.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) } != 0 {
+        let e = std::io::Error::last_os_error();
+        exit(
+            ExitStatus::VmmError,
+            &format!("setting RLIMIT_CORE to 0 failed: {e}"),
+        );
+    }
 }

@@ -163,6 +163,11 @@ pub struct Outcome {
 impl Vmm {
     /// Runs the loop until the VM's end is decided, then stops the vCPUs.
     pub fn run(mut self) -> Outcome {
+        // Before the loop's first turn, the first time a device handles what the guest put
+        // in its queues; everything that needed more (building or restoring the VM) is done.
+        if let Err(e) = crate::seccomp::install(crate::seccomp::ThreadKind::Vmm) {
+            self.latch.request(ExitStatus::VmmError, e.to_string());
+        }
         while !self.latch.is_set() {
             if let Err(e) = self.em.run() {
                 self.latch.request(

@@ -34,6 +34,8 @@ mod host_sockets;
 pub mod network;
 pub mod runsc;
 mod sandbox;
+#[cfg(test)]
+mod security_tests;
 
 pub use runsc::RunscInfo;
 pub use sandbox::GvisorSandbox;
@@ -116,6 +118,39 @@ impl GvisorRuntime {
     }
 }
 
+/// The global runsc flags of every sandbox (run and restore alike). Nothing here weakens
+/// gVisor's own isolation (docs/security-model.md#gvisor): no `--TESTONLY-*` flag, the
+/// platform as detected (its seccomp filters stay on), the sandbox's own netstack (never
+/// `--network=host`), `--host-uds=create` only (the agent's socket in the one bind-mounted
+/// host directory), root writes to the sandbox's memory or, with `host_writes`, to its own
+/// overlay upper layer on the host (the image tree is a read-only lower layer).
+pub(super) fn sandbox_flags(runsc: &RunscInfo, network: bool, host_writes: bool) -> Vec<String> {
+    let mut flags = vec![
+        format!("--platform={}", runsc.platform),
+        if network {
+            "--network=sandbox"
+        } else {
+            "--network=none"
+        }
+        .to_string(),
+        "--host-uds=create".to_string(),
+    ];
+    if runsc.overlay2 {
+        flags.push(
+            if host_writes {
+                "--overlay2=none"
+            } else {
+                "--overlay2=root:memory"
+            }
+            .to_string(),
+        );
+    }
+    if network && runsc.net_disconnect_ok {
+        flags.push("--net-disconnect-ok".to_string());
+    }
+    flags
+}
+
 impl Shared {
     pub(super) fn runsc(&self) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.runsc.path);
@@ -160,23 +195,7 @@ impl Shared {
         host_writes: bool,
     ) -> tokio::process::Command {
         let mut cmd = self.runsc();
-        cmd.arg(format!("--platform={}", self.runsc.platform))
-            .arg(if network {
-                "--network=sandbox"
-            } else {
-                "--network=none"
-            })
-            .arg("--host-uds=create");
-        if self.runsc.overlay2 {
-            cmd.arg(if host_writes {
-                "--overlay2=none"
-            } else {
-                "--overlay2=root:memory"
-            });
-        }
-        if network && self.runsc.net_disconnect_ok {
-            cmd.arg("--net-disconnect-ok");
-        }
+        cmd.args(sandbox_flags(&self.runsc, network, host_writes));
         cmd
     }
 

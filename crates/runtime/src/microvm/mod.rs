@@ -464,4 +464,31 @@ mod tests {
             SandboxExit::Exited { code: 99, .. }
         ));
     }
+
+    /// A VMM killed by its seccomp filter (sandcell-vmm's tests/seccomp.rs shows it dies of
+    /// SIGSYS) is reported as a crash with the reason, not as a stop or a VM status.
+    #[test]
+    fn a_vmm_killed_by_sigsys_is_reported_as_a_seccomp_crash() {
+        let status = std::process::Command::new("sh")
+            .args(["-c", "kill -SYS $$"])
+            .status()
+            .expect("running sh");
+        let e = classify(status, false, "vmm log tail".into());
+        assert_eq!(
+            e,
+            SandboxExit::Killed {
+                signal: libc::SIGSYS,
+                detail: "vmm log tail".into()
+            }
+        );
+        let said = e.to_string();
+        assert!(
+            said.contains("crashed") && said.contains("seccomp"),
+            "{said}"
+        );
+        assert_eq!(
+            classify(status, true, String::new()),
+            SandboxExit::Destroyed
+        );
+    }
 }

@@ -196,6 +196,13 @@ enum Next {
 
 impl Vcpu {
     fn run(mut self, start_paused: bool) {
+        // Before the first KVM_RUN: from then on the guest drives what this thread does.
+        if let Err(e) = crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu) {
+            self.shared
+                .latch
+                .request(ExitStatus::VmmError, format!("vCPU {}: {e}", self.index));
+            return;
+        }
         let run_ptr: *mut kvm_run = self.fd.get_kvm_run();
         KVM_RUN.with(|p| p.set(run_ptr));
         if !start_paused || self.parked() {

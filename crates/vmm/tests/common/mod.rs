@@ -226,6 +226,13 @@ impl Control {
         self.read_line()
     }
 
+    /// Writes `line` without waiting for an answer (for requests that end the process).
+    pub fn send_only(&mut self, line: &str) {
+        self.writer
+            .write_all(line.as_bytes())
+            .expect("writing a request");
+    }
+
     pub fn read_line(&mut self) -> String {
         let mut resp = String::new();
         self.reader
