@@ -90,6 +90,10 @@ def test_without_auto_resume_a_paused_sandbox_stays_paused():
         r = httpx.get(API_URL, headers=route, timeout=30)
         assert r.status_code == 502 and "was not found" in r.text, r.text
         assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+    finally:
+        sbx.kill()
+
+
 def test_a_filesystem_only_pause_keeps_the_files_not_the_processes():
     sbx = Sandbox.create(template=TEMPLATE, timeout=120)
     try:
