@@ -104,7 +104,7 @@ rm -f "$monitor" "$outdir/qemu.pid" "$outdir/qemu.status" "$outdir/freeze.txt"
     -m "$memory" -nodefaults -no-user-config -nographic -no-reboot -serial stdio \
     -monitor "unix:$monitor,server,nowait" -pidfile "$outdir/qemu.pid" \
     -kernel "$l1/vmlinuz" -initrd "$initramfs" -append "$append" </dev/null 2>"$outdir/qemu.err" \
-    | sed -u 's/\r$//' | tee "$console" | grep --line-buffered -E '^NESTED-(PLAN|RESULT|BENCH|DONE)' >&2
+    | sed -u 's/\r$//' | tee "$console" | grep --line-buffered -E '^NESTED-(PLAN|RESULT|BENCH|SECCOMP|DONE)' >&2
   echo "${PIPESTATUS[0]}" > "$outdir/qemu.status"
 ) &
 runner=$!
