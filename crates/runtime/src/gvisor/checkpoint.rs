@@ -221,9 +221,16 @@ fn check_checkpointable(sb: &GvisorSandbox) -> Result<u32> {
 
 /// `dest` (which must not exist) and its checkpoint directory; (checkpoint dir, upper dir).
 fn create_snapshot_dirs(dest: &Path) -> Result<(PathBuf, PathBuf)> {
-    let io = |what: String| move |e| Error::io(RT, what, e);
+    let upper = create_snapshot_dir(dest)?;
     let images = dest.join(CHECKPOINT_DIR);
-    let upper = dest.join(UPPER_DIR);
+    std::fs::create_dir(&images)
+        .map_err(|e| Error::io(RT, format!("creating {}", images.display()), e))?;
+    Ok((images, upper))
+}
+
+/// `dest` (which must not exist), its parents as needed; where its upper layer goes.
+pub(super) fn create_snapshot_dir(dest: &Path) -> Result<PathBuf> {
+    let io = |what: String| move |e| Error::io(RT, what, e);
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
     }
@@ -231,8 +238,7 @@ fn create_snapshot_dirs(dest: &Path) -> Result<(PathBuf, PathBuf)> {
         "creating snapshot directory {} (it must not exist)",
         dest.display()
     )))?;
-    std::fs::create_dir(&images).map_err(io(format!("creating {}", images.display())))?;
-    Ok((images, upper))
+    Ok(dest.join(UPPER_DIR))
 }
 
 /// Asks the agent to let go of its host sockets and waits until it has.

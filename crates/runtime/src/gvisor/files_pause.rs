@@ -23,16 +23,8 @@ const POWEROFF_EXIT: Duration = Duration::from_secs(10);
 
 pub(super) async fn pause_files_to_disk(sb: &GvisorSandbox, dest: &Path) -> Result<SnapshotHandle> {
     let pid = check_pausable(sb)?;
-    let io = |what: String| move |e| Error::io(RT, what, e);
-    if let Some(parent) = dest.parent() {
-        std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
-    }
-    std::fs::create_dir(dest).map_err(io(format!(
-        "creating snapshot directory {} (it must not exist)",
-        dest.display()
-    )))?;
+    let upper = checkpoint::create_snapshot_dir(dest)?;
     stop(sb, pid).await;
-    let upper = dest.join("upper");
     let saved = match checkpoint::flatten_root(sb, &upper).await {
         Ok(()) => {
             let handle = SnapshotHandle {

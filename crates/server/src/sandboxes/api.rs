@@ -275,14 +275,17 @@ fn parse_list_query(raw: Option<&str>) -> ApiResult<ListQuery> {
 }
 
 fn page_token(row: &SandboxRow) -> String {
-    URL_SAFE_NO_PAD.encode(format!(
-        "{}:{}",
-        row.started_at.unwrap_or(row.created_at),
-        row.id
-    ))
+    encode_page_token(row.started_at.unwrap_or(row.created_at), &row.id)
 }
 
-fn parse_page_token(token: &str) -> ApiResult<(i64, String)> {
+/// A `nextToken` cursor (E2B's listings): `at:id`, base64url. Sandboxes, snapshots and
+/// secrets page with it.
+pub(crate) fn encode_page_token(at: i64, id: &str) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{at}:{id}"))
+}
+
+/// The `(at, id)` of a [`encode_page_token`] cursor; 400 for anything else.
+pub(crate) fn parse_page_token(token: &str) -> ApiResult<(i64, String)> {
     let bad = || ApiError::bad_request("invalid nextToken");
     let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
     let raw = String::from_utf8(raw).map_err(|_| bad())?;

@@ -13,8 +13,6 @@ use crate::util::rfc3339;
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -200,11 +198,7 @@ fn parse_page(raw: Option<&str>) -> ApiResult<(i64, Option<(i64, String)>)> {
                     })?
             }
             "nextToken" => {
-                let bad = || ApiError::bad_request("invalid nextToken");
-                let raw = URL_SAFE_NO_PAD.decode(v.as_bytes()).map_err(|_| bad())?;
-                let raw = String::from_utf8(raw).map_err(|_| bad())?;
-                let (t, id) = raw.split_once(':').ok_or_else(bad)?;
-                after = Some((t.parse::<i64>().map_err(|_| bad())?, id.to_string()));
+                after = Some(crate::sandboxes::api::parse_page_token(&v)?);
             }
             _ => {}
         }
@@ -231,7 +225,7 @@ pub async fn list_secrets(
     if rows.len() as i64 > limit {
         rows.truncate(limit as usize);
         if let Some(last) = rows.last() {
-            let token = URL_SAFE_NO_PAD.encode(format!("{}:{}", last.created_at, last.id));
+            let token = crate::sandboxes::api::encode_page_token(last.created_at, &last.id);
             if let Ok(v) = HeaderValue::from_str(&token) {
                 headers.insert("x-next-token", v);
             }
@@ -258,7 +252,7 @@ mod tests {
     #[test]
     fn pages_parse_and_bad_ones_are_refused() {
         assert_eq!(parse_page(None).unwrap(), (100, None));
-        let token = URL_SAFE_NO_PAD.encode("5:sec_ab");
+        let token = crate::sandboxes::api::encode_page_token(5, "sec_ab");
         let q = format!("limit=2&nextToken={token}");
         assert_eq!(
             parse_page(Some(&q)).unwrap(),

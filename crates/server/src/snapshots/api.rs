@@ -14,8 +14,6 @@ use crate::util::rfc3339;
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -285,11 +283,7 @@ pub async fn list_snapshots(
                     })?
             }
             "nextToken" => {
-                let bad = || ApiError::bad_request("invalid nextToken");
-                let raw = URL_SAFE_NO_PAD.decode(v.as_bytes()).map_err(|_| bad())?;
-                let raw = String::from_utf8(raw).map_err(|_| bad())?;
-                let (t, id) = raw.split_once(':').ok_or_else(bad)?;
-                after = Some((t.parse::<i64>().map_err(|_| bad())?, id.to_string()));
+                after = Some(crate::sandboxes::api::parse_page_token(&v)?);
             }
             _ => {}
         }
@@ -307,7 +301,7 @@ pub async fn list_snapshots(
     let mut headers = HeaderMap::new();
     if rows.len() > limit {
         let last = &rows[limit - 1];
-        let token = URL_SAFE_NO_PAD.encode(format!("{}:{}", last.created_at, last.id));
+        let token = crate::sandboxes::api::encode_page_token(last.created_at, &last.id);
         if let Ok(v) = HeaderValue::from_str(&token) {
             headers.insert("x-next-token", v);
         }
