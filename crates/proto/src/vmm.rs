@@ -47,6 +47,44 @@ pub struct VmConfig {
     pub control_socket: Option<PathBuf>,
 }
 
+/// The jail a `sandcell-vmm` enters before it opens anything of its VM (`--jail JSON`): its
+/// own mount namespace whose root holds only `binds` (each at its host path, so the VM's
+/// configuration needs no rewriting), the listed device nodes and its own /proc, then an
+/// unprivileged uid/gid with no capabilities, `no_new_privs` and resource limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailSpec {
+    /// The uid and gid the VMM runs as: not 0, and not shared with another VMM.
+    pub uid: u32,
+    pub gid: u32,
+    /// An empty directory: a private tmpfs is mounted on it and becomes the VMM's `/`.
+    pub root: PathBuf,
+    /// Host paths visible in the jail, at the same path; parents before children.
+    #[serde(default)]
+    pub binds: Vec<JailBind>,
+    /// Device nodes recreated in the jail, owned by `uid` (e.g. /dev/kvm, /dev/net/tun).
+    #[serde(default)]
+    pub devices: Vec<PathBuf>,
+    /// RLIMIT_NOFILE.
+    pub max_open_files: u64,
+    /// RLIMIT_FSIZE: no file the VMM writes (disk top, memory snapshot, logs) grows past it.
+    /// At least the guest memory: the guest memory memfd counts too.
+    pub max_file_bytes: u64,
+    /// RLIMIT_NPROC for `uid` (its threads: vCPUs plus a few).
+    pub max_threads: u64,
+}
+
+/// One host path shown in a [`JailSpec`]'s root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailBind {
+    /// Absolute, with no symbolic link on the way (the jail refuses it otherwise).
+    pub path: PathBuf,
+    /// Read-write; otherwise read-only. Either way nosuid, nodev, noexec.
+    #[serde(default)]
+    pub writable: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiskConfig {

@@ -26,6 +26,7 @@ pub mod devices;
 pub mod exit;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod jail;
 pub mod kvm;
 pub mod loader;
 pub mod machine;

@@ -5,17 +5,19 @@
 //!
 //! Every form takes `--no-seccomp` (debugging: no syscall filters). The filters are on
 //! otherwise; `SANDCELL_VMM_SECCOMP=log` makes them log what they would kill (see
-//! `sandcell_vmm::seccomp`).
+//! `sandcell_vmm::seccomp`). Every VM form takes `--jail JSON` (a
+//! `sandcell_proto::vmm::JailSpec`): the VMM enters it before it opens anything of its VM
+//! (see `sandcell_vmm::jail`).
 //!
 //! Runs one VM and exits with a `sandcell_proto::vmm::ExitStatus` code that says how it
 //! ended; the reason is on stderr. A refused configuration or snapshot exits BadConfig.
 
-use sandcell_proto::vmm::ExitStatus;
+use sandcell_proto::vmm::{ExitStatus, JailSpec};
 use sandcell_vmm::builder::{self, BuildError};
 use sandcell_vmm::config::{self, Command};
 use sandcell_vmm::seccomp::{self, Mode};
 use sandcell_vmm::vmm::Vmm;
-use sandcell_vmm::{logger, pool};
+use sandcell_vmm::{jail, logger, pool};
 
 fn main() {
     logger::init_from_env();
@@ -23,10 +25,24 @@ fn main() {
         std::env::args().skip(1).partition(|a| a != "--no-seccomp");
     seccomp::configure(seccomp_mode(!no_seccomp.is_empty()));
     no_core_dumps();
+    let (args, jail_spec) = match take_jail(args) {
+        Ok(v) => v,
+        Err(message) => exit(ExitStatus::BadConfig, &message),
+    };
     let command = match config::parse_command(args) {
         Ok(c) => c,
         Err(e) => exit(ExitStatus::BadConfig, &e.to_string()),
     };
+    // After the command line (a --config file is read from the host's tree), before the VM
+    // opens anything: its kernel, disks, sockets and /dev/kvm are reached inside the jail.
+    if let Some(Err(e)) = jail_spec.as_ref().map(jail::enter) {
+        let status = if e.is_bad_input() {
+            ExitStatus::BadConfig
+        } else {
+            ExitStatus::VmmError
+        };
+        exit(status, &e.to_string());
+    }
     let vmm = match command {
         Command::Boot(args) => {
             if let Err(e) = config::validate(&args.config) {
@@ -97,6 +113,24 @@ fn exit(status: ExitStatus, message: &str) -> ! {
         status.code()
     );
     std::process::exit(status.code());
+}
+
+/// Takes `--jail JSON` out of the arguments.
+fn take_jail(args: Vec<String>) -> Result<(Vec<String>, Option<JailSpec>), String> {
+    let Some(at) = args.iter().position(|a| a == "--jail") else {
+        return Ok((args, None));
+    };
+    let mut args = args;
+    if at + 1 >= args.len() {
+        return Err("--jail needs a JSON jail specification".into());
+    }
+    let json = args.remove(at + 1);
+    args.remove(at);
+    if args.iter().any(|a| a == "--jail") {
+        return Err("--jail given twice".into());
+    }
+    let spec = serde_json::from_str(&json).map_err(|e| format!("invalid --jail JSON: {e}"))?;
+    Ok((args, Some(spec)))
 }
 
 /// The filters are on unless `--no-seccomp`; `SANDCELL_VMM_SECCOMP=log` only logs.

@@ -35,6 +35,9 @@ pub(super) static TABLE: Table = Table {
         libc::SYS_epoll_wait,
         libc::SYS_epoll_pwait,
         libc::SYS_epoll_ctl,
+        // vsock's muxer arms and disarms its connection-timeout tick (a timerfd)
+        libc::SYS_timerfd_settime,
+        libc::SYS_timerfd_gettime,
         // control socket and vsock's host side (socket: AF_UNIX only, see arg_equals)
         libc::SYS_accept4,
         libc::SYS_connect,
