@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # sandcell-vmm on tiny payloads, p50/p90/p99 over N runs (default 20):
 #  - start_to_first_output_ms: process spawn to the first console byte (1 vCPU, 128 MiB);
+#    start_to_first_output_jailed_ms: the same under --jail (needs root), interleaved;
 #    start_to_first_output_no_seccomp_ms: the same with --no-seccomp, interleaved
 #  - idle_rss_mib / idle_pss_mib: smaps_rollup of an idle 128 MiB VM
 #  - snapshots (bench_snapshot): pause, full and fork snapshots of 128/512 MiB guests to

@@ -2,7 +2,9 @@
 //! - `start_to_first_output_ms`: from spawning the process to the first console byte on
 //!   its stdout (1 vCPU, 128 MiB, the `hello` payload), with the seccomp filters (the
 //!   default); `start_to_first_output_no_seccomp_ms`: the same with `--no-seccomp`, the runs
-//!   interleaved so both see the same host;
+//!   interleaved so both see the same host; `start_to_first_output_jailed_ms`: the same
+//!   with `--jail` (own mount namespace, tmpfs root with the payload bound, /dev/kvm node,
+//!   unprivileged uid; needs root), interleaved too;
 //! - `idle_rss_mib` / `idle_pss_mib`: /proc/<pid>/smaps_rollup of a 128 MiB VM whose guest
 //!   printed a line and halted (the `idle` payload), measured after it settles.
 //!
@@ -101,16 +103,40 @@ fn idle_memory_mib(a: &Args) -> Result<(f64, f64), String> {
     result
 }
 
+/// A `--jail` for the hello payload: an empty root dir, the payload bound read-only.
+fn jail_json(a: &Args, root: &std::path::Path) -> Result<String, String> {
+    let kernel = std::fs::canonicalize(&a.hello).map_err(|e| format!("{}: {e}", a.hello))?;
+    let spec = sandcell_proto::vmm::JailSpec {
+        uid: 1_899_999_000,
+        gid: 1_899_999_000,
+        root: root.to_path_buf(),
+        binds: vec![sandcell_proto::vmm::JailBind {
+            path: kernel,
+            writable: false,
+        }],
+        devices: vec!["/dev/kvm".into()],
+        max_open_files: 256,
+        max_file_bytes: 256 << 20,
+        max_threads: 16,
+    };
+    serde_json::to_string(&spec).map_err(|e| e.to_string())
+}
+
 fn main() {
     let a = common::args_or_exit("bench_vmm", parse_args());
     let run = || -> Result<serde_json::Value, String> {
+        let jail_dir = tempfile::tempdir().map_err(|e| format!("a jail root: {e}"))?;
+        let jail_root = std::fs::canonicalize(jail_dir.path()).map_err(|e| e.to_string())?;
+        let jail = jail_json(&a, &jail_root)?;
         let mut first = Vec::new();
+        let mut first_jailed = Vec::new();
         let mut first_unfiltered = Vec::new();
         let mut rss = Vec::new();
         let mut pss = Vec::new();
         for _ in 0..a.runs {
             first.push(first_output_ms(&a, &[])?);
             first_unfiltered.push(first_output_ms(&a, &["--no-seccomp"])?);
+            first_jailed.push(first_output_ms(&a, &["--jail", &jail])?);
             let (r, p) = idle_memory_mib(&a)?;
             rss.push(r);
             pss.push(p);
@@ -120,6 +146,7 @@ fn main() {
             "vm": { "vcpus": 1, "memory_mib": 128 },
             "start_to_first_output_ms": summary(first),
             "start_to_first_output_no_seccomp_ms": summary(first_unfiltered),
+            "start_to_first_output_jailed_ms": summary(first_jailed),
             "idle_rss_mib": summary(rss),
             "idle_pss_mib": summary(pss),
             "firecracker_same_host": {
