@@ -15,18 +15,6 @@ mod sandbox;
 pub mod vsock;
 mod warm_pool;
 
-/// The seccomp mode of a VMM the runtime starts: the operator's `SANDCELL_VMM_SECCOMP` when
-/// set (`kill` enforces), else `log`. The filters (crates/vmm/src/seccomp/) are enforced in
-/// every payload test, but the nested harness's real Linux guests still met a syscall the
-/// tables lack (the VMM died with SIGSYS before its agent answered), so sandboxes run them
-/// in log mode (violations go to the kernel log, nothing is killed) until the tables are
-/// completed from that log (tests/nested/l1/tests.sh prints it).
-pub(crate) fn vmm_seccomp_env(command: &mut tokio::process::Command) {
-    if std::env::var_os("SANDCELL_VMM_SECCOMP").is_none() {
-        command.env("SANDCELL_VMM_SECCOMP", "log");
-    }
-}
-
 pub use sandbox::MicrovmSandbox;
 
 use crate::owner::Sweep;

@@ -316,7 +316,6 @@ impl Sandbox for MicrovmSandbox {
             .try_clone()
             .map_err(|e| Error::io(RT, "duplicating the log fd", e))?;
         let mut command = tokio::process::Command::new(&self.vmm);
-        super::vmm_seccomp_env(&mut command);
         if self.outlive_owner {
             crate::detach::detached(&mut command);
         } else {

@@ -150,7 +150,6 @@ impl WarmPool {
             .try_clone()
             .map_err(io("duplicating the log fd".into()))?;
         let mut command = tokio::process::Command::new(&self.vmm);
-        super::vmm_seccomp_env(&mut command);
         crate::detach::detached(&mut command);
         let child = command
             .arg("--wait-restore")
