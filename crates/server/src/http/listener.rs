@@ -285,4 +285,65 @@ mod tests {
         .await
         .unwrap();
     }
+
+    /// The HTTPS port: a handshake with the daemon CA's leaf, a request answered, and a
+    /// request without a Host gets the SNI name (what proxy routing then reads).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn tls_connections_are_served_and_sni_stands_in_for_a_missing_host() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let tls = crate::tls::setup("sandbox.test", None, None, dir.path()).unwrap();
+        let ca = crate::tls::ca::DaemonCa::load_or_create(dir.path()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route(
+            "/",
+            get(|headers: axum::http::HeaderMap| async move {
+                format!("host={}", headers[header::HOST].to_str().unwrap_or(""))
+            }),
+        );
+        let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_tls(
+            listener,
+            router,
+            Limits::default(),
+            tls.config,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.cert_der().clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        for (head, want) in [
+            (
+                "Host: 8000-sc-1.sandbox.test\r\n",
+                "host=8000-sc-1.sandbox.test",
+            ),
+            ("", "host=49983-sc-2.sandbox.test"),
+        ] {
+            let sni = if head.is_empty() {
+                "49983-sc-2"
+            } else {
+                "8000-sc-1"
+            };
+            let name =
+                rustls::pki_types::ServerName::try_from(format!("{sni}.sandbox.test")).unwrap();
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut c = connector.connect(name, tcp).await.unwrap();
+            c.write_all(format!("GET / HTTP/1.1\r\n{head}Connection: close\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            let _ = c.read_to_string(&mut out).await;
+            assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            assert!(out.ends_with(want), "{out}");
+        }
+    }
 }

@@ -677,4 +677,20 @@ mod tests {
             db.close().await;
         }
     }
+
+    #[test]
+    fn host_masks_take_the_port_and_refuse_what_is_no_header() {
+        assert_eq!(mask_host("localhost:${PORT}", 8000), "localhost:8000");
+        assert_eq!(mask_host("app.internal", 8000), "app.internal");
+        assert!(valid_mask("localhost:${PORT}"));
+        for bad in [
+            "",
+            "a b",
+            "x\r\nInjected: 1",
+            "h\u{e9}",
+            &"a".repeat(MAX_MASK + 1),
+        ] {
+            assert!(!valid_mask(bad), "{bad:?}");
+        }
+    }
 }
