@@ -545,14 +545,15 @@ async fn https_listener(
     let at = listener
         .local_addr()
         .map_err(Error::io("reading the HTTPS address"))?;
-    // Tests read this line for the port (`--https-port 0`).
-    println!(
-        "sandcell serve: port URLs on https://<port>-<sandboxID>.{domain}:{}",
+    // Log lines, not stdout: "listening on" stays the one line scripts read there (and
+    // some close the pipe after it). Tests read this one for the port (`--https-port 0`).
+    tracing::info!(
+        "port URLs on https://<port>-<sandboxID>.{domain}:{}",
         at.port()
     );
     if let Some(ca) = &tls.ca_cert {
-        println!(
-            "sandcell serve: their certificate is from the daemon's CA: trust {}",
+        tracing::info!(
+            "their certificate is from the daemon's CA: trust {}",
             ca.display()
         );
     }
