@@ -46,33 +46,7 @@ fi
 # --- the daemon ---
 sc_bin
 sc_tmp sc-e2b
-if [ -d "$INSTALLED/images/base" ] && [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
-    # The installed base tree with this agent: hard links where the file system allows
-    # (the gvisor runtime only ever reads the image tree: writes go to an overlay), and the
-    # agent a new file, never written through a link.
-    say "base fixture with agent $SANDCELL_E2B_AGENT"
-    mkdir -p "$DATA/images/base"
-    cp -al "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs" 2>/dev/null ||
-        cp -a "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs"
-    rm -f "$DATA/images/base/rootfs/sbin/sandcell-agent"
-    install -m 755 "$SANDCELL_E2B_AGENT" "$DATA/images/base/rootfs/sbin/sandcell-agent"
-elif [ -d "$INSTALLED/images/base" ]; then
-    ln -s "$INSTALLED/images/base" "$DATA/images/base"
-fi
-FIXTURE="$DATA/images/minimal-bash"
-mkdir -p "$FIXTURE"
-cp -a "$INSTALLED/images/minimal/rootfs" "$FIXTURE/rootfs"
-if [ ! -e "$FIXTURE/rootfs/bin/bash" ]; then
-    printf '#!/bin/sh\nexec /bin/sh "$@"\n' >"$FIXTURE/rootfs/bin/bash"
-    chmod 755 "$FIXTURE/rootfs/bin/bash"
-fi
-if [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
-    install -m 755 "$SANDCELL_E2B_AGENT" "$FIXTURE/rootfs/sbin/sandcell-agent"
-fi
-if [ -z "${SANDCELL_TEMPLATE:-}" ]; then
-    if [ -d "$DATA/images/base" ]; then SANDCELL_TEMPLATE=base; else SANDCELL_TEMPLATE=minimal-bash; fi
-fi
-export SANDCELL_TEMPLATE
+sc_e2b_templates
 
 sc_serve
 
@@ -110,6 +84,8 @@ say "node: tests/e2b/template.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/template.cjs" || status=1
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
+say "port URLs: tests/e2b/port_urls.sh (a daemon of its own, with --domain)"
+PY_SDK=$PY_SDK bash "$HERE/port_urls.sh" || status=1
 
 # The secrets suites' values all start so: none may reach the daemon's log.
 if grep -qE 'sk-(py|js)-' "$TMP/serve.err"; then

@@ -27,6 +27,7 @@ pub mod secrets;
 pub mod snapshots;
 pub mod store;
 pub mod templates;
+pub mod tls;
 pub mod util;
 
 pub use http::{router, routes};
@@ -58,10 +59,21 @@ pub struct ServeArgs {
     /// auto: a microVM if this host passes the (cached) self-test, else gVisor
     #[arg(long, default_value = "auto", value_parser = parse_choice, value_name = "auto|microvm|gvisor")]
     pub runtime: RuntimeChoice,
-    /// Public domain: sandbox hosts are `<port>-<sandboxID>.<domain>` (Host routing) and
-    /// the SDKs get it as the sandbox `domain`
+    /// Public domain: sandbox hosts are `<port>-<sandboxID>.<domain>` (Host routing), also
+    /// served over HTTPS on `--https-port`, and the SDKs get it as the sandbox `domain`
     #[arg(long, value_name = "DOMAIN")]
     pub domain: Option<String>,
+    /// With `--domain`: the HTTPS port of `https://<port>-<sandboxID>.<domain>`, on the
+    /// address of `--listen` (0: any free port)
+    #[arg(long, default_value_t = 443, value_name = "PORT")]
+    pub https_port: u16,
+    /// The certificate chain (PEM) for `*.<domain>`; without it the daemon's own CA
+    /// (`<data-dir>/tls/ca.pem`) issues one
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The key (PEM) of `--tls-cert`
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// Largest vCPU count a sandbox may ask for (`cpuCount` on create)
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub max_vcpus: u32,
@@ -451,6 +463,10 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         wakes: Default::default(),
         secrets,
     });
+    let https = match &args.domain {
+        Some(domain) => Some(https_listener(&dirs, &args, domain, addr).await?),
+        None => None,
+    };
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");
 
@@ -460,6 +476,18 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         header_timeout: Duration::from_secs(args.header_timeout_secs.max(1)),
         ..Default::default()
     };
+    let (https_stop_tx, https_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let https_server = https.map(|(listener, tls)| {
+        tokio::spawn(http::listener::serve_tls(
+            listener,
+            http::port_router(app.clone()),
+            limits,
+            tls,
+            async move {
+                let _ = https_stop_rx.await;
+            },
+        ))
+    });
     let server = tokio::spawn(http::listener::serve(
         listener,
         router(app),
@@ -487,9 +515,49 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     lifecycle.shutdown().await;
     networks.shutdown().await;
     let _ = stop_tx.send(());
+    let _ = https_stop_tx.send(());
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
+    if let Some(https) = https_server {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, https).await;
+    }
     db.close().await;
     Ok(())
+}
+
+/// The HTTPS port of `--domain` (crate::tls), bound on `--listen`'s address, and what it
+/// serves with. Says where it is and, with the daemon's own CA, which certificate to trust.
+async fn https_listener(
+    dirs: &Dirs,
+    args: &ServeArgs,
+    domain: &str,
+    api: SocketAddr,
+) -> Result<(tokio::net::TcpListener, Arc<rustls::ServerConfig>), Error> {
+    let tls = tls::setup(
+        domain,
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+        &tls::ca_dir(&dirs.data),
+    )?;
+    let at = SocketAddr::new(api.ip(), args.https_port);
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .map_err(Error::io(format!("listening on {at} (--https-port)")))?;
+    let at = listener
+        .local_addr()
+        .map_err(Error::io("reading the HTTPS address"))?;
+    // Log lines, not stdout: "listening on" stays the one line scripts read there (and
+    // some close the pipe after it). Tests read this one for the port (`--https-port 0`).
+    tracing::info!(
+        "port URLs on https://<port>-<sandboxID>.{domain}:{}",
+        at.port()
+    );
+    if let Some(ca) = &tls.ca_cert {
+        tracing::info!(
+            "their certificate is from the daemon's CA: trust {}",
+            ca.display()
+        );
+    }
+    Ok((listener, tls.config))
 }
 
 async fn stop_signal() -> &'static str {

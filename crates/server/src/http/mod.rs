@@ -126,7 +126,7 @@ pub fn router(app: Arc<App>) -> Router {
         Some(mcp) => routes.merge(mcp),
         None => routes,
     };
-    routes
+    let routes = routes
         .route(
             "/openapi.json",
             get(move || {
@@ -137,7 +137,19 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics::metrics))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY))
+        .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY));
+    with_proxy(routes, app)
+}
+
+/// The HTTPS port (crate::tls): sandbox traffic only, through the same proxy as the API
+/// port's; the API itself stays on the plain port (anything else is 404 here).
+pub fn port_router(app: Arc<App>) -> Router {
+    with_proxy(Router::new().fallback(no_route), app)
+}
+
+/// `routes` behind the envd proxy and the layers every request goes through.
+fn with_proxy(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
+    routes
         // Last = outermost: sees every request (routes and fallback) first.
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),

@@ -24,8 +24,8 @@ use utoipa::ToSchema;
 /// only TLS whose SNI, or HTTP/1.x whose `Host`, names an allowed domain (the host
 /// connects to that name itself); other protocols (SSH, anything where the server speaks
 /// first, UDP and QUIC) are refused there: allow such a destination by IP or CIDR. Other E2B
-/// fields (`dnsServers`, `maskRequestHost`, `rules`, ...) are accepted and ignored: the
-/// sandbox's only resolver is ours, which resolves exactly what the rules allow.
+/// fields (`dnsServers`, `rules`, ...) are accepted and ignored: the sandbox's only resolver
+/// is ours, which resolves exactly what the rules allow.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
@@ -37,6 +37,10 @@ pub struct NetworkConfig {
     /// `trafficAccessToken` of the create's answer in `e2b-traffic-access-token`.
     #[serde(default)]
     pub allow_public_traffic: Option<bool>,
+    /// The Host header requests to the sandbox's ports (other than envd's) arrive with,
+    /// `${PORT}` replaced by the port (e.g. `localhost:${PORT}`); default: the caller's.
+    #[serde(default)]
+    pub mask_request_host: Option<String>,
 }
 
 /// `PUT /sandboxes/{id}/network`: the new rules, replacing all of the old (an omitted field

@@ -86,6 +86,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "secrets",
         include_str!("../../migrations/0013_secrets.sql"),
     ),
+    (
+        14,
+        "mask request host",
+        include_str!("../../migrations/0014_mask_request_host.sql"),
+    ),
 ];
 
 pub use crate::sandboxes::state::State;
