@@ -16,7 +16,7 @@ pub mod wake;
 use crate::App;
 use crate::http::error::ApiError;
 use crate::sandboxes::models::Health;
-use crate::{networks, sandboxes, secrets, snapshots, templates};
+use crate::{networks, sandboxes, secrets, snapshots, templates, volumes};
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -114,6 +114,14 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
             secrets::api::get_secret,
             secrets::api::update_secret,
             secrets::api::delete_secret
+        ))
+        .routes(routes!(
+            volumes::api::list_volumes,
+            volumes::api::create_volume
+        ))
+        .routes(routes!(
+            volumes::api::get_volume,
+            volumes::api::delete_volume
         ))
         .split_for_parts()
 }
