@@ -122,6 +122,65 @@ def test_another_key_neither_sees_nor_mounts_it(vol):
     assert Volume.get_info(vol.volume_id).name == vol.name
 
 
+def test_the_sdks_volume_content_calls_round_trip(vol):
+    """`Volume.write_file/read_file/list/make_dir/get_info/update_metadata/remove` without a
+    sandbox, and a sandbox sees what they wrote (and the other way round)."""
+    blob = os.urandom(3 * 1024 * 1024 + 17)
+    vol.make_dir("/docs/deep", force=True)
+    entry = vol.write_file("/docs/deep/blob.bin", blob)
+    assert (entry.name, entry.size) == ("blob.bin", len(blob))
+    vol.write_file("/docs/note.txt", "hello volume")
+    assert vol.read_file("/docs/note.txt") == "hello volume"
+    assert vol.read_file("/docs/deep/blob.bin", format="bytes") == blob
+    assert b"".join(vol.read_file("/docs/deep/blob.bin", format="stream")) == blob
+    names = sorted(e.path for e in vol.list("/docs", depth=2))
+    assert names == ["/docs/deep", "/docs/deep/blob.bin", "/docs/note.txt"]
+    assert [e.name for e in vol.list("/docs")] == ["deep", "note.txt"]
+    info = vol.get_info("/docs/note.txt")
+    assert info.size == len("hello volume")
+    changed = vol.update_metadata("/docs/note.txt", mode=0o600, uid=1000, gid=1000)
+    assert (changed.mode & 0o777, changed.uid, changed.gid) == (0o600, 1000, 1000)
+    assert vol.exists("/docs/deep") and not vol.exists("/nope")
+
+    sbx = Sandbox.create(template=TEMPLATE, timeout=120, volume_mounts={"/v": vol})
+    try:
+        r = sbx.commands.run("sha256sum /v/docs/deep/blob.bin | cut -d' ' -f1; cat /v/docs/note.txt")
+        import hashlib
+
+        assert r.stdout.split("\n")[0] == hashlib.sha256(blob).hexdigest()
+        assert r.stdout.split("\n")[1] == "hello volume"
+        # A guest's links into the host: the content API never follows them.
+        sbx.commands.run(
+            "echo from-guest > /v/guest.txt; ln -s /etc /v/etc-link; ln -s /etc/hostname /v/h-link",
+            user="root",
+        )
+    finally:
+        sbx.kill()
+    assert vol.read_file("/guest.txt") == "from-guest\n"
+    assert vol.get_info("/h-link").type.value == "symlink"
+    headers = {"Authorization": f"Bearer {vol.token}"}
+    base = f"{API_URL}/volumecontent/{vol.volume_id}"
+    for method, route, path in (
+        ("GET", "file", "/h-link"),
+        ("GET", "file", "/etc-link/hostname"),
+        ("GET", "dir", "/etc-link"),
+        ("PUT", "file", "/etc-link/planted"),
+        ("PUT", "file", "/h-link"),
+        ("POST", "dir", "/etc-link/x"),
+        ("GET", "file", "/../../etc/hostname"),
+    ):
+        r = httpx.request(method, f"{base}/{route}", params={"path": path}, headers=headers, content=b"x")
+        assert r.status_code == 400, (method, route, path, r.status_code, r.text)
+    vol.remove("/etc-link")
+    assert os.path.exists("/etc/hostname"), "the link went, not its target"
+    vol.remove("/docs")
+    assert not vol.exists("/docs")
+    # The token is the volume's own.
+    bad = httpx.get(f"{base}/dir", params={"path": "/"}, headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 401
+    assert httpx.get(f"{base}/dir", params={"path": "/"}).status_code == 401
+
+
 def test_misuse_is_refused_with_the_right_status(vol):
     for bad in ("", "a/b", "x" * 65, "spa ce"):
         r = api("POST", "/volumes", json={"name": bad})

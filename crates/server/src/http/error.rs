@@ -289,6 +289,7 @@ impl From<crate::volumes::service::VolumeError> for ApiError {
                 ApiError::bad_request(e.to_string())
             }
             VolumeError::NotFound(_) => ApiError::not_found(e.to_string()),
+            VolumeError::Unauthorized => ApiError::unauthorized(e.to_string()),
             VolumeError::Exists(_) | VolumeError::InUse { .. } | VolumeError::Refused(_) => {
                 ApiError::conflict(e.to_string())
             }

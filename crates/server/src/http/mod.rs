@@ -130,6 +130,7 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
 pub fn router(app: Arc<App>) -> Router {
     let (routes, openapi) = routes();
     let spec = openapi.to_json().unwrap_or_else(|_| "{}".into());
+    let routes = routes.merge(volumes::content_api::routes());
     let routes = match mcp::routes(&app) {
         Some(mcp) => routes.merge(mcp),
         None => routes,

@@ -6,5 +6,7 @@
 
 pub mod api;
 pub mod config;
+pub mod content;
+pub mod content_api;
 pub mod juicefs;
 pub mod service;

@@ -32,6 +32,11 @@ pub enum VolumeError {
     Exists(String),
     #[error("volume {id} is mounted by sandbox(es) {}: kill them first", .sandboxes.join(", "))]
     InUse { id: String, sandboxes: Vec<String> },
+    /// The content API's bearer token is missing or not this volume's.
+    #[error(
+        "missing or invalid volume token (Authorization: Bearer <token from GET /volumes/{{id}}>)"
+    )]
+    Unauthorized,
     #[error("invalid volumeMounts: {0}")]
     InvalidMount(String),
     /// An operation the sandbox's volumes rule out (pause, snapshot, fork).
@@ -245,6 +250,29 @@ impl Volumes {
              supported (a snapshot would not hold the volume's content; docs/volumes.md)",
             names.join(", ")
         )))
+    }
+
+    /// The content API's volume: `token` must be its content token; it is mounted (once)
+    /// and its data directory returned.
+    pub async fn content_dir(
+        &self,
+        id: &str,
+        token: &str,
+    ) -> Result<std::path::PathBuf, VolumeError> {
+        let fs = self.fs()?;
+        let row = self
+            .db
+            .volume_by_id(id)
+            .await?
+            .filter(|v| crate::util::constant_time_eq(v.token.as_bytes(), token.as_bytes()))
+            .ok_or(VolumeError::Unauthorized)?;
+        let lock = self.lock_of(&row.id);
+        let _held = lock.lock().await;
+        // Deleted while we waited: its row is gone.
+        if self.db.volume_by_id(&row.id).await?.is_none() {
+            return Err(VolumeError::Unauthorized);
+        }
+        Ok(fs.mount(&row.id).await?)
     }
 
     fn lock_of(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
