@@ -144,141 +144,140 @@ fn fs_error(path: &VolPath, e: std::io::Error) -> ApiError {
     }
 }
 
-/// The volume's top, authenticated and mounted.
-async fn top(app: &App, id: &str, headers: &HeaderMap) -> ApiResult<OwnedFd> {
-    let dir = app.volumes.content_dir(id, bearer(headers)).await?;
-    content::open_top(&dir).map_err(|e| ApiError::internal(format!("opening volume {id}: {e}")))
+/// A request's volume (authenticated, mounted, its top open) and path.
+struct Target {
+    top: Arc<OwnedFd>,
+    path: VolPath,
+    q: PathQuery,
 }
 
-/// Runs a file operation on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+async fn target(app: &App, id: &str, raw: Option<&str>, headers: &HeaderMap) -> ApiResult<Target> {
+    let q = PathQuery::parse(raw)?;
+    let path = parse_path(&q)?;
+    let dir = app.volumes.content_dir(id, bearer(headers)).await?;
+    let top = content::open_top(&dir)
+        .map_err(|e| ApiError::internal(format!("opening volume {id}: {e}")))?;
+    Ok(Target {
+        top: Arc::new(top),
+        path,
+        q,
+    })
+}
+
+impl Target {
+    /// Runs a file operation on the path, on the blocking pool.
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&OwnedFd, &VolPath) -> std::io::Result<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        let (top, path) = (self.top.clone(), self.path.clone());
+        tokio::task::spawn_blocking(move || f(&top, &path))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            .map_err(|e| fs_error(&self.path, e))
+    }
+
+    /// The owner the query asks for (`uid`, `gid`), set on the path.
+    async fn chown_and_stat(&self) -> ApiResult<EntryStat> {
+        let (uid, gid) = (self.q.uid, self.q.gid);
+        let e = self
+            .run(move |top, p| {
+                if uid.is_some() || gid.is_some() {
+                    content::set_attrs(top, p, uid, gid, None)?;
+                }
+                content::stat(top, p)
+            })
+            .await?;
+        Ok(e.into())
+    }
 }
 
 async fn stat_path(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Json<EntryStat>> {
-    let q = PathQuery::parse(q.as_deref())?;
-    let path = parse_path(&q)?;
-    let top = top(&app, &id, &headers).await?;
-    let p = path.clone();
-    let e = blocking(move || content::stat(&top, &p))
-        .await
-        .map_err(|e| fs_error(&path, e))?;
-    Ok(Json(e.into()))
+    let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    Ok(Json(t.run(content::stat).await?.into()))
 }
 
 async fn patch_path(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> ApiResult<Json<EntryStat>> {
-    let q = PathQuery::parse(q.as_deref())?;
-    let path = parse_path(&q)?;
     let attrs: Attrs = if body.iter().all(u8::is_ascii_whitespace) {
         Attrs::default()
     } else {
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?
     };
-    let top = top(&app, &id, &headers).await?;
-    let p = path.clone();
-    let e = blocking(move || {
-        content::set_attrs(&top, &p, attrs.uid, attrs.gid, attrs.mode)?;
-        content::stat(&top, &p)
-    })
-    .await
-    .map_err(|e| fs_error(&path, e))?;
+    let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    let e = t
+        .run(move |top, p| {
+            content::set_attrs(top, p, attrs.uid, attrs.gid, attrs.mode)?;
+            content::stat(top, p)
+        })
+        .await?;
     Ok(Json(e.into()))
 }
 
 async fn delete_path(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
-    let q = PathQuery::parse(q.as_deref())?;
-    let path = parse_path(&q)?;
-    if path.is_top() {
+    let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    if t.path.is_top() {
         return Err(ApiError::bad_request("the volume's top cannot be deleted"));
     }
-    let top = top(&app, &id, &headers).await?;
-    let p = path.clone();
-    blocking(move || content::remove(&top, &p))
-        .await
-        .map_err(|e| fs_error(&path, e))?;
+    t.run(content::remove).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list_dir(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Json<Vec<EntryStat>>> {
-    let q = PathQuery::parse(q.as_deref())?;
-    let path = parse_path(&q)?;
-    let depth = q.depth.unwrap_or(1);
+    let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    let depth = t.q.depth.unwrap_or(1);
     if !(1..=content::MAX_DEPTH).contains(&depth) {
         return Err(ApiError::bad_request(format!(
             "depth {depth} is out of range: 1 to {}",
             content::MAX_DEPTH
         )));
     }
-    let top = top(&app, &id, &headers).await?;
-    let p = path.clone();
-    let entries = blocking(move || content::list(&top, &p, depth))
-        .await
-        .map_err(|e| fs_error(&path, e))?;
+    let entries = t.run(move |top, p| content::list(top, p, depth)).await?;
     Ok(Json(entries.into_iter().map(EntryStat::from).collect()))
 }
 
 async fn make_dir(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<(StatusCode, Json<EntryStat>)> {
-    let q = PathQuery::parse(q.as_deref())?;
-    let path = parse_path(&q)?;
-    let top = top(&app, &id, &headers).await?;
-    let p = path.clone();
-    let (mode, force, uid, gid) = (q.mode.unwrap_or(0o755), q.force == Some(true), q.uid, q.gid);
-    let e = blocking(move || {
-        content::mkdir(&top, &p, mode, force)?;
-        if uid.is_some() || gid.is_some() {
-            content::set_attrs(&top, &p, uid, gid, None)?;
-        }
-        content::stat(&top, &p)
-    })
-    .await
-    .map_err(|e| fs_error(&path, e))?;
-    Ok((StatusCode::CREATED, Json(e.into())))
+    let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    let (mode, force) = (t.q.mode.unwrap_or(0o755), t.q.force == Some(true));
+    t.run(move |top, p| content::mkdir(top, p, mode, force))
+        .await?;
+    Ok((StatusCode::CREATED, Json(t.chown_and_stat().await?)))
 }
 
 async fn read_file(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let q = PathQuery::parse(q.as_deref())?;
-    let path = parse_path(&q)?;
-    let top = top(&app, &id, &headers).await?;
-    let p = path.clone();
-    let file = blocking(move || content::open_read(&top, &p))
-        .await
-        .map_err(|e| fs_error(&path, e))?;
+    let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    let file = t.run(content::open_read).await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -290,18 +289,15 @@ async fn read_file(
 async fn write_file(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    RawQuery(q): RawQuery,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<EntryStat>)> {
-    let q = PathQuery::parse(q.as_deref())?;
-    let path = parse_path(&q)?;
-    let top = Arc::new(top(&app, &id, &headers).await?);
-    let (mode, force) = (q.mode.unwrap_or(0o644), q.force == Some(true));
-    let (t, p) = (top.clone(), path.clone());
-    let file = blocking(move || content::open_write(&t, &p, mode, force))
-        .await
-        .map_err(|e| fs_error(&path, e))?;
+    let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    let (mode, force) = (t.q.mode.unwrap_or(0o644), t.q.force == Some(true));
+    let file = t
+        .run(move |top, p| content::open_write(top, p, mode, force))
+        .await?;
     let mut file = tokio::fs::File::from_std(file);
     let mut stream = body.into_data_stream();
     let mut written: u64 = 0;
@@ -316,20 +312,10 @@ async fn write_file(
         }
         file.write_all(&chunk)
             .await
-            .map_err(|e| fs_error(&path, e))?;
+            .map_err(|e| fs_error(&t.path, e))?;
     }
     // Durable before the answer: in the bucket (JuiceFS without write-back).
-    file.sync_all().await.map_err(|e| fs_error(&path, e))?;
+    file.sync_all().await.map_err(|e| fs_error(&t.path, e))?;
     drop(file);
-    let (uid, gid) = (q.uid, q.gid);
-    let p = path.clone();
-    let e = blocking(move || {
-        if uid.is_some() || gid.is_some() {
-            content::set_attrs(&top, &p, uid, gid, None)?;
-        }
-        content::stat(&top, &p)
-    })
-    .await
-    .map_err(|e| fs_error(&path, e))?;
-    Ok((StatusCode::CREATED, Json(e.into())))
+    Ok((StatusCode::CREATED, Json(t.chown_and_stat().await?)))
 }
