@@ -195,6 +195,20 @@ impl Juicefs {
                 .arg(uuid);
             self.run("destroy", id, cmd).await?;
         }
+        self.remove_local(id)
+    }
+
+    /// Removes the volume's local files (metadata, cache, mount point), which must not be
+    /// mounted.
+    pub fn remove_local(&self, id: &str) -> Result<(), JuicefsError> {
+        let dir = self.dir(id);
+        if is_mounted(&self.mount_point(id)) {
+            return Err(JuicefsError::Failed {
+                op: "cleanup",
+                id: id.to_string(),
+                detail: "still mounted".into(),
+            });
+        }
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

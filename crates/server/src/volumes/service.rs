@@ -130,7 +130,11 @@ impl Volumes {
         }
         if let Err(e) = fs.format(&row.id).await {
             let _ = self.db.delete_volume_unless_mounted(&row.id).await;
-            let _ = fs.destroy(&row.id).await;
+            // The local files go; a format that failed halfway may leave its few setting
+            // objects under the prefix in the bucket (logged by the error).
+            if let Err(e) = fs.remove_local(&row.id) {
+                tracing::warn!("volume {}: {e}", row.id);
+            }
             return Err(e.into());
         }
         tracing::info!("volume {} ({name}) created", row.id);
