@@ -20,6 +20,29 @@ OTHER_KEY = os.environ["SANDCELL_OTHER_KEY"]
 TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
 
 
+# SeaweedFS's filer (tests/lib/volumes.sh's `weed mini`) shows the bucket's objects as files.
+FILER = "http://127.0.0.1:8888/buckets/sandcell"
+
+
+def bucket_objects(prefix: str) -> list:
+    """The objects under `prefix/` (the filer keeps emptied directories: not counted)."""
+    found, todo = [], [prefix]
+    while todo:
+        d = todo.pop()
+        r = httpx.get(f"{FILER}/{d}/", params={"limit": 10000}, headers={"Accept": "application/json"})
+        if r.status_code == 404:
+            continue
+        r.raise_for_status()
+        for e in r.json().get("Entries") or []:
+            path = e["FullPath"].split("/buckets/sandcell/", 1)[-1]
+            # A directory entry has no chunks and its mode has the directory bit.
+            if e.get("Mode", 0) & 0o20000000000:
+                todo.append(path)
+            else:
+                found.append(path)
+    return found
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -45,7 +68,9 @@ def test_create_get_list_destroy():
     assert (info.volume_id, info.name, info.token) == (v.volume_id, name, v.token)
     assert Volume.get_info(name).volume_id == v.volume_id, "by name too"
     assert v.volume_id in [x.volume_id for x in Volume.list()]
+    assert bucket_objects(v.volume_id), "its filesystem is made in the bucket"
     assert Volume.destroy(v.volume_id) is True
+    assert bucket_objects(v.volume_id) == [], "its objects go with it"
     assert Volume.destroy(v.volume_id) is False, "404 the second time"
     assert v.volume_id not in [x.volume_id for x in Volume.list()]
 
