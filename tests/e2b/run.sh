@@ -30,7 +30,10 @@ die() { echo "tests/e2b: $*" >&2; exit 1; }
 
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/volumes.sh
+. "$ROOT/tests/lib/volumes.sh"
 sc_require_gvisor
+sc_volume_tools
 
 # --- the SDKs, cached ---
 sc_e2b_venv "$CACHE/venv" "$PY_SDK"
@@ -48,9 +51,12 @@ sc_bin
 sc_tmp sc-e2b
 sc_e2b_templates
 
-sc_serve
+# Volumes: a real S3 server (SeaweedFS) for the daemon's bucket (tests/lib/volumes.sh).
+sc_s3_start
+# shellcheck disable=SC2046
+sc_serve $(sc_s3_serve_args)
 
-export E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL"
+export E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL" E2B_VOLUME_API_URL="$URL"
 E2B_API_KEY=$(cat "$DATA/admin.key")
 export E2B_API_KEY
 SANDCELL_LIMITED_KEY=$(sc_key limited --max-sandboxes 1)
@@ -71,6 +77,8 @@ say "python: pytest tests/e2b/test_sdk.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_sdk.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_secrets.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_secrets.py" ${PYTEST_ARGS:-} || status=1
+say "python: pytest tests/e2b/test_volumes.py (e2b $PY_SDK)"
+"$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_volumes.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_template.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_template.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_snapshots.py (e2b $PY_SDK)"

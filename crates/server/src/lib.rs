@@ -29,6 +29,7 @@ pub mod store;
 pub mod templates;
 pub mod tls;
 pub mod util;
+pub mod volumes;
 
 pub use http::{router, routes};
 pub use keys::cli::{KeysCommand, keys};
@@ -183,6 +184,9 @@ pub struct ServeArgs {
     /// so the longest `timeout` a request may ask for; past it the sandbox is killed
     #[arg(long, default_value = "24h", value_parser = parse_lifetime, value_name = "DURATION")]
     pub max_lifetime: u64,
+    /// The bucket of persistent volumes (docs/volumes.md)
+    #[command(flatten)]
+    pub s3: volumes::config::S3Args,
 }
 
 /// `--max-lifetime`: a whole number with a unit (`s`, `m`, `h`, `d`), in seconds; from one
@@ -295,6 +299,8 @@ pub struct App {
     pub wakes: http::wake::Wakes,
     /// The keys' secrets and the key ring that seals them.
     pub secrets: secrets::service::Secrets,
+    /// The keys' volumes (off without `--s3-endpoint`).
+    pub volumes: Arc<volumes::service::Volumes>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -373,6 +379,17 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     // Before anything is served: a key file that does not load stops the start.
     let secrets = secrets::service::Secrets::open(db.clone(), &dirs.data)?;
+    let s3 = args.s3.load().map_err(|e| Error::Io {
+        what: e.to_string(),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    })?;
+    if s3.is_none() {
+        tracing::info!("volumes are off (no --s3-endpoint)");
+    }
+    let volumes = Arc::new(volumes::service::Volumes::new(
+        db.clone(),
+        s3.map(|c| volumes::juicefs::Juicefs::new(c, &dirs.data)),
+    ));
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
@@ -386,26 +403,29 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     ));
     let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let lifecycle = Arc::new(SandboxService::new(
-        db.clone(),
-        runtime,
-        dirs.clone(),
-        sandboxes::service::SandboxServiceConfig {
-            max_vcpus: args.max_vcpus,
-            max_memory_mib: args.max_memory_mib,
-            kill_on_exit: args.kill_on_exit,
-            max_lifetime_secs: args.max_lifetime,
-            admission: args.admission(),
-            disk_mib: args.disk_mib,
-            warm: sandboxes::warm::WarmConfig {
-                count: args.warm,
-                memory_mib: args.warm_memory,
-                template: args.warm_template.clone(),
+    let lifecycle = Arc::new(
+        SandboxService::new(
+            db.clone(),
+            runtime,
+            dirs.clone(),
+            sandboxes::service::SandboxServiceConfig {
+                max_vcpus: args.max_vcpus,
+                max_memory_mib: args.max_memory_mib,
+                kill_on_exit: args.kill_on_exit,
+                max_lifetime_secs: args.max_lifetime,
+                admission: args.admission(),
+                disk_mib: args.disk_mib,
+                warm: sandboxes::warm::WarmConfig {
+                    count: args.warm,
+                    memory_mib: args.warm_memory,
+                    template: args.warm_template.clone(),
+                },
             },
-        },
-        metrics.clone(),
-        networks.clone(),
-    ));
+            metrics.clone(),
+            networks.clone(),
+        )
+        .with_volumes(volumes.clone()),
+    );
     let (adopted, lost) = lifecycle.reconcile().await?;
     if !adopted.is_empty() {
         tracing::info!(
@@ -462,6 +482,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         uploads: Default::default(),
         wakes: Default::default(),
         secrets,
+        volumes,
     });
     let https = match &args.domain {
         Some(domain) => Some(https_listener(&dirs, &args, domain, addr).await?),

@@ -16,7 +16,7 @@ pub mod wake;
 use crate::App;
 use crate::http::error::ApiError;
 use crate::sandboxes::models::Health;
-use crate::{networks, sandboxes, secrets, snapshots, templates};
+use crate::{networks, sandboxes, secrets, snapshots, templates, volumes};
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -115,6 +115,14 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
             secrets::api::update_secret,
             secrets::api::delete_secret
         ))
+        .routes(routes!(
+            volumes::api::list_volumes,
+            volumes::api::create_volume
+        ))
+        .routes(routes!(
+            volumes::api::get_volume,
+            volumes::api::delete_volume
+        ))
         .split_for_parts()
 }
 
@@ -122,6 +130,7 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
 pub fn router(app: Arc<App>) -> Router {
     let (routes, openapi) = routes();
     let spec = openapi.to_json().unwrap_or_else(|_| "{}".into());
+    let routes = routes.merge(volumes::content_api::routes());
     let routes = match mcp::routes(&app) {
         Some(mcp) => routes.merge(mcp),
         None => routes,

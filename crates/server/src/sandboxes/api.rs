@@ -429,6 +429,16 @@ pub async fn get_sandbox(
         },
         parent_id: life.parent_id,
         children: app.db.live_children(&id).await?,
+        volume_mounts: app
+            .db
+            .sandbox_volumes(&id)
+            .await?
+            .into_iter()
+            .map(|m| crate::volumes::service::VolumeMount {
+                name: m.name,
+                path: m.path,
+            })
+            .collect(),
     }))
 }
 

@@ -10,6 +10,7 @@ pub mod secrets;
 pub mod snapshots;
 pub mod templates;
 pub mod usage;
+pub mod volumes;
 
 pub use keys::KeyRow;
 pub use sandboxes::SandboxRow;
@@ -88,8 +89,13 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (
         14,
+        "volumes",
+        include_str!("../../migrations/0014_volumes.sql"),
+    ),
+    (
+        15,
         "mask request host",
-        include_str!("../../migrations/0014_mask_request_host.sql"),
+        include_str!("../../migrations/0015_mask_request_host.sql"),
     ),
 ];
 
