@@ -361,6 +361,12 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     // Before anything is served: a key file that does not load stops the start.
     let secrets = secrets::service::Secrets::open(db.clone(), &dirs.data)?;
+    // The egress proxies fill `network.rules` transforms from these secrets (one resolver
+    // per process: the first daemon's; see crates/net/src/rules.rs).
+    sandcell_runtime::net::rules::set_resolver(Arc::new(secrets::inject::SecretsResolver {
+        db: db.clone(),
+        secrets: secrets.clone(),
+    }));
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");

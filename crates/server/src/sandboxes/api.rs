@@ -429,6 +429,14 @@ pub async fn get_sandbox(
         },
         parent_id: life.parent_id,
         children: app.db.live_children(&id).await?,
+        network: crate::networks::service::egress_of(&app.db, &id)
+            .await?
+            .map(|e| crate::networks::api::NetworkConfig {
+                allow_out: Some(e.allow_out),
+                deny_out: Some(e.deny_out),
+                allow_public_traffic: Some(app.lifecycle.networks.traffic_token(&id).is_none()),
+                rules: Some(e.rules),
+            }),
     }))
 }
 

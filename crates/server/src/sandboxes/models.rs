@@ -164,6 +164,10 @@ pub struct SandboxDetail {
     /// Our extension: the live sandboxes forked from this one, oldest first.
     #[serde(default)]
     pub children: Vec<String>,
+    /// E2B's `network`: the egress rules in force (`allowOut`, `denyOut`, `rules`), absent
+    /// for a sandbox without a network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::networks::api::NetworkConfig>,
 }
 
 /// `POST /sandboxes/{sandboxID}/timeout`.
