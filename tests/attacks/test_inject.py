@@ -80,9 +80,10 @@ def test_the_header_arrives_filled_on_every_request_and_the_value_is_not_in_the_
     assert len(got) == 2, got
     for r in got:
         assert r["h"]["authorization"] == f"Bearer {value}", r
-    # Shown back as E2B shows it.
+    # Shown back as E2B shows it (the REST answer and the SDK's reading of it).
     info = api(env["key_a"]).get(f"/sandboxes/{sbx.sandbox_id}").json()
     assert info["network"]["rules"] == rules_for(name), info
+    assert sbx.get_info().network["rules"] == rules_for(name)
     # Nowhere in the sandbox: env, the processes' environments, the files it can read.
     scan = run(
         sbx,

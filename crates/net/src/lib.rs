@@ -35,6 +35,7 @@ mod registry;
 pub mod reserved;
 pub mod rules;
 pub mod testing;
+pub mod tls_ca;
 
 pub use error::{Error, Result};
 pub use network::{NetConfig, Network, reconcile};
