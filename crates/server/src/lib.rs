@@ -390,6 +390,12 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         db.clone(),
         s3.map(|c| volumes::juicefs::Juicefs::new(c, &dirs.data)),
     ));
+    // The egress proxies fill `network.rules` transforms from these secrets (one resolver
+    // per process: the first daemon's; see crates/net/src/rules.rs).
+    sandcell_runtime::net::rules::set_resolver(Arc::new(secrets::inject::SecretsResolver {
+        db: db.clone(),
+        secrets: secrets.clone(),
+    }));
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");

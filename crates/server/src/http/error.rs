@@ -251,7 +251,10 @@ impl From<crate::networks::service::NetworkError> for ApiError {
     fn from(e: crate::networks::service::NetworkError) -> ApiError {
         use crate::networks::service::NetworkError;
         match e {
-            NetworkError::NetworksOff | NetworkError::Rules(_) | NetworkError::BadMask => {
+            NetworkError::NetworksOff
+            | NetworkError::Rules(_)
+            | NetworkError::BadMask
+            | NetworkError::Transform(_) => {
                 ApiError::bad_request(e.to_string())
             }
             NetworkError::UnknownNetwork(_) => ApiError::not_found(e.to_string()),

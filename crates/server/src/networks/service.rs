@@ -44,6 +44,8 @@ pub enum NetworkError {
     NetworksOff,
     #[error(transparent)]
     Rules(#[from] sandcell_runtime::net::policy::PolicyError),
+    #[error("network.rules: {0}")]
+    Transform(#[from] crate::secrets::placeholders::PlaceholderError),
     #[error("private network {0:?} doesn't exist or you don't have access to it")]
     UnknownNetwork(String),
     #[error(
@@ -182,6 +184,11 @@ impl Networks {
         self.traffic(|m| m.get(id).and_then(|a| a.token.clone()))
     }
 
+    /// Sandbox `id`'s `maskRequestHost` as given (with `${PORT}`), if any.
+    pub fn mask_request_host(&self, id: &str) -> Option<String> {
+        self.traffic(|m| m.get(id).and_then(|a| a.mask_host.clone()))
+    }
+
     /// The Host header requests to sandbox `id`'s `port` get (`maskRequestHost`), if any.
     pub fn masked_host(&self, id: &str, port: u32) -> Option<String> {
         self.traffic(|m| {
@@ -268,6 +275,7 @@ impl Networks {
                 .and_then(|n| n.allow_out.clone())
                 .unwrap_or_default(),
             deny_out: network.and_then(|n| n.deny_out.clone()).unwrap_or_default(),
+            rules: network.and_then(|n| n.rules.clone()).unwrap_or_default(),
         };
         self.check_rules(&egress)?;
         for name in &join {
@@ -304,6 +312,7 @@ impl Networks {
     /// `sandcell_net::reserved`).
     pub fn check_rules(&self, egress: &EgressSpec) -> Result<(), NetworkError> {
         Policy::from_spec(egress)?;
+        crate::secrets::inject::check_transforms(egress)?;
         if let Some(s) = self.settings() {
             let host = sandcell_runtime::net::reserved::host_addresses();
             s.config.destinations().check_spec(egress, &host)?;

@@ -439,6 +439,15 @@ pub async fn get_sandbox(
                 path: m.path,
             })
             .collect(),
+        network: crate::networks::service::egress_of(&app.db, &id)
+            .await?
+            .map(|e| crate::networks::api::NetworkConfig {
+                allow_out: Some(e.allow_out),
+                deny_out: Some(e.deny_out),
+                allow_public_traffic: Some(app.lifecycle.networks.traffic_token(&id).is_none()),
+                mask_request_host: app.lifecycle.networks.mask_request_host(&id),
+                rules: Some(e.rules),
+            }),
     }))
 }
 

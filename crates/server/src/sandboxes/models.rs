@@ -170,6 +170,10 @@ pub struct SandboxDetail {
     /// The volumes the sandbox mounts (E2B's `volumeMounts`).
     #[serde(rename = "volumeMounts", default)]
     pub volume_mounts: Vec<crate::volumes::service::VolumeMount>,
+    /// E2B's `network`: the egress rules in force (`allowOut`, `denyOut`, `rules`), absent
+    /// for a sandbox without a network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::networks::api::NetworkConfig>,
 }
 
 /// `POST /sandboxes/{sandboxID}/timeout`.

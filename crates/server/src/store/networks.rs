@@ -270,3 +270,26 @@ impl Db {
         Ok(())
     }
 }
+
+impl Db {
+    /// The key owning the running sandbox on network `net_id` (what the egress proxy
+    /// resolves a rule's secrets for); `None` if no running sandbox has that network, or
+    /// (never expected: ids are random) sandboxes of two keys claim it.
+    pub async fn key_of_running_net(&self, net_id: &str) -> Result<Option<String>> {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT DISTINCT s.key_id FROM sandbox_networks n \
+             JOIN sandboxes s ON s.id = n.sandbox_id WHERE n.net_id = $1 AND s.state = $2",
+        )
+        .bind(net_id)
+        .bind(super::State::Running.as_str())
+        .fetch_all(self.pool())
+        .await
+        .map_err(Error::db(format!(
+            "looking up the owner of network {net_id}"
+        )))?;
+        match rows.as_slice() {
+            [(k,)] => Ok(Some(k.clone())),
+            _ => Ok(None),
+        }
+    }
+}
