@@ -9,7 +9,9 @@
 #     HTTP "pub-ok" on 203.0.113.10:80 and :8080, dnsmasq on 203.0.113.53 (the daemon's
 #     --net-dns) with zone bars.test: pub -> 203.0.113.10, loop -> 127.0.0.1,
 #     meta -> 169.254.169.254, pool -> 10.213.0.2 (inside the daemon's --net-pool),
-#     zero -> 0.0.0.0, host -> 203.0.113.1 (the host's own end of the veth);
+#     zero -> 0.0.0.0, host -> 203.0.113.1 (the host's own end of the veth); a recording
+#     HTTP upstream on 203.0.113.20:80 and :8080 (names api and other: tests/attacks/
+#     recorder.py, every request's headers in $ATTACK_RECORDS) for the secrets injection;
 #   - a canary: an HTTP service of the host on 0.0.0.0:$CANARY_PORT whose every answer holds
 #     $CANARY. No sandbox may ever read it.
 # Needs root, runsc, dnsmasq, the installed images (as tests/e2b/run.sh) and the e2b venv
@@ -56,7 +58,7 @@ ip netns add "$NETNS"
 ip link add "$HOST_IF" type veth peer name "$INET_IF" netns "$NETNS"
 ip addr add 203.0.113.1/24 dev "$HOST_IF"
 ip link set "$HOST_IF" up
-for a in 203.0.113.2 203.0.113.10 203.0.113.53; do ip -n "$NETNS" addr add "$a/24" dev "$INET_IF"; done
+for a in 203.0.113.2 203.0.113.10 203.0.113.20 203.0.113.53; do ip -n "$NETNS" addr add "$a/24" dev "$INET_IF"; done
 ip -n "$NETNS" link set "$INET_IF" up
 ip -n "$NETNS" link set lo up
 ip -n "$NETNS" route add default via 203.0.113.1
@@ -67,11 +69,18 @@ for port in 80 8080; do
         >/dev/null 2>&1) &
     PIDS+=($!)
 done
+RECORDS="$TMP/recorded.jsonl"
+: >"$RECORDS"
+for port in 80 8080; do
+    ip netns exec "$NETNS" python3 "$HERE/recorder.py" 203.0.113.20 "$port" "$RECORDS" >/dev/null 2>&1 &
+    PIDS+=($!)
+done
 ip netns exec "$NETNS" dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts \
     --bind-interfaces --listen-address=203.0.113.53 --pid-file= --user=root --local-ttl=5 \
     --address=/pub.bars.test/203.0.113.10 --address=/loop.bars.test/127.0.0.1 \
     --address=/meta.bars.test/169.254.169.254 --address=/pool.bars.test/10.213.0.2 \
     --address=/zero.bars.test/0.0.0.0 --address=/host.bars.test/203.0.113.1 \
+    --address=/api.bars.test/203.0.113.20 --address=/other.bars.test/203.0.113.20 \
     >/dev/null 2>&1 &
 PIDS+=($!)
 
@@ -100,6 +109,11 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 curl -fsS --max-time 2 http://203.0.113.10/ | grep -q pub-ok || die "the fake internet's HTTP server did not start"
+for _ in $(seq 100); do
+    curl -fsS --max-time 1 http://203.0.113.20:8080/ready >/dev/null 2>&1 && break
+    sleep 0.1
+done
+curl -fsS --max-time 2 http://203.0.113.20:8080/ready >/dev/null || die "the recording upstream did not start"
 
 # --- the daemon ---
 sc_link_base
@@ -111,7 +125,8 @@ KEY_B=$(sc_key tenant-b)
 export ATTACK_URL="$URL" ATTACK_DATA_DIR="$DATA" ATTACK_RUN_DIR="$SANDCELL_RUN_DIR" \
     ATTACK_BIN="$SANDCELL_BIN" ATTACK_ADMIN_KEY="$ADMIN_KEY" ATTACK_KEY_A="$KEY_A" \
     ATTACK_KEY_B="$KEY_B" ATTACK_CANARY="$CANARY" ATTACK_CANARY_PORT="$CANARY_PORT" \
-    ATTACK_TEMPLATE=base ATTACK_DAEMON_LOG="$TMP/serve.err" ATTACK_DAEMON_PID="$DAEMON_PID"
+    ATTACK_TEMPLATE=base ATTACK_DAEMON_LOG="$TMP/serve.err" ATTACK_DAEMON_PID="$DAEMON_PID" \
+    ATTACK_RECORDS="$RECORDS"
 export E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL" E2B_API_KEY="$KEY_A"
 
 say "pytest tests/attacks"

@@ -30,7 +30,10 @@ die() { echo "tests/e2b: $*" >&2; exit 1; }
 
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/volumes.sh
+. "$ROOT/tests/lib/volumes.sh"
 sc_require_gvisor
+sc_volume_tools
 
 # --- the SDKs, cached ---
 sc_e2b_venv "$CACHE/venv" "$PY_SDK"
@@ -46,37 +49,14 @@ fi
 # --- the daemon ---
 sc_bin
 sc_tmp sc-e2b
-if [ -d "$INSTALLED/images/base" ] && [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
-    # The installed base tree with this agent: hard links where the file system allows
-    # (the gvisor runtime only ever reads the image tree: writes go to an overlay), and the
-    # agent a new file, never written through a link.
-    say "base fixture with agent $SANDCELL_E2B_AGENT"
-    mkdir -p "$DATA/images/base"
-    cp -al "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs" 2>/dev/null ||
-        cp -a "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs"
-    rm -f "$DATA/images/base/rootfs/sbin/sandcell-agent"
-    install -m 755 "$SANDCELL_E2B_AGENT" "$DATA/images/base/rootfs/sbin/sandcell-agent"
-elif [ -d "$INSTALLED/images/base" ]; then
-    ln -s "$INSTALLED/images/base" "$DATA/images/base"
-fi
-FIXTURE="$DATA/images/minimal-bash"
-mkdir -p "$FIXTURE"
-cp -a "$INSTALLED/images/minimal/rootfs" "$FIXTURE/rootfs"
-if [ ! -e "$FIXTURE/rootfs/bin/bash" ]; then
-    printf '#!/bin/sh\nexec /bin/sh "$@"\n' >"$FIXTURE/rootfs/bin/bash"
-    chmod 755 "$FIXTURE/rootfs/bin/bash"
-fi
-if [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
-    install -m 755 "$SANDCELL_E2B_AGENT" "$FIXTURE/rootfs/sbin/sandcell-agent"
-fi
-if [ -z "${SANDCELL_TEMPLATE:-}" ]; then
-    if [ -d "$DATA/images/base" ]; then SANDCELL_TEMPLATE=base; else SANDCELL_TEMPLATE=minimal-bash; fi
-fi
-export SANDCELL_TEMPLATE
+sc_e2b_templates
 
-sc_serve
+# Volumes: a real S3 server (SeaweedFS) for the daemon's bucket (tests/lib/volumes.sh).
+sc_s3_start
+# shellcheck disable=SC2046
+sc_serve $(sc_s3_serve_args)
 
-export E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL"
+export E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL" E2B_VOLUME_API_URL="$URL"
 E2B_API_KEY=$(cat "$DATA/admin.key")
 export E2B_API_KEY
 SANDCELL_LIMITED_KEY=$(sc_key limited --max-sandboxes 1)
@@ -97,6 +77,8 @@ say "python: pytest tests/e2b/test_sdk.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_sdk.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_secrets.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_secrets.py" ${PYTEST_ARGS:-} || status=1
+say "python: pytest tests/e2b/test_volumes.py (e2b $PY_SDK)"
+"$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_volumes.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_template.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_template.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_snapshots.py (e2b $PY_SDK)"
@@ -110,6 +92,8 @@ say "node: tests/e2b/template.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/template.cjs" || status=1
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
+say "port URLs: tests/e2b/port_urls.sh (a daemon of its own, with --domain)"
+PY_SDK=$PY_SDK bash "$HERE/port_urls.sh" || status=1
 
 # The secrets suites' values all start so: none may reach the daemon's log.
 if grep -qE 'sk-(py|js)-' "$TMP/serve.err"; then

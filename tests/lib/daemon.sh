@@ -77,12 +77,14 @@ sc_link_base() {
     if [ -d "$INSTALLED/images/base" ]; then ln -s "$INSTALLED/images/base" "$DATA/images/base"; fi
 }
 
-# Starts `sandcell serve` (gvisor, DATA, a free loopback port) with "$@" and
-# SANDCELL_SERVE_ARGS; URL once it listens, DAEMON_PID. Its output: $TMP/serve.{out,err}.
+# Starts `sandcell serve` (gvisor, DATA, a free port on SC_LISTEN_IP, default 127.0.0.1)
+# with "$@" and SANDCELL_SERVE_ARGS; URL once it listens, DAEMON_PID. Its output:
+# $TMP/serve.{out,err}.
 sc_serve() {
     say "sandcell serve (gvisor, data dir $DATA${SANDCELL_SERVE_ARGS:+, $SANDCELL_SERVE_ARGS})"
     # shellcheck disable=SC2086
-    "$SANDCELL_BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --runtime gvisor --kill-on-exit \
+    "$SANDCELL_BIN" serve --data-dir "$DATA" --listen "${SC_LISTEN_IP:-127.0.0.1}:0" \
+        --runtime gvisor --kill-on-exit \
         "$@" ${SANDCELL_SERVE_ARGS:-} >"$TMP/serve.out" 2>"$TMP/serve.err" &
     DAEMON_PID=$!
     URL=
@@ -104,4 +106,38 @@ sc_key() {
 sc_daemon_log() {
     echo "---- daemon stderr (last 40 lines) ----" >&2
     tail -n 40 "$TMP/serve.err" >&2
+}
+
+# The templates the e2b SDK suites use, in DATA (after sc_tmp): the installed `base` (with
+# SANDCELL_E2B_AGENT put in, when set), and `minimal-bash`, `minimal` with /bin/bash a shim
+# to busybox sh (the SDK runs commands with `bash -l -c`). SANDCELL_TEMPLATE: the one to
+# use (base when installed), unless set.
+sc_e2b_templates() {
+    if [ -d "$INSTALLED/images/base" ] && [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
+        # The installed base tree with this agent: hard links where the file system allows
+        # (the gvisor runtime only ever reads the image tree: writes go to an overlay), and the
+        # agent a new file, never written through a link.
+        say "base fixture with agent $SANDCELL_E2B_AGENT"
+        mkdir -p "$DATA/images/base"
+        cp -al "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs" 2>/dev/null ||
+            cp -a "$INSTALLED/images/base/rootfs" "$DATA/images/base/rootfs"
+        rm -f "$DATA/images/base/rootfs/sbin/sandcell-agent"
+        install -m 755 "$SANDCELL_E2B_AGENT" "$DATA/images/base/rootfs/sbin/sandcell-agent"
+    elif [ -d "$INSTALLED/images/base" ]; then
+        ln -s "$INSTALLED/images/base" "$DATA/images/base"
+    fi
+    FIXTURE="$DATA/images/minimal-bash"
+    mkdir -p "$FIXTURE"
+    cp -a "$INSTALLED/images/minimal/rootfs" "$FIXTURE/rootfs"
+    if [ ! -e "$FIXTURE/rootfs/bin/bash" ]; then
+        printf '#!/bin/sh\nexec /bin/sh "$@"\n' >"$FIXTURE/rootfs/bin/bash"
+        chmod 755 "$FIXTURE/rootfs/bin/bash"
+    fi
+    if [ -n "${SANDCELL_E2B_AGENT:-}" ]; then
+        install -m 755 "$SANDCELL_E2B_AGENT" "$FIXTURE/rootfs/sbin/sandcell-agent"
+    fi
+    if [ -z "${SANDCELL_TEMPLATE:-}" ]; then
+        if [ -d "$DATA/images/base" ]; then SANDCELL_TEMPLATE=base; else SANDCELL_TEMPLATE=minimal-bash; fi
+    fi
+    export SANDCELL_TEMPLATE
 }

@@ -19,6 +19,7 @@
 
 use crate::accept::{self, Backoff};
 use crate::dns::{DnsState, forward, wire};
+use crate::{inject, rules};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,27 +163,91 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         state.note_denied(&name, 0);
         return refuse(conn, Some(kind)).await;
     };
+    // A `network.rules` domain over plain HTTP: every request gets its headers (inject.rs).
+    // Without a resolver (a daemon that holds no secrets) it is refused, never reached
+    // without them.
+    let transform = if kind == Kind::Http && rules::INJECT_PORTS.contains(&dest.port()) {
+        let inner = state.inner.lock().await;
+        inner
+            .policy
+            .transforms
+            .get(&name)
+            .is_some_and(|h| !h.is_empty())
+    } else {
+        false
+    };
+    let resolver = match (transform, rules::resolver()) {
+        (false, _) => None,
+        (true, Some(r)) => Some(r),
+        (true, None) => return refuse(conn, Some(kind)).await,
+    };
     let addr = SocketAddr::from((ip, dest.port()));
     let mut upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         _ => return refuse(conn, Some(kind)).await,
     };
-    upstream.write_all(&head).await?;
-    // Until either side closes, or a policy change no longer allows the name or address
-    // (then both sides are dropped: a live tightening cuts what it refuses, as conntrack.rs
-    // does for direct connections).
+    let Some(resolver) = resolver else {
+        upstream.write_all(&head).await?;
+        let copy = async move {
+            tokio::io::copy_bidirectional(&mut conn, &mut upstream)
+                .await
+                .map(|_| ())
+        };
+        return while_allowed(state, &name, ip, copy).await;
+    };
+    let (client_r, client_w) = conn.into_split();
+    // The head already read is the first request's: it goes through the relay too.
+    let client_r = std::io::Cursor::new(head).chain(client_r);
+    let (st, nm, res) = (state, name.as_str(), &*resolver);
+    let relay = inject::relay(client_r, client_w, upstream, &name, move || async move {
+        let headers = st.inner.lock().await.policy.transforms.get(nm).cloned();
+        let Some(headers) = headers else {
+            return Err(format!("{nm} has no rule any more"));
+        };
+        let filled = res
+            .resolve(&st.net_id, nm, &headers)
+            .await
+            .map_err(|e| e.0)?;
+        for h in &filled {
+            for (secret, version) in &h.secrets {
+                st.note_injection(nm, &h.name, secret, *version);
+            }
+        }
+        Ok(filled)
+    });
+    let relay = async move {
+        match relay.await {
+            Ok(()) => Ok(()),
+            Err(inject::InjectError::Io(e)) => Err(e),
+            Err(e) => {
+                tracing::info!("egress proxy: refused a request to {nm}: {e}");
+                Ok(())
+            }
+        }
+    };
+    while_allowed(state, nm, ip, relay).await
+}
+
+/// Runs `copy` until it ends, or a policy change no longer allows `name` or `ip` (then it
+/// is dropped with both sides: a live tightening cuts what it refuses, as conntrack.rs
+/// does for direct connections).
+async fn while_allowed(
+    state: &DnsState,
+    name: &str,
+    ip: Ipv4Addr,
+    copy: impl std::future::Future<Output = std::io::Result<()>>,
+) -> std::io::Result<()> {
     let mut changed = state.policy_changed.subscribe();
-    let copy = tokio::io::copy_bidirectional(&mut conn, &mut upstream);
     tokio::pin!(copy);
     loop {
         tokio::select! {
-            r = &mut copy => return r.map(|_| ()),
+            r = &mut copy => return r,
             r = changed.changed() => {
                 if r.is_err() {
                     return Ok(());
                 }
                 let policy = state.inner.lock().await.policy.clone();
-                if !policy.domain_allowed(&name) || !crate::dns::reachable_by_name(state, &policy, ip) {
+                if !policy.domain_allowed(name) || !crate::dns::reachable_by_name(state, &policy, ip) {
                     tracing::info!("egress proxy: cut a connection to {name} ({ip}): no longer allowed");
                     return Ok(());
                 }

@@ -1,13 +1,14 @@
-//! Header injection for plain HTTP/1.x (issue 17, step 2; not wired into the egress proxy
-//! yet: nothing calls [`relay`] on a default path). The sandbox holds only placeholders;
-//! the host rewrites each request on its way out.
+//! Header injection for plain HTTP/1.x (issue 17): the Host-checking proxy
+//! ([`crate::hostcheck`]) hands it the connections to a `network.rules` domain on port 80.
+//! The sandbox holds only placeholders; the host rewrites each request on its way out.
 //!
 //! [`relay`] carries one client connection to one upstream. Every request the client sends
 //! on it (keep-alive and pipelined ones included, not only the first) is parsed: its `Host`
 //! must be the rule's domain, else the connection is answered 403 and closed before a byte
 //! of that request leaves, so a value never goes to another host. The rule's headers then
-//! replace any the client sent under the same names, with their values as the operator's
-//! side resolved them. The body is relayed by its framing (`Content-Length`, chunked) so
+//! replace any the client sent under the same names, with their values resolved for THIS
+//! request (a secret deleted or a rule removed since the last one: the request is answered
+//! 502 and never sent). The body is relayed by its framing (`Content-Length`, chunked) so
 //! that the next request's head is found where it starts. Responses are copied back as
 //! they come. A request that upgrades (`Upgrade`, `CONNECT`) is refused: after it nothing
 //! on the connection is HTTP the host could check.
@@ -15,6 +16,7 @@
 //! Everything read from the client is bounded ([`MAX_HEAD`], [`MAX_LINE`]).
 
 use std::fmt;
+use std::future::Future;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 /// The most of one request head read before refusing it.
@@ -29,15 +31,16 @@ const MAX_HEADERS: usize = 128;
 pub struct InjectedHeader {
     pub name: String,
     pub value: String,
-    /// What the audit log names instead of the value (`secret@version`, ...).
-    pub label: String,
+    /// The secrets (name, version) the value was filled from: what the audit log names
+    /// instead of the value.
+    pub secrets: Vec<(String, i64)>,
 }
 
 impl fmt::Debug for InjectedHeader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InjectedHeader")
             .field("name", &self.name)
-            .field("label", &self.label)
+            .field("secrets", &self.secrets)
             .finish_non_exhaustive()
     }
 }
@@ -55,6 +58,9 @@ pub enum InjectError {
     Malformed(&'static str),
     #[error("a request head or line past the limit")]
     TooLong,
+    /// The headers could not be filled for this request (a secret gone, the rule removed).
+    #[error("the rule's headers could not be filled: {0}")]
+    Unresolved(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -262,22 +268,26 @@ where
     }
 }
 
-/// Carries `client`'s requests to `upstream` with `inject`'s headers set on each, as long
-/// as each names `domain`; copies the answers back. `on_request` is called once a request
-/// (for the audit log) before it is sent. On a refused request the client gets a 403.
-pub async fn relay<C, U>(
-    client: C,
+/// Carries the client's requests (read from `client_r`, answered on `client_w`) to
+/// `upstream` with the headers `headers_for` gives for each request (asked once a request,
+/// just before it is sent), as long as each names `domain`; copies the answers back. A
+/// refused request gets a 403 (another host, malformed) or a 502 (no headers: `Err` of
+/// `headers_for`), and the connection ends there.
+pub async fn relay<CR, CW, U, F, Fut>(
+    client_r: CR,
+    mut client_w: CW,
     upstream: U,
     domain: &str,
-    inject: &[InjectedHeader],
-    mut on_request: impl FnMut(),
+    mut headers_for: F,
 ) -> Result<(), InjectError>
 where
-    C: AsyncRead + AsyncWrite + Unpin,
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Vec<InjectedHeader>, String>>,
 {
     let domain = host_name(domain);
-    let (client_r, mut client_w) = tokio::io::split(client);
     let (mut up_r, mut up_w) = tokio::io::split(upstream);
     let mut client_r = BufReader::new(client_r);
     let requests = async {
@@ -286,13 +296,16 @@ where
                 up_w.shutdown().await?;
                 return Ok::<(), InjectError>(());
             };
-            let req = rewrite(&head, inject)?;
+            // The Host is checked before anything is resolved: another host's request
+            // never costs a secret lookup, let alone gets a value.
+            let req = rewrite(&head, &[])?;
             match &req.host {
                 None => return Err(InjectError::NoHost),
                 Some(h) if *h != domain => return Err(InjectError::OtherHost(h.clone())),
                 Some(_) => {}
             }
-            on_request();
+            let inject = headers_for().await.map_err(InjectError::Unresolved)?;
+            let req = rewrite(&head, &inject)?;
             up_w.write_all(&req.head).await?;
             match req.body {
                 Body::None => {}
@@ -319,10 +332,17 @@ where
             Err(e) => e,
         }
     };
-    // The answers stop here (an answer in flight is cut): the connection ends with the 403.
-    let body = "refused by the sandbox's egress rules\n";
+    // The answers stop here (an answer in flight is cut): the connection ends with the
+    // refusal.
+    let (status, body) = match refused {
+        InjectError::Unresolved(_) => (
+            "502 Bad Gateway",
+            "refused by the sandbox's egress rules: a secret of this domain's rule is missing\n",
+        ),
+        _ => ("403 Forbidden", "refused by the sandbox's egress rules\n"),
+    };
     let answer = format!(
-        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
         body.len()
     );
@@ -341,19 +361,36 @@ mod tests {
         vec![InjectedHeader {
             name: "Authorization".into(),
             value: value.into(),
-            label: "api-key@1".into(),
+            secrets: vec![("api-key".into(), 1)],
         }]
     }
 
     /// Runs `relay` between a scripted client and a recording upstream; what the upstream
     /// received, what the client received, and the relay's outcome.
     async fn run(client_sends: &[u8], upstream_answers: &[u8]) -> (Vec<u8>, Vec<u8>, bool, usize) {
+        let (up, client, r, n) = run_failing_from(client_sends, upstream_answers, usize::MAX).await;
+        (up, client, r.is_ok(), n)
+    }
+
+    /// [`run`] where the headers cannot be filled from request `fail_from` on (1-based).
+    async fn run_failing_from(
+        client_sends: &[u8],
+        upstream_answers: &[u8],
+        fail_from: usize,
+    ) -> (Vec<u8>, Vec<u8>, Result<(), InjectError>, usize) {
         let (mut client, client_end) = duplex(1 << 16);
         let (upstream_end, mut upstream) = duplex(1 << 16);
         let inject = header("Bearer REAL-VALUE");
         let mut count = 0;
-        let relay = relay(client_end, upstream_end, "api.example.com", &inject, || {
-            count += 1
+        let (client_r, client_w) = tokio::io::split(client_end);
+        let relay = relay(client_r, client_w, upstream_end, "api.example.com", || {
+            count += 1;
+            let filled = if count < fail_from {
+                Ok(inject.clone())
+            } else {
+                Err("secret \"api-key\" doesn't exist".to_string())
+            };
+            async move { filled }
         });
         let sends = client_sends.to_vec();
         let answers = upstream_answers.to_vec();
@@ -372,8 +409,8 @@ mod tests {
             let _ = upstream.shutdown().await;
             got
         };
-        let (ok, got_client, got_upstream) = tokio::join!(relay, client_side, upstream_side);
-        (got_upstream, got_client, ok.is_ok(), count)
+        let (r, got_client, got_upstream) = tokio::join!(relay, client_side, upstream_side);
+        (got_upstream, got_client, r, count)
     }
 
     fn count(hay: &[u8], needle: &[u8]) -> usize {
@@ -457,6 +494,19 @@ GET /steal HTTP/1.1\r\nHost: evil.example.net\r\n\r\n";
             run(b"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", answer).await;
         assert!(ok);
         assert_eq!(client, answer);
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_headers_cannot_be_filled_is_answered_502_and_never_sent() {
+        // The first request is filled, the second finds the secret gone.
+        let reqs = b"GET /1 HTTP/1.1\r\nHost: api.example.com\r\n\r\n\
+GET /2 HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
+        let (up, client, r, n) = run_failing_from(reqs, b"", 2).await;
+        assert!(matches!(r, Err(InjectError::Unresolved(_))), "{r:?}");
+        assert_eq!(n, 2);
+        assert!(client.starts_with(b"HTTP/1.1 502"));
+        assert_eq!(count(&up, b"GET /1 "), 1);
+        assert_eq!(count(&up, b"GET /2 "), 0, "the second never left");
     }
 
     #[test]

@@ -33,7 +33,9 @@ pub mod policy;
 pub mod pool;
 mod registry;
 pub mod reserved;
+pub mod rules;
 pub mod testing;
+pub mod tls_ca;
 
 pub use error::{Error, Result};
 pub use network::{NetConfig, Network, reconcile};
@@ -71,6 +73,8 @@ pub struct DeniedLog {
     pub packets: u64,
     /// Names our DNS server refused to resolve (the latest 256).
     pub names: Vec<DeniedName>,
+    /// Headers filled from secrets (the latest 256; names and versions, never values).
+    pub injections: Vec<dns::Injection>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -129,6 +133,7 @@ impl SandboxNet {
         policy: Policy,
     ) -> Result<SandboxNet> {
         let state = Arc::new(DnsState::new(
+            net.id.clone(),
             net.slot,
             cfg.destinations(),
             cfg.upstream_dns.clone(),
@@ -252,6 +257,7 @@ impl SandboxNet {
             flows,
             packets,
             names: self.state.denied_names(),
+            injections: self.state.injections(),
         })
     }
 

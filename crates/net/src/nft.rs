@@ -387,6 +387,7 @@ mod tests {
                 "a.com".into(),
             ],
             deny_out: vec![],
+            rules: Default::default(),
         })
         .unwrap();
         let s = policy_script(

@@ -279,6 +279,9 @@ pub enum PolicyError {
     /// A valid entry that would open a destination sandboxes never reach (reserved.rs).
     #[error("allowOut entry {entry:?} is refused: {why}")]
     Refused { entry: String, why: String },
+    /// A `network.rules` entry that cannot be applied (rules.rs).
+    #[error("network.rules: {0}")]
+    BadRule(String),
 }
 
 /// The policy as the API gives it (E2B's field names on the wire).
@@ -291,6 +294,10 @@ pub struct EgressSpec {
     pub allow_out: Vec<String>,
     #[serde(default)]
     pub deny_out: Vec<String>,
+    /// E2B's `rules`: per domain, header transforms with `${e2b.secrets.<name>}`
+    /// placeholders the egress proxy fills on the host (rules.rs).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rules: crate::rules::Rules,
 }
 
 fn yes() -> bool {
@@ -303,6 +310,7 @@ impl Default for EgressSpec {
             allow_internet_access: true,
             allow_out: Vec::new(),
             deny_out: Vec::new(),
+            rules: Default::default(),
         }
     }
 }
@@ -317,6 +325,8 @@ pub struct Policy {
     pub allow_nets6: Vec<Cidr6>,
     /// `denyOut`'s IPv6 entries, plus ::/0 when internet access is off.
     pub deny_nets6: Vec<Cidr6>,
+    /// Header transforms by domain (lowercase), checked against `allowOut`.
+    pub transforms: crate::rules::Transforms,
 }
 
 impl Policy {
@@ -361,6 +371,7 @@ impl Policy {
         p.allow_domains.dedup();
         p.deny_nets.sort();
         p.deny_nets.dedup();
+        p.transforms = crate::rules::transforms(&spec.rules, &p)?;
         Ok(p)
     }
 
@@ -430,6 +441,7 @@ mod tests {
             allow_internet_access: allow_internet,
             allow_out: allow.iter().map(|s| s.to_string()).collect(),
             deny_out: deny.iter().map(|s| s.to_string()).collect(),
+            rules: Default::default(),
         })
         .unwrap()
     }

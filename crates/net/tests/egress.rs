@@ -37,6 +37,7 @@ fn spec(internet: bool, allow: &[&str], deny: &[&str]) -> EgressSpec {
         allow_internet_access: internet,
         allow_out: allow.iter().map(|s| s.to_string()).collect(),
         deny_out: deny.iter().map(|s| s.to_string()).collect(),
+        rules: Default::default(),
     }
 }
 

@@ -104,6 +104,19 @@ pub struct SandboxSpec {
     /// inside and the memory limit stays the memory limit (gvisor/disk.rs). `None`: the
     /// root's writes live in the sandbox's memory.
     pub disk_mib: Option<u32>,
+    /// Host directories bound into the sandbox read-write (gvisor only, through the gofer;
+    /// the microvm runtime refuses them): the daemon's persistent volumes, each a JuiceFS
+    /// mount on the host. Empty: none.
+    pub volumes: Vec<VolumeBind>,
+}
+
+/// A host directory the sandbox sees at `guest` (an absolute, normalized path, not `/`).
+/// The host side is the daemon's, never guest-writable before the bind: the guest only
+/// reaches what is under it, through the gofer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeBind {
+    pub host: std::path::PathBuf,
+    pub guest: String,
 }
 
 /// A root whose writes reach the host: an overlayfs with `lowers` (top first) above the
@@ -155,6 +168,7 @@ impl SandboxSpec {
             outlive_owner: false,
             host_layer: None,
             disk_mib: None,
+            volumes: Vec::new(),
         }
     }
 }

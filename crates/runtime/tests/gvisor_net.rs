@@ -106,6 +106,7 @@ async fn sandbox_reaches_only_what_its_policy_allows() {
             allow_internet_access: true,
             allow_out: vec!["198.51.100.10/32".into()],
             deny_out: vec![],
+            rules: Default::default(),
         },
         config: NetConfig {
             pool: "10.201.0.0/16".parse().unwrap(),

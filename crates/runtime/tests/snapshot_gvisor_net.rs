@@ -67,6 +67,7 @@ impl Fixture {
                 allow_internet_access: true,
                 allow_out: vec!["198.51.100.10/32".into(), format!("{HTTP6_A}/128")],
                 deny_out: vec![],
+                rules: Default::default(),
             },
             config: NetConfig {
                 pool: pool.parse().unwrap(),

@@ -21,6 +21,10 @@ pub enum Error {
     #[error(transparent)]
     Secrets(#[from] crate::secrets::crypto::CryptoError),
 
+    /// The HTTPS port's certificate (`--domain`, `--tls-cert`, the daemon's CA).
+    #[error("TLS for --domain: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+
     #[error("{what}: {source}")]
     Io {
         what: String,

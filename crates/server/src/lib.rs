@@ -27,7 +27,9 @@ pub mod secrets;
 pub mod snapshots;
 pub mod store;
 pub mod templates;
+pub mod tls;
 pub mod util;
+pub mod volumes;
 
 pub use http::{router, routes};
 pub use keys::cli::{KeysCommand, keys};
@@ -58,10 +60,21 @@ pub struct ServeArgs {
     /// auto: a microVM if this host passes the (cached) self-test, else gVisor
     #[arg(long, default_value = "auto", value_parser = parse_choice, value_name = "auto|microvm|gvisor")]
     pub runtime: RuntimeChoice,
-    /// Public domain: sandbox hosts are `<port>-<sandboxID>.<domain>` (Host routing) and
-    /// the SDKs get it as the sandbox `domain`
+    /// Public domain: sandbox hosts are `<port>-<sandboxID>.<domain>` (Host routing), also
+    /// served over HTTPS on `--https-port`, and the SDKs get it as the sandbox `domain`
     #[arg(long, value_name = "DOMAIN")]
     pub domain: Option<String>,
+    /// With `--domain`: the HTTPS port of `https://<port>-<sandboxID>.<domain>`, on the
+    /// address of `--listen` (0: any free port)
+    #[arg(long, default_value_t = 443, value_name = "PORT")]
+    pub https_port: u16,
+    /// The certificate chain (PEM) for `*.<domain>`; without it the daemon's own CA
+    /// (`<data-dir>/tls/ca.pem`) issues one
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The key (PEM) of `--tls-cert`
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// Largest vCPU count a sandbox may ask for (`cpuCount` on create)
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub max_vcpus: u32,
@@ -171,6 +184,9 @@ pub struct ServeArgs {
     /// so the longest `timeout` a request may ask for; past it the sandbox is killed
     #[arg(long, default_value = "24h", value_parser = parse_lifetime, value_name = "DURATION")]
     pub max_lifetime: u64,
+    /// The bucket of persistent volumes (docs/volumes.md)
+    #[command(flatten)]
+    pub s3: volumes::config::S3Args,
 }
 
 /// `--max-lifetime`: a whole number with a unit (`s`, `m`, `h`, `d`), in seconds; from one
@@ -283,6 +299,8 @@ pub struct App {
     pub wakes: http::wake::Wakes,
     /// The keys' secrets and the key ring that seals them.
     pub secrets: secrets::service::Secrets,
+    /// The keys' volumes (off without `--s3-endpoint`).
+    pub volumes: Arc<volumes::service::Volumes>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -361,6 +379,23 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     // Before anything is served: a key file that does not load stops the start.
     let secrets = secrets::service::Secrets::open(db.clone(), &dirs.data)?;
+    let s3 = args.s3.load().map_err(|e| Error::Io {
+        what: e.to_string(),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    })?;
+    if s3.is_none() {
+        tracing::info!("volumes are off (no --s3-endpoint)");
+    }
+    let volumes = Arc::new(volumes::service::Volumes::new(
+        db.clone(),
+        s3.map(|c| volumes::juicefs::Juicefs::new(c, &dirs.data)),
+    ));
+    // The egress proxies fill `network.rules` transforms from these secrets (one resolver
+    // per process: the first daemon's; see crates/net/src/rules.rs).
+    sandcell_runtime::net::rules::set_resolver(Arc::new(secrets::inject::SecretsResolver {
+        db: db.clone(),
+        secrets: secrets.clone(),
+    }));
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");
@@ -374,26 +409,29 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     ));
     let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let lifecycle = Arc::new(SandboxService::new(
-        db.clone(),
-        runtime,
-        dirs.clone(),
-        sandboxes::service::SandboxServiceConfig {
-            max_vcpus: args.max_vcpus,
-            max_memory_mib: args.max_memory_mib,
-            kill_on_exit: args.kill_on_exit,
-            max_lifetime_secs: args.max_lifetime,
-            admission: args.admission(),
-            disk_mib: args.disk_mib,
-            warm: sandboxes::warm::WarmConfig {
-                count: args.warm,
-                memory_mib: args.warm_memory,
-                template: args.warm_template.clone(),
+    let lifecycle = Arc::new(
+        SandboxService::new(
+            db.clone(),
+            runtime,
+            dirs.clone(),
+            sandboxes::service::SandboxServiceConfig {
+                max_vcpus: args.max_vcpus,
+                max_memory_mib: args.max_memory_mib,
+                kill_on_exit: args.kill_on_exit,
+                max_lifetime_secs: args.max_lifetime,
+                admission: args.admission(),
+                disk_mib: args.disk_mib,
+                warm: sandboxes::warm::WarmConfig {
+                    count: args.warm,
+                    memory_mib: args.warm_memory,
+                    template: args.warm_template.clone(),
+                },
             },
-        },
-        metrics.clone(),
-        networks.clone(),
-    ));
+            metrics.clone(),
+            networks.clone(),
+        )
+        .with_volumes(volumes.clone()),
+    );
     let (adopted, lost) = lifecycle.reconcile().await?;
     if !adopted.is_empty() {
         tracing::info!(
@@ -450,7 +488,12 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         uploads: Default::default(),
         wakes: Default::default(),
         secrets,
+        volumes,
     });
+    let https = match &args.domain {
+        Some(domain) => Some(https_listener(&dirs, &args, domain, addr).await?),
+        None => None,
+    };
     // Tests and scripts read this line to find the port (`--listen 127.0.0.1:0`).
     println!("sandcell serve: listening on http://{addr}");
 
@@ -460,6 +503,18 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         header_timeout: Duration::from_secs(args.header_timeout_secs.max(1)),
         ..Default::default()
     };
+    let (https_stop_tx, https_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let https_server = https.map(|(listener, tls)| {
+        tokio::spawn(http::listener::serve_tls(
+            listener,
+            http::port_router(app.clone()),
+            limits,
+            tls,
+            async move {
+                let _ = https_stop_rx.await;
+            },
+        ))
+    });
     let server = tokio::spawn(http::listener::serve(
         listener,
         router(app),
@@ -487,9 +542,49 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     lifecycle.shutdown().await;
     networks.shutdown().await;
     let _ = stop_tx.send(());
+    let _ = https_stop_tx.send(());
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
+    if let Some(https) = https_server {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, https).await;
+    }
     db.close().await;
     Ok(())
+}
+
+/// The HTTPS port of `--domain` (crate::tls), bound on `--listen`'s address, and what it
+/// serves with. Says where it is and, with the daemon's own CA, which certificate to trust.
+async fn https_listener(
+    dirs: &Dirs,
+    args: &ServeArgs,
+    domain: &str,
+    api: SocketAddr,
+) -> Result<(tokio::net::TcpListener, Arc<rustls::ServerConfig>), Error> {
+    let tls = tls::setup(
+        domain,
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+        &tls::ca_dir(&dirs.data),
+    )?;
+    let at = SocketAddr::new(api.ip(), args.https_port);
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .map_err(Error::io(format!("listening on {at} (--https-port)")))?;
+    let at = listener
+        .local_addr()
+        .map_err(Error::io("reading the HTTPS address"))?;
+    // Log lines, not stdout: "listening on" stays the one line scripts read there (and
+    // some close the pipe after it). Tests read this one for the port (`--https-port 0`).
+    tracing::info!(
+        "port URLs on https://<port>-<sandboxID>.{domain}:{}",
+        at.port()
+    );
+    if let Some(ca) = &tls.ca_cert {
+        tracing::info!(
+            "their certificate is from the daemon's CA: trust {}",
+            ca.display()
+        );
+    }
+    Ok((listener, tls.config))
 }
 
 async fn stop_signal() -> &'static str {

@@ -259,7 +259,7 @@ async fn sandboxes_are_killed_at_their_timeout_and_timeouts_move() {
 #[tokio::test]
 async fn proxy_streams_by_header_and_by_host() {
     let env = common::Env::new();
-    let daemon = env.start(&["--domain", "sandbox.test"]);
+    let daemon = env.start(&["--domain", "sandbox.test", "--https-port", "0"]);
     let c = &daemon.client;
     let sbx = c.create_sandbox(&minimal(Some(120))).await.unwrap();
     assert_eq!(sbx.domain.as_deref(), Some("sandbox.test"));

@@ -26,7 +26,7 @@ fn net_args(pool: &str) -> Vec<String> {
 
 fn start(env: &common::Env, pool: &str) -> common::Daemon {
     let mut args = net_args(pool);
-    args.extend(["--domain".to_string(), "sandcell.test".to_string()]);
+    args.extend(["--domain", "sandcell.test", "--https-port", "0"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     env.start(&args)
 }

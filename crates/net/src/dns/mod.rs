@@ -39,6 +39,17 @@ const UDP_BUF: usize = 4096;
 /// Peers' addresses change only when they leave: a short TTL keeps stale answers short.
 const PEER_TTL: u32 = 5;
 
+/// One header the egress proxy filled from a secret (the audit record: never the value).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Injection {
+    pub domain: String,
+    pub header: String,
+    pub secret: String,
+    pub version: i64,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
 /// A name the DNS server refused.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DeniedName {
@@ -78,6 +89,10 @@ pub(crate) struct DnsState {
     /// under it never interleave.
     pub(crate) inner: Mutex<Inner>,
     pub(crate) denied: std::sync::Mutex<VecDeque<DeniedName>>,
+    /// The latest injections (audit, [`MAX_DENIED_NAMES`] of them).
+    pub(crate) injections: std::sync::Mutex<VecDeque<Injection>>,
+    /// The network's id (what the secrets resolver maps to the sandbox and its owner).
+    pub(crate) net_id: String,
     /// Private-network peers by name (their sandbox id): answered here, never forwarded.
     pub(crate) peers: std::sync::Mutex<HashMap<String, Ipv4Addr>>,
     /// Bumped after every policy change: the proxy's open connections re-check their name.
@@ -86,6 +101,7 @@ pub(crate) struct DnsState {
 
 impl DnsState {
     pub(crate) fn new(
+        net_id: String,
         slot: u32,
         dest: Destinations,
         upstream: Vec<SocketAddr>,
@@ -101,6 +117,8 @@ impl DnsState {
                 learned: HashMap::new(),
             }),
             denied: std::sync::Mutex::new(VecDeque::new()),
+            injections: std::sync::Mutex::new(VecDeque::new()),
+            net_id,
             peers: std::sync::Mutex::new(HashMap::new()),
             policy_changed: tokio::sync::watch::Sender::new(0),
         }
@@ -119,6 +137,31 @@ impl DnsState {
             qtype,
             at,
         });
+    }
+
+    pub(crate) fn note_injection(&self, domain: &str, header: &str, secret: &str, version: i64) {
+        let at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        tracing::info!(
+            network = %self.net_id, domain, header, secret, version,
+            "egress proxy: injected a secret into a request"
+        );
+        let mut d = lock(&self.injections);
+        if d.len() >= MAX_DENIED_NAMES {
+            d.pop_front();
+        }
+        d.push_back(Injection {
+            domain: domain.to_string(),
+            header: header.to_string(),
+            secret: secret.to_string(),
+            version,
+            at,
+        });
+    }
+
+    pub(crate) fn injections(&self) -> Vec<Injection> {
+        lock(&self.injections).iter().cloned().collect()
     }
 
     fn peer(&self, name: &str) -> Option<Ipv4Addr> {

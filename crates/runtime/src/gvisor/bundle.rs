@@ -103,9 +103,62 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
     })
 }
 
+/// The OCI mount of a volume: its host directory bound at `bind.guest` through the gofer
+/// (never a block device or image the host kernel would parse). The mount point is made in
+/// the root without following a link there: the root's layers may come from a guest.
+pub(crate) fn volume_mount(rootfs: &Path, bind: &crate::VolumeBind) -> crate::Result<Value> {
+    let bad = |problem: String| crate::Error::InvalidSpec {
+        runtime: super::RT,
+        problem,
+    };
+    let guest = Path::new(&bind.guest);
+    let rel = guest
+        .strip_prefix("/")
+        .map_err(|_| bad(format!("volume path {:?} is not absolute", bind.guest)))?;
+    let plain = rel
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain || rel.as_os_str().is_empty() {
+        return Err(bad(format!(
+            "volume path {:?} must be a plain absolute path below /",
+            bind.guest
+        )));
+    }
+    crate::nofollow::open_dir_in(rootfs, rel, true).map_err(|e| {
+        crate::Error::io(
+            super::RT,
+            format!("creating volume mount point {}", bind.guest),
+            e,
+        )
+    })?;
+    Ok(json!({
+        "destination": bind.guest, "type": "bind", "source": bind.host,
+        "options": ["rbind", "rw", "nosuid", "nodev"],
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_paths_must_be_plain_and_absolute() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bind = |guest: &str| crate::VolumeBind {
+            host: "/h".into(),
+            guest: guest.into(),
+        };
+        let m = volume_mount(tmp.path(), &bind("/mnt/data")).unwrap();
+        assert_eq!(m["destination"], "/mnt/data");
+        assert_eq!(m["source"], "/h");
+        assert!(tmp.path().join("mnt/data").is_dir());
+        for bad in ["/", "mnt", "/mnt/../etc", ""] {
+            assert!(volume_mount(tmp.path(), &bind(bad)).is_err(), "{bad}");
+        }
+        // A link planted in the root is not followed to make the mount point.
+        std::os::unix::fs::symlink("/etc", tmp.path().join("evil")).unwrap();
+        assert!(volume_mount(tmp.path(), &bind("/evil/x")).is_err());
+    }
 
     #[test]
     fn agent_is_pid_one_listening_in_the_shared_dir() {

@@ -287,6 +287,12 @@ impl GvisorSandbox {
                 }));
             }
         }
+        for bind in &spec.volumes {
+            let mount = bundle::volume_mount(&p.rootfs, bind)?;
+            if let Some(mounts) = config["mounts"].as_array_mut() {
+                mounts.push(mount);
+            }
+        }
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| Error::io(RT, "encoding config.json", e.into()))?;
         let file = p.bundle.join("config.json");

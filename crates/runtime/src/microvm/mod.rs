@@ -197,6 +197,12 @@ impl Runtime for MicrovmRuntime {
                     .into(),
             });
         }
+        if !spec.volumes.is_empty() {
+            return Err(Error::InvalidSpec {
+                runtime: RT,
+                problem: "volume mounts need the gvisor runtime for now (docs/volumes.md)".into(),
+            });
+        }
         let base = spec.image.rootfs_ext4.clone().ok_or_else(|| Error::Image {
             image: spec.image.name.clone(),
             problem: "has no rootfs.ext4, which the microvm runtime needs".into(),

@@ -235,6 +235,7 @@ mod tests {
                 allow_internet_access: true,
                 allow_out: vec![],
                 deny_out: vec![],
+                rules: Default::default(),
             },
             config: sandcell_net::NetConfig {
                 pool: "10.203.0.0/16".parse().expect("cidr"),

@@ -174,6 +174,7 @@ impl From<crate::sandboxes::error::SandboxError> for ApiError {
             SandboxError::Host(e) => e.into(),
             SandboxError::Agent(e) => e.into(),
             SandboxError::Template(e) => e.into(),
+            SandboxError::Volume(e) => e.into(),
             SandboxError::Snapshot(_) => ApiError::internal(e.to_string()),
             SandboxError::TemplateUnreadable(m) | SandboxError::Restore(m) => ApiError::internal(m),
         }
@@ -250,7 +251,10 @@ impl From<crate::networks::service::NetworkError> for ApiError {
     fn from(e: crate::networks::service::NetworkError) -> ApiError {
         use crate::networks::service::NetworkError;
         match e {
-            NetworkError::NetworksOff | NetworkError::Rules(_) => {
+            NetworkError::NetworksOff
+            | NetworkError::Rules(_)
+            | NetworkError::BadMask
+            | NetworkError::Transform(_) => {
                 ApiError::bad_request(e.to_string())
             }
             NetworkError::UnknownNetwork(_) => ApiError::not_found(e.to_string()),
@@ -275,6 +279,28 @@ impl From<crate::secrets::service::SecretsError> for ApiError {
                 ApiError::internal(e.to_string())
             }
             SecretsError::Host(e) => e.into(),
+        }
+    }
+}
+
+impl From<crate::volumes::service::VolumeError> for ApiError {
+    fn from(e: crate::volumes::service::VolumeError) -> ApiError {
+        use crate::volumes::service::VolumeError;
+        match e {
+            VolumeError::Disabled => ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string()),
+            VolumeError::InvalidName(_) | VolumeError::InvalidMount(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            VolumeError::NotFound(_) => ApiError::not_found(e.to_string()),
+            VolumeError::Unauthorized => ApiError::unauthorized(e.to_string()),
+            VolumeError::Exists(_) | VolumeError::InUse { .. } | VolumeError::Refused(_) => {
+                ApiError::conflict(e.to_string())
+            }
+            VolumeError::Storage(_) => {
+                tracing::error!("{e}");
+                ApiError::bad_gateway(e.to_string())
+            }
+            VolumeError::Host(e) => e.into(),
         }
     }
 }

@@ -11,8 +11,12 @@
 //!   431. Bodies are capped per route (`DefaultBodyLimit`, http/mod.rs).
 //!
 //! Upgrades (WebSocket through the port proxy) leave these limits with hyper once switched.
+//! The HTTPS port ([`serve_tls`]) runs the same loop with a TLS handshake first.
 
 use axum::Router;
+use axum::http::{HeaderValue, Request, header};
+use hyper::body::Incoming;
+use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
@@ -50,6 +54,29 @@ pub async fn serve(
     limits: Limits,
     stop: impl Future<Output = ()>,
 ) {
+    accept_loop(listener, router, limits, None, stop).await;
+}
+
+/// [`serve`] over TLS (the HTTPS port URLs, crate::tls): the handshake is bounded by the
+/// header timeout too; a request without a Host gets the name the client sent in its SNI.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Arc<rustls::ServerConfig>,
+    stop: impl Future<Output = ()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    accept_loop(listener, router, limits, Some(acceptor), stop).await;
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: impl Future<Output = ()>,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let (closing_tx, closing_rx) = watch::channel(false);
     tokio::pin!(stop);
@@ -74,28 +101,21 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let mut closing = closing_rx.clone();
+        let router = router.clone();
+        let closing = closing_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .max_header_size(limits.max_header_bytes);
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            loop {
-                tokio::select! {
-                    _ = conn.as_mut() => break,
-                    r = closing.changed() => {
-                        conn.as_mut().graceful_shutdown();
-                        if r.is_err() {
-                            // The loop is gone: just finish.
-                            let _ = conn.as_mut().await;
-                            break;
+            match tls {
+                None => connection(TokioIo::new(stream), router, None, limits, closing).await,
+                Some(tls) => {
+                    let handshake = tokio::time::timeout(limits.header_timeout, tls.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(stream)) => {
+                            let sni = stream.get_ref().1.server_name().map(str::to_owned);
+                            connection(TokioIo::new(stream), router, sni, limits, closing).await
                         }
+                        Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
+                        Err(_) => tracing::debug!("TLS handshake: timed out"),
                     }
                 }
             }
@@ -107,6 +127,48 @@ pub async fn serve(
     // Every connection task holds a slot: all slots back means all connections ended.
     let all = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
     let _ = slots.acquire_many(all).await;
+}
+
+/// Serves one connection until it ends, or until `closing` asks for a graceful end.
+async fn connection<I>(
+    io: TokioIo<I>,
+    router: Router,
+    sni: Option<String>,
+    limits: Limits,
+    mut closing: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let sni = sni.and_then(|name| HeaderValue::from_str(&name).ok());
+    let router = TowerToHyperService::new(router);
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        if let Some(name) = &sni
+            && !req.headers().contains_key(header::HOST)
+        {
+            req.headers_mut().insert(header::HOST, name.clone());
+        }
+        router.call(req)
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(limits.max_header_bytes);
+    let conn = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(conn);
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            r = closing.changed() => {
+                conn.as_mut().graceful_shutdown();
+                if r.is_err() {
+                    // The loop is gone: just finish.
+                    let _ = conn.as_mut().await;
+                    break;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -222,5 +284,66 @@ mod tests {
         })
         .await
         .unwrap();
+    }
+
+    /// The HTTPS port: a handshake with the daemon CA's leaf, a request answered, and a
+    /// request without a Host gets the SNI name (what proxy routing then reads).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn tls_connections_are_served_and_sni_stands_in_for_a_missing_host() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let tls = crate::tls::setup("sandbox.test", None, None, dir.path()).unwrap();
+        let ca = crate::tls::ca::DaemonCa::load_or_create(dir.path()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route(
+            "/",
+            get(|headers: axum::http::HeaderMap| async move {
+                format!("host={}", headers[header::HOST].to_str().unwrap_or(""))
+            }),
+        );
+        let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_tls(
+            listener,
+            router,
+            Limits::default(),
+            tls.config,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.cert_der().clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        for (head, want) in [
+            (
+                "Host: 8000-sc-1.sandbox.test\r\n",
+                "host=8000-sc-1.sandbox.test",
+            ),
+            ("", "host=49983-sc-2.sandbox.test"),
+        ] {
+            let sni = if head.is_empty() {
+                "49983-sc-2"
+            } else {
+                "8000-sc-1"
+            };
+            let name =
+                rustls::pki_types::ServerName::try_from(format!("{sni}.sandbox.test")).unwrap();
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut c = connector.connect(name, tcp).await.unwrap();
+            c.write_all(format!("GET / HTTP/1.1\r\n{head}Connection: close\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            let _ = c.read_to_string(&mut out).await;
+            assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            assert!(out.ends_with(want), "{out}");
+        }
     }
 }

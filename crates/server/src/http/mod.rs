@@ -16,7 +16,7 @@ pub mod wake;
 use crate::App;
 use crate::http::error::ApiError;
 use crate::sandboxes::models::Health;
-use crate::{networks, sandboxes, secrets, snapshots, templates};
+use crate::{networks, sandboxes, secrets, snapshots, templates, volumes};
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -115,6 +115,14 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
             secrets::api::update_secret,
             secrets::api::delete_secret
         ))
+        .routes(routes!(
+            volumes::api::list_volumes,
+            volumes::api::create_volume
+        ))
+        .routes(routes!(
+            volumes::api::get_volume,
+            volumes::api::delete_volume
+        ))
         .split_for_parts()
 }
 
@@ -122,11 +130,12 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
 pub fn router(app: Arc<App>) -> Router {
     let (routes, openapi) = routes();
     let spec = openapi.to_json().unwrap_or_else(|_| "{}".into());
+    let routes = routes.merge(volumes::content_api::routes());
     let routes = match mcp::routes(&app) {
         Some(mcp) => routes.merge(mcp),
         None => routes,
     };
-    routes
+    let routes = routes
         .route(
             "/openapi.json",
             get(move || {
@@ -137,7 +146,19 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics::metrics))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY))
+        .layer(DefaultBodyLimit::max(extract::MAX_JSON_BODY));
+    with_proxy(routes, app)
+}
+
+/// The HTTPS port (crate::tls): sandbox traffic only, through the same proxy as the API
+/// port's; the API itself stays on the plain port (anything else is 404 here).
+pub fn port_router(app: Arc<App>) -> Router {
+    with_proxy(Router::new().fallback(no_route), app)
+}
+
+/// `routes` behind the envd proxy and the layers every request goes through.
+fn with_proxy(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
+    routes
         // Last = outermost: sees every request (routes and fallback) first.
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),

@@ -8,7 +8,9 @@
 //! `<port>-<sandboxID>.<domain>` for the daemon's `--domain`.
 //!
 //! Ports other than envd's go to whatever the sandbox serves there, over TCP through its
-//! network ([`forward_port`]), HTTP and upgrades such as WebSocket.
+//! network ([`forward_port`]), HTTP and upgrades such as WebSocket, with the Host header
+//! the sandbox's `maskRequestHost` asks for. The same routing serves the HTTPS port of
+//! `--domain` (crate::tls).
 //!
 //! Access: for a `secure` sandbox the proxy itself requires `X-Access-Token` to equal the
 //! sandbox's envd access token, or a signed file URL ([`crate::http::signed_url`]) (the agent checks it too once `/init` gave it the token, but
@@ -202,6 +204,15 @@ async fn proxy(app: &Arc<App>, target: Target, req: Request) -> Result<Response,
     // Ports other than envd's: to whatever the sandbox serves there, through its network.
     if let (Admitted::Port, Some(net)) = (admitted, &net) {
         strip_credentials(req.headers_mut(), false);
+        // `maskRequestHost`: the app sees this Host instead of the caller's.
+        if let Some(host) = app
+            .lifecycle
+            .networks
+            .masked_host(&target.sandbox_id, target.port)
+            .and_then(|h| HeaderValue::from_str(&h).ok())
+        {
+            req.headers_mut().insert(header::HOST, host);
+        }
         return Ok(forward_port(net, &target.sandbox_id, target.port, req).await);
     }
     if admitted == (Admitted::Envd { signed: true })

@@ -12,6 +12,7 @@ use crate::util::{now_ms, rfc3339};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use sandcell_runtime::net::rules::Rules;
 use sandcell_runtime::net::{DeniedLog, EgressSpec, SandboxNet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -23,9 +24,12 @@ use utoipa::ToSchema;
 /// allowed only through a domain rule (the DNS answers for it) takes TCP on any port, but
 /// only TLS whose SNI, or HTTP/1.x whose `Host`, names an allowed domain (the host
 /// connects to that name itself); other protocols (SSH, anything where the server speaks
-/// first, UDP and QUIC) are refused there: allow such a destination by IP or CIDR. Other E2B
-/// fields (`dnsServers`, `maskRequestHost`, `rules`, ...) are accepted and ignored: the
-/// sandbox's only resolver is ours, which resolves exactly what the rules allow.
+/// first, UDP and QUIC) are refused there: allow such a destination by IP or CIDR.
+/// `rules`: per domain (which `allowOut` must allow), one `transform` whose `headers` the
+/// host sets on every plain-HTTP request to it, `${e2b.secrets.<name>}` placeholders filled
+/// with the key's secrets (docs/secrets.md). Other E2B fields (`dnsServers`, ...) are
+/// accepted and ignored: the sandbox's only resolver is ours, which resolves exactly what
+/// the rules allow.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
@@ -37,6 +41,14 @@ pub struct NetworkConfig {
     /// `trafficAccessToken` of the create's answer in `e2b-traffic-access-token`.
     #[serde(default)]
     pub allow_public_traffic: Option<bool>,
+    /// The Host header requests to the sandbox's ports (other than envd's) arrive with,
+    /// `${PORT}` replaced by the port (e.g. `localhost:${PORT}`); default: the caller's.
+    #[serde(default)]
+    pub mask_request_host: Option<String>,
+    /// E2B's `rules`: `{"api.example.com": [{"transform": {"headers": {...}}}]}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub rules: Option<Rules>,
 }
 
 /// `PUT /sandboxes/{id}/network`: the new rules, replacing all of the old (an omitted field
@@ -50,6 +62,10 @@ pub struct NetworkUpdate {
     pub deny_out: Option<Vec<String>>,
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+    /// As a create's `network.rules`; omitted: no rules.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub rules: Option<Rules>,
 }
 
 /// What the rules of a sandbox refused (our extension).
@@ -65,6 +81,10 @@ pub struct NetworkLog {
     /// Names our DNS server refused (latest 256): `{name, qtype, at}` (`at`: Unix seconds).
     #[schema(value_type = Vec<Object>)]
     pub names: Vec<sandcell_runtime::net::dns::DeniedName>,
+    /// Headers the egress proxy filled from secrets (latest 256):
+    /// `{domain, header, secret, version, at}`, never a value.
+    #[schema(value_type = Vec<Object>)]
+    pub injections: Vec<sandcell_runtime::net::dns::Injection>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -123,6 +143,7 @@ pub async fn set_network(
         allow_internet_access: body.allow_internet_access.unwrap_or(true),
         allow_out: body.allow_out.unwrap_or_default(),
         deny_out: body.deny_out.unwrap_or_default(),
+        rules: body.rules.unwrap_or_default(),
     };
     app.lifecycle.networks.check_rules(&egress)?;
     let net = sandbox_net(&app, &caller, &id).await?;
@@ -150,6 +171,7 @@ pub async fn network_log(
         flows,
         packets,
         names,
+        injections,
     } = net
         .denied()
         .await
@@ -159,6 +181,7 @@ pub async fn network_log(
         flows,
         packets,
         names,
+        injections,
     }))
 }
 

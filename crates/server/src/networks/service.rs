@@ -44,8 +44,15 @@ pub enum NetworkError {
     NetworksOff,
     #[error(transparent)]
     Rules(#[from] sandcell_runtime::net::policy::PolicyError),
+    #[error("network.rules: {0}")]
+    Transform(#[from] crate::secrets::placeholders::PlaceholderError),
     #[error("private network {0:?} doesn't exist or you don't have access to it")]
     UnknownNetwork(String),
+    #[error(
+        "network.maskRequestHost must be a host (with `${{PORT}}` for the port), at most \
+         {MAX_MASK} visible ASCII characters"
+    )]
+    BadMask,
     #[error(transparent)]
     Internal(#[from] Error),
 }
@@ -96,10 +103,10 @@ pub struct Networks {
     peers: Mutex<PeerMap>,
     /// Serializes peer recomputations (each reads the whole membership).
     refresh: tokio::sync::Mutex<()>,
-    /// Traffic tokens of this daemon's sandboxes that have one (`allowPublicTraffic:
-    /// false`): read on every proxied request, so kept in memory (and in the database for
-    /// restarts).
-    traffic: Mutex<HashMap<String, String>>,
+    /// How requests reach the ports of this daemon's sandboxes that have a traffic token
+    /// (`allowPublicTraffic: false`) or a Host mask: read on every proxied request, so kept
+    /// in memory (and in the database for restarts).
+    traffic: Mutex<HashMap<String, PortAccess>>,
 }
 
 fn net_error(what: &str) -> impl FnOnce(sandcell_runtime::net::Error) -> Error + '_ {
@@ -161,14 +168,66 @@ impl Networks {
         }
     }
 
-    fn traffic<T>(&self, f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
+    fn traffic<T>(&self, f: impl FnOnce(&mut HashMap<String, PortAccess>) -> T) -> T {
         f(&mut lock(&self.traffic))
+    }
+
+    /// Remembers how `sandbox`'s ports are reached (nothing when all is the default).
+    fn remember(&self, sandbox: &str, access: PortAccess) {
+        if access.token.is_some() || access.mask_host.is_some() {
+            self.traffic(|m| m.insert(sandbox.to_string(), access));
+        }
     }
 
     /// The token requests to sandbox `id`'s ports must carry, if it has one.
     pub fn traffic_token(&self, id: &str) -> Option<String> {
-        self.traffic(|m| m.get(id).cloned())
+        self.traffic(|m| m.get(id).and_then(|a| a.token.clone()))
     }
+
+    /// Sandbox `id`'s `maskRequestHost` as given (with `${PORT}`), if any.
+    pub fn mask_request_host(&self, id: &str) -> Option<String> {
+        self.traffic(|m| m.get(id).and_then(|a| a.mask_host.clone()))
+    }
+
+    /// The Host header requests to sandbox `id`'s `port` get (`maskRequestHost`), if any.
+    pub fn masked_host(&self, id: &str, port: u32) -> Option<String> {
+        self.traffic(|m| {
+            m.get(id)
+                .and_then(|a| a.mask_host.as_deref().map(|mask| mask_host(mask, port)))
+        })
+    }
+}
+
+/// What the proxy applies to a sandbox's port traffic.
+#[derive(Debug, Clone, Default)]
+struct PortAccess {
+    token: Option<String>,
+    mask_host: Option<String>,
+}
+
+impl PortAccess {
+    fn of(row: &SandboxNetworkRow) -> PortAccess {
+        PortAccess {
+            token: row.traffic_token.clone(),
+            mask_host: row.mask_request_host.clone(),
+        }
+    }
+}
+
+/// `maskRequestHost` for `port`: E2B's `${PORT}` replaced by the port.
+pub fn mask_host(mask: &str, port: u32) -> String {
+    mask.replace("${PORT}", &port.to_string())
+}
+
+/// The longest `maskRequestHost` (a host name and a port fit with room).
+const MAX_MASK: usize = 300;
+
+/// Whether `mask` makes a Host header for every port: bounded, visible ASCII, no spaces.
+pub fn valid_mask(mask: &str) -> bool {
+    !mask.is_empty()
+        && mask.len() <= MAX_MASK
+        && mask.bytes().all(|b| b.is_ascii_graphic())
+        && axum::http::HeaderValue::from_str(&mask_host(mask, 65535)).is_ok()
 }
 
 /// Private-network names: what `POST /networks` accepts.
@@ -185,6 +244,8 @@ pub fn valid_network_name(name: &str) -> bool {
 pub struct NetRequest {
     /// `allowPublicTraffic: false`: the token its ports then require.
     pub traffic_token: Option<String>,
+    /// `maskRequestHost`: the Host its ports' requests get (`${PORT}`: the port).
+    pub mask_request_host: Option<String>,
     pub egress: EgressSpec,
     /// Private networks to join.
     pub join: Vec<String>,
@@ -214,6 +275,7 @@ impl Networks {
                 .and_then(|n| n.allow_out.clone())
                 .unwrap_or_default(),
             deny_out: network.and_then(|n| n.deny_out.clone()).unwrap_or_default(),
+            rules: network.and_then(|n| n.rules.clone()).unwrap_or_default(),
         };
         self.check_rules(&egress)?;
         for name in &join {
@@ -228,8 +290,15 @@ impl Networks {
             ),
             _ => None,
         };
+        let mask_request_host = network.and_then(|n| n.mask_request_host.clone());
+        if let Some(mask) = &mask_request_host
+            && !valid_mask(mask)
+        {
+            return Err(NetworkError::BadMask);
+        }
         Ok(Some(NetRequest {
             traffic_token,
+            mask_request_host,
             egress,
             join,
         }))
@@ -243,6 +312,7 @@ impl Networks {
     /// `sandcell_net::reserved`).
     pub fn check_rules(&self, egress: &EgressSpec) -> Result<(), NetworkError> {
         Policy::from_spec(egress)?;
+        crate::secrets::inject::check_transforms(egress)?;
         if let Some(s) = self.settings() {
             let host = sandcell_runtime::net::reserved::host_addresses();
             s.config.destinations().check_spec(egress, &host)?;
@@ -268,11 +338,20 @@ impl Networks {
             what: "encoding egress rules".into(),
             source: e.into(),
         })?;
-        db.insert_sandbox_network(sandbox, &egress, req.traffic_token.as_deref())
-            .await?;
-        if let Some(token) = &req.traffic_token {
-            self.traffic(|m| m.insert(sandbox.to_string(), token.clone()));
-        }
+        db.insert_sandbox_network(
+            sandbox,
+            &egress,
+            req.traffic_token.as_deref(),
+            req.mask_request_host.as_deref(),
+        )
+        .await?;
+        self.remember(
+            sandbox,
+            PortAccess {
+                token: req.traffic_token.clone(),
+                mask_host: req.mask_request_host.clone(),
+            },
+        );
         for name in &req.join {
             join(db, key_id, name, sandbox).await?;
         }
@@ -343,12 +422,8 @@ impl Networks {
             .await?;
         // A resume (same id) gets its token back: [`Networks::ended`] forgot it at the
         // pause, and without it the resumed sandbox's ports would open to anyone.
-        if let Some(token) = db
-            .sandbox_network(sandbox)
-            .await?
-            .and_then(|row| row.traffic_token)
-        {
-            self.traffic(|m| m.insert(sandbox.to_string(), token));
+        if let Some(row) = db.sandbox_network(sandbox).await? {
+            self.remember(sandbox, PortAccess::of(&row));
         }
         self.refresh_peers(db).await
     }
@@ -390,17 +465,14 @@ impl Networks {
         let Some(s) = self.settings() else {
             return Ok(());
         };
-        let Some(SandboxNetworkRow {
-            net_id: Some(net_id),
-            egress,
-            traffic_token: token,
-        }) = db.sandbox_network(sandbox).await?
-        else {
+        let Some(row) = db.sandbox_network(sandbox).await? else {
             return Ok(());
         };
-        if let Some(token) = token {
-            self.traffic(|m| m.insert(sandbox.to_string(), token));
-        }
+        let Some(net_id) = row.net_id.clone() else {
+            return Ok(());
+        };
+        self.remember(sandbox, PortAccess::of(&row));
+        let egress = row.egress;
         let egress: EgressSpec = serde_json::from_str(&egress).unwrap_or_default();
         match self
             .registry
@@ -612,6 +684,22 @@ mod tests {
         assert_eq!(a.traffic_token("sc-1"), req_a.traffic_token);
         for db in [db_a, db_b, db_c] {
             db.close().await;
+        }
+    }
+
+    #[test]
+    fn host_masks_take_the_port_and_refuse_what_is_no_header() {
+        assert_eq!(mask_host("localhost:${PORT}", 8000), "localhost:8000");
+        assert_eq!(mask_host("app.internal", 8000), "app.internal");
+        assert!(valid_mask("localhost:${PORT}"));
+        for bad in [
+            "",
+            "a b",
+            "x\r\nInjected: 1",
+            "h\u{e9}",
+            &"a".repeat(MAX_MASK + 1),
+        ] {
+            assert!(!valid_mask(bad), "{bad:?}");
         }
     }
 }

@@ -429,6 +429,25 @@ pub async fn get_sandbox(
         },
         parent_id: life.parent_id,
         children: app.db.live_children(&id).await?,
+        volume_mounts: app
+            .db
+            .sandbox_volumes(&id)
+            .await?
+            .into_iter()
+            .map(|m| crate::volumes::service::VolumeMount {
+                name: m.name,
+                path: m.path,
+            })
+            .collect(),
+        network: crate::networks::service::egress_of(&app.db, &id)
+            .await?
+            .map(|e| crate::networks::api::NetworkConfig {
+                allow_out: Some(e.allow_out),
+                deny_out: Some(e.deny_out),
+                allow_public_traffic: Some(app.lifecycle.networks.traffic_token(&id).is_none()),
+                mask_request_host: app.lifecycle.networks.mask_request_host(&id),
+                rules: Some(e.rules),
+            }),
     }))
 }
 

@@ -72,6 +72,8 @@ struct BootPlan {
     auto_resume: Option<u64>,
     /// E2B's `autoPauseMemory: false`.
     auto_pause_files_only: bool,
+    /// The volumes to mount (volumes/), checked.
+    volumes: Vec<crate::store::volumes::MountRow>,
 }
 
 impl SandboxService {
@@ -83,7 +85,31 @@ impl SandboxService {
         secure_by_default: bool,
     ) -> Result<SandboxRow, SandboxError> {
         let begun = Instant::now();
-        let template = match self.resolve(key, req).await? {
+        // Volumes first: a name that is not the key's is 404 whatever else is asked.
+        let mounts = self
+            .volumes
+            .resolve_mounts(&key.id, req.volume_mounts.as_deref().unwrap_or_default())
+            .await?;
+        if !mounts.is_empty() && self.runtime.kind() != sandcell_runtime::RuntimeKind::Gvisor {
+            return Err(SandboxError::Invalid(
+                "volumeMounts need the gvisor runtime for now (docs/volumes.md)".into(),
+            ));
+        }
+        if !mounts.is_empty() && req.auto_pause == Some(true) {
+            return Err(SandboxError::Invalid(
+                "autoPause with volumeMounts is not supported: a paused sandbox's snapshot \
+                 would not hold its volumes (docs/volumes.md)"
+                    .into(),
+            ));
+        }
+        let mut template = match self.resolve(key, req).await? {
+            Resolved::NamedSnapshot(..) if !mounts.is_empty() => {
+                return Err(SandboxError::Invalid(
+                    "volumeMounts cannot be used with a snapshot as templateID: the snapshot \
+                     restores a sandbox as it was, without mounts (docs/volumes.md)"
+                        .into(),
+                ));
+            }
             Resolved::NamedSnapshot(req, snap) => {
                 let row = self
                     .create_from_snapshot(key, req, &snap, secure_by_default, None)
@@ -94,6 +120,11 @@ impl SandboxService {
             Resolved::Template(template) => template,
         };
         let net_req = self.admit_network(key, &template.req).await?;
+        if !mounts.is_empty() {
+            // A memory snapshot and the warm pool's sandboxes were made without the mounts:
+            // a sandbox with volumes boots.
+            template.memory_snapshot = None;
+        }
         let mut template_path = TemplateCreate::Booted;
         if let Some(snap) = &template.memory_snapshot {
             match self
@@ -110,10 +141,12 @@ impl SandboxService {
         }
         let mut plan =
             self.plan_boot(key, template.req, template.e2b.as_ref(), secure_by_default)?;
+        plan.volumes = mounts;
         // A plain image template at the default size: an idle sandbox of the warm pool
         // (sandboxes/warm.rs) becomes this one, under its own id.
         let warm = (template.e2b.is_none()
             && template.memory_snapshot.is_none()
+            && plan.volumes.is_empty()
             && self.warm_fits(&plan.row.template_id, plan.row.vcpus, plan.row.memory_mib))
         .then(|| self.take_warm())
         .flatten();
@@ -285,6 +318,7 @@ impl SandboxService {
             auto_resume,
             auto_pause_files_only: req.auto_pause == Some(true)
                 && req.auto_pause_memory == Some(false),
+            volumes: Vec::new(),
         })
     }
 
@@ -349,6 +383,13 @@ impl SandboxService {
             self.mark_create_failed(id, &e).await;
             return Err(e.into());
         }
+        // Recorded with the row live: from here a delete of these volumes is refused.
+        if !plan.volumes.is_empty()
+            && let Err(e) = self.db.insert_sandbox_volumes(id, &plan.volumes).await
+        {
+            self.mark_create_failed(id, &e).await;
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -364,9 +405,21 @@ impl SandboxService {
             image,
             env,
             timeout,
+            volumes,
             ..
         } = plan;
-        let sandbox = match self.boot(&row, image, env.clone()).await {
+        let binds = match self.volumes.bind(&volumes).await {
+            Ok(binds) => binds,
+            Err(e) => {
+                let host = Error::Io {
+                    what: format!("mounting the volumes of {}: {e}", row.id),
+                    source: std::io::Error::other("volume mount failed"),
+                };
+                self.mark_create_failed(&row.id, &host).await;
+                return Err(e.into());
+            }
+        };
+        let sandbox = match self.boot(&row, image, env.clone(), binds).await {
             Ok(sandbox) => sandbox,
             Err(e) => {
                 self.mark_create_failed(&row.id, &e).await;
@@ -442,8 +495,10 @@ impl SandboxService {
         row: &SandboxRow,
         image: Image,
         env: BTreeMap<String, String>,
+        volumes: Vec<sandcell_runtime::VolumeBind>,
     ) -> Result<Arc<dyn Sandbox>, Error> {
         let mut spec = SandboxSpec::new(row.id.clone(), image);
+        spec.volumes = volumes;
         spec.vcpus = u8::try_from(row.vcpus).unwrap_or(DEFAULT_VCPUS);
         spec.memory_mib = row.memory_mib;
         // The daemon is infrastructure: its restart must not kill user sandboxes.

@@ -39,6 +39,9 @@ pub enum SandboxError {
     /// ready commands.
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// The create's `volumeMounts` (volumes/).
+    #[error(transparent)]
+    Volume(#[from] crate::volumes::service::VolumeError),
 }
 
 /// What giving a sandbox's agent its identity (envd's `POST /init`) fails with.
@@ -84,7 +87,8 @@ impl SandboxError {
             | SandboxError::TemplateNotFound(_)
             | SandboxError::Admission(_)
             | SandboxError::Network(_)
-            | SandboxError::Template(_) => false,
+            | SandboxError::Template(_)
+            | SandboxError::Volume(_) => false,
         }
     }
 }

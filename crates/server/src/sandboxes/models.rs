@@ -53,6 +53,9 @@ pub struct NewSandbox {
     /// Private networks of the key to join (our extension; `POST /networks`).
     #[serde(default)]
     pub networks: Option<Vec<String>>,
+    /// E2B's volumes to mount (`[{name, path}]`, volumes/; gvisor runtime only).
+    #[serde(default)]
+    pub volume_mounts: Option<Vec<crate::volumes::service::VolumeMount>>,
 }
 
 /// E2B's `SandboxAutoResumeConfig`.
@@ -164,6 +167,13 @@ pub struct SandboxDetail {
     /// Our extension: the live sandboxes forked from this one, oldest first.
     #[serde(default)]
     pub children: Vec<String>,
+    /// The volumes the sandbox mounts (E2B's `volumeMounts`).
+    #[serde(rename = "volumeMounts", default)]
+    pub volume_mounts: Vec<crate::volumes::service::VolumeMount>,
+    /// E2B's `network`: the egress rules in force (`allowOut`, `denyOut`, `rules`), absent
+    /// for a sandbox without a network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::networks::api::NetworkConfig>,
 }
 
 /// `POST /sandboxes/{sandboxID}/timeout`.

@@ -96,6 +96,8 @@ pub struct SandboxService {
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
     /// The daemon's side of the sandboxes' networks.
     pub networks: Arc<crate::networks::service::Networks>,
+    /// The keys' volumes, which creates mount (volumes/).
+    pub volumes: Arc<crate::volumes::service::Volumes>,
     /// One pause, resume, snapshot, fork or kill per sandbox at a time.
     pub(crate) ops: crate::snapshots::ops::OpLocks,
     /// Keys' default quotas and the host's limits (sandboxes/admission.rs).
@@ -159,6 +161,7 @@ impl SandboxService {
             data_dir: dirs.data.clone(),
         });
         SandboxService {
+            volumes: Arc::new(crate::volumes::service::Volumes::new(db.clone(), None)),
             admission: config.admission,
             host,
             db,
@@ -173,6 +176,15 @@ impl SandboxService {
             samples: Default::default(),
             warm: Default::default(),
         }
+    }
+
+    /// Creates mount volumes of `volumes` (without it, volumes are off).
+    pub fn with_volumes(
+        mut self,
+        volumes: Arc<crate::volumes::service::Volumes>,
+    ) -> SandboxService {
+        self.volumes = volumes;
+        self
     }
 
     /// Reads the host through `probe` instead of /proc and the data dir (tests).

@@ -185,6 +185,7 @@ impl SandboxService {
                 allow_internet_access: false,
                 allow_out: Vec::new(),
                 deny_out: Vec::new(),
+                rules: Default::default(),
             },
             config: s.config.clone(),
         });

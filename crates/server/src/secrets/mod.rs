@@ -4,5 +4,6 @@
 pub mod api;
 pub mod cli;
 pub mod crypto;
+pub mod inject;
 pub mod placeholders;
 pub mod service;

@@ -1,7 +1,7 @@
 //! `${e2b.secrets.<name>}` placeholders (what E2B's `Secret.fill(name)` makes) in the
 //! header values of a `network.rules` transform: finding the names a template refers to
 //! (checked when rules are set) and filling a template with the current values (for each
-//! connection the egress proxy rewrites). Issue 17 step 2: not on a default path yet.
+//! request the egress proxy rewrites, through secrets/inject.rs).
 
 use crate::secrets::crypto::SecretValue;
 use crate::secrets::service::{Secrets, SecretsError, canonical_name};

@@ -166,6 +166,7 @@ pub async fn pause_sandbox(
     OptionalJson(req): OptionalJson<PauseRequest>,
 ) -> ApiResult<StatusCode> {
     let row = owned(&app, &caller, &id).await?;
+    app.volumes.refuse_if_mounted(&id, "pause").await?;
     let memory = req.memory.unwrap_or(true);
     if matches!(row.state, DbState::Paused | DbState::Pausing) {
         return Err(ApiError::conflict(format!(
@@ -244,6 +245,7 @@ pub async fn create_snapshot(
     OptionalJson(req): OptionalJson<SnapshotRequest>,
 ) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
     let row = owned(&app, &caller, &id).await?;
+    app.volumes.refuse_if_mounted(&id, "a snapshot").await?;
     no_filesystem_only(req.memory)?;
     let lifecycle = app.lifecycle.clone();
     let snap = detached("snapshotting the sandbox", async move {
@@ -369,6 +371,7 @@ pub async fn fork_sandbox(
     OptionalJson(req): OptionalJson<ForkRequest>,
 ) -> ApiResult<(StatusCode, Json<Vec<ForkResult>>)> {
     let parent = owned(&app, &caller, &id).await?;
+    app.volumes.refuse_if_mounted(&id, "a fork").await?;
     let count = req.count.unwrap_or(1);
     if !(1..=MAX_FORK_COUNT).contains(&count) {
         return Err(ApiError::bad_request(format!(

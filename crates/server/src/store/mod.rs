@@ -10,6 +10,7 @@ pub mod secrets;
 pub mod snapshots;
 pub mod templates;
 pub mod usage;
+pub mod volumes;
 
 pub use keys::KeyRow;
 pub use sandboxes::SandboxRow;
@@ -85,6 +86,16 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         13,
         "secrets",
         include_str!("../../migrations/0013_secrets.sql"),
+    ),
+    (
+        14,
+        "volumes",
+        include_str!("../../migrations/0014_volumes.sql"),
+    ),
+    (
+        15,
+        "mask request host",
+        include_str!("../../migrations/0015_mask_request_host.sql"),
     ),
 ];
 

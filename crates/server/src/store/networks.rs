@@ -1,5 +1,5 @@
-//! The network tables (migrations 4 and 5): `sandbox_networks` (each sandbox's egress rules
-//! as JSON, its network id once the runtime made it, its traffic token) and the private
+//! The network tables (migrations 4, 5 and 14): `sandbox_networks` (each sandbox's egress
+//! rules as JSON, its network id once the runtime made it, its traffic token and Host mask) and the private
 //! networks of a key with their members. What the rows mean is networks/service.rs's.
 
 use super::{Db, Result};
@@ -13,6 +13,8 @@ pub struct SandboxNetworkRow {
     /// The egress rules, JSON.
     pub egress: String,
     pub traffic_token: Option<String>,
+    /// `maskRequestHost`, as given.
+    pub mask_request_host: Option<String>,
 }
 
 impl Db {
@@ -27,20 +29,24 @@ impl Db {
         Ok(row.is_some())
     }
 
-    /// The network row of a new sandbox: its rules (`egress`, JSON) and token, no network id.
+    /// The network row of a new sandbox: its rules (`egress`, JSON), token and Host mask, no
+    /// network id.
     pub async fn insert_sandbox_network(
         &self,
         sandbox: &str,
         egress: &str,
         traffic_token: Option<&str>,
+        mask_request_host: Option<&str>,
     ) -> Result<()> {
         sqlx::query(
-            "INSERT INTO sandbox_networks (sandbox_id, net_id, egress, traffic_token) \
-         VALUES ($1, NULL, $2, $3)",
+            "INSERT INTO sandbox_networks \
+             (sandbox_id, net_id, egress, traffic_token, mask_request_host) \
+             VALUES ($1, NULL, $2, $3, $4)",
         )
         .bind(sandbox)
         .bind(egress)
         .bind(traffic_token)
+        .bind(mask_request_host)
         .execute(self.pool())
         .await
         .map_err(Error::db(format!(
@@ -138,8 +144,10 @@ impl Db {
 
     /// The network row of `sandbox`, if any.
     pub async fn sandbox_network(&self, sandbox: &str) -> Result<Option<SandboxNetworkRow>> {
-        let row: Option<(Option<String>, String, Option<String>)> = sqlx::query_as(
-            "SELECT net_id, egress, traffic_token FROM sandbox_networks WHERE sandbox_id = $1",
+        type Row = (Option<String>, String, Option<String>, Option<String>);
+        let row: Option<Row> = sqlx::query_as(
+            "SELECT net_id, egress, traffic_token, mask_request_host FROM sandbox_networks \
+             WHERE sandbox_id = $1",
         )
         .bind(sandbox)
         .fetch_optional(self.pool())
@@ -147,13 +155,14 @@ impl Db {
         .map_err(Error::db(format!(
             "reading the network of sandbox {sandbox}"
         )))?;
-        Ok(
-            row.map(|(net_id, egress, traffic_token)| SandboxNetworkRow {
+        Ok(row.map(
+            |(net_id, egress, traffic_token, mask_request_host)| SandboxNetworkRow {
                 net_id,
                 egress,
                 traffic_token,
-            }),
-        )
+                mask_request_host,
+            },
+        ))
     }
 
     /// Every private-network membership: `(key id, network name, sandbox id)`.
@@ -259,5 +268,28 @@ impl Db {
         .execute(self.pool())
         .await?;
         Ok(())
+    }
+}
+
+impl Db {
+    /// The key owning the running sandbox on network `net_id` (what the egress proxy
+    /// resolves a rule's secrets for); `None` if no running sandbox has that network, or
+    /// (never expected: ids are random) sandboxes of two keys claim it.
+    pub async fn key_of_running_net(&self, net_id: &str) -> Result<Option<String>> {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT DISTINCT s.key_id FROM sandbox_networks n \
+             JOIN sandboxes s ON s.id = n.sandbox_id WHERE n.net_id = $1 AND s.state = $2",
+        )
+        .bind(net_id)
+        .bind(super::State::Running.as_str())
+        .fetch_all(self.pool())
+        .await
+        .map_err(Error::db(format!(
+            "looking up the owner of network {net_id}"
+        )))?;
+        match rows.as_slice() {
+            [(k,)] => Ok(Some(k.clone())),
+            _ => Ok(None),
+        }
     }
 }

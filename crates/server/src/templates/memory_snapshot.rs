@@ -73,6 +73,7 @@ pub async fn take(
         allow_internet_access: None,
         network: None,
         networks: None,
+        volume_mounts: None,
     };
     // Runs the start and ready commands (the template has no snapshot yet).
     let row = lifecycle

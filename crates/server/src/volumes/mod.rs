@@ -1,0 +1,12 @@
+//! E2B's volumes: persistent filesystems of a key that outlive sandboxes, their data in
+//! the operator's S3-compatible bucket. Each volume is a JuiceFS filesystem ([`juicefs`])
+//! mounted on the host with FUSE and bound into gVisor sandboxes through the gofer; the
+//! routes are E2B's `/volumes` ([`api`]); [`service`] keeps the rows, the mounts and the
+//! rules (per key, 409 while mounted). The model and its limits: docs/volumes.md.
+
+pub mod api;
+pub mod config;
+pub mod content;
+pub mod content_api;
+pub mod juicefs;
+pub mod service;
