@@ -254,9 +254,7 @@ impl From<crate::networks::service::NetworkError> for ApiError {
             NetworkError::NetworksOff
             | NetworkError::Rules(_)
             | NetworkError::BadMask
-            | NetworkError::Transform(_) => {
-                ApiError::bad_request(e.to_string())
-            }
+            | NetworkError::Transform(_) => ApiError::bad_request(e.to_string()),
             NetworkError::UnknownNetwork(_) => ApiError::not_found(e.to_string()),
             NetworkError::Internal(e) => e.into(),
         }
