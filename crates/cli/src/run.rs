@@ -28,7 +28,6 @@ const EXIT_TIMEOUT: i32 = 124;
 /// What a shell reports for a command that cannot be found.
 const EXIT_NOT_FOUND: i32 = 127;
 const EXIT_OOM: i32 = 128 + 9;
-const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 const DESTROY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long to wait for the sandbox's end to be known once the agent stream broke.
 const DEATH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,7 +96,6 @@ pub async fn run(dirs: Dirs, args: RunArgs) -> i32 {
     spec.vcpus = args.vcpus;
     spec.memory_mib = args.memory;
     spec.kernel = args.kernel.clone();
-    spec.boot_timeout = BOOT_TIMEOUT;
     let sandbox: Arc<dyn Sandbox> = match runtime.create(spec).await {
         Ok(sb) => Arc::from(sb),
         Err(e) => return fail(&e.to_string(), EXIT_SANDCELL),

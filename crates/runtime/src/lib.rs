@@ -163,7 +163,7 @@ impl SandboxSpec {
             memory_mib: 512,
             env: BTreeMap::new(),
             kernel: None,
-            boot_timeout: Duration::from_secs(30),
+            boot_timeout: default_boot_timeout(),
             network: None,
             outlive_owner: false,
             host_layer: None,
@@ -174,6 +174,24 @@ impl SandboxSpec {
 }
 
 /// A fresh sandbox id: `sc-` and 16 hex digits from the kernel's RNG.
+/// How long a new sandbox's agent may take to answer: 30 s, or `SANDCELL_BOOT_TIMEOUT_SECS`
+/// (1 to 600) on a slow host, such as a microVM under nested virtualization in emulation.
+pub fn default_boot_timeout() -> Duration {
+    const DEFAULT: Duration = Duration::from_secs(30);
+    let Ok(value) = std::env::var("SANDCELL_BOOT_TIMEOUT_SECS") else {
+        return DEFAULT;
+    };
+    match value.parse::<u64>() {
+        Ok(secs @ 1..=600) => Duration::from_secs(secs),
+        _ => {
+            tracing::warn!(
+                "SANDCELL_BOOT_TIMEOUT_SECS={value:?} is not a number of seconds from 1 to 600; using {DEFAULT:?}"
+            );
+            DEFAULT
+        }
+    }
+}
+
 pub fn new_sandbox_id() -> Result<String> {
     let hex = sandcell_proto::random::hex(8).map_err(|source| Error::Host {
         what: "getrandom for a sandbox id".into(),

@@ -19,6 +19,9 @@ AGENT_PORT=49983
 # L2 boots with `quiet`: serial output costs ~1 ms a character under nested TCG.
 L2_CMDLINE="console=ttyS0 quiet panic=-1 root=/dev/vda rw rootfstype=ext4"
 TEST_TIMEOUT=${TEST_TIMEOUT:-180}
+# An L2 boot takes ~25 s under nested TCG on an idle host (more on a loaded one): the agent
+# gets 120 s, not the default 30.
+export SANDCELL_BOOT_TIMEOUT_SECS=120
 # The VMM's seccomp filters enforce here as in the runtime (a syscall outside them kills the
 # VMM, and its test fails); the kernel's audit records of any kill are printed at the end.
 SELF=$0

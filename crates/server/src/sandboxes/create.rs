@@ -26,8 +26,8 @@ use crate::networks::service::{NetRequest, NetworkError};
 use crate::sandboxes::error::{InitError, SandboxError};
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{
-    BOOT_TIMEOUT, DEFAULT_TIMEOUT_SECS, DEFAULT_VCPUS, DESTROY_TIMEOUT, INIT_TIMEOUT, Live,
-    SandboxService, disk_mib, init_agent_with, lock, resolve_template,
+    DEFAULT_TIMEOUT_SECS, DEFAULT_VCPUS, DESTROY_TIMEOUT, INIT_TIMEOUT, Live, SandboxService,
+    disk_mib, init_agent_with, lock, resolve_template,
 };
 use crate::snapshots::restore::RestoredNetwork;
 use crate::store::snapshots::{LifecycleRow, SnapshotRow};
@@ -506,7 +506,6 @@ impl SandboxService {
         // Also given to the agent's own environment so that processes inherit them from an
         // agent without `/init`.
         spec.env = env;
-        spec.boot_timeout = BOOT_TIMEOUT;
         spec.network = self.networks.spec_of(&self.db, &row.id).await?;
         spec.disk_mib = self.sandbox_disk_mib();
         let sandbox: Arc<dyn Sandbox> = Arc::from(self.runtime.create(spec).await?);

@@ -39,7 +39,6 @@ pub const MAX_REFRESH_SECS: u64 = 3_600;
 pub const FALLBACK_ENVD_VERSION: &str = "0.1.0";
 pub const DEFAULT_VCPUS: u8 = 2;
 pub const DEFAULT_MEMORY_MIB: u32 = 512;
-pub(crate) const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const DESTROY_TIMEOUT: Duration = Duration::from_secs(20);
 pub(crate) const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The smallest memory a sandbox may ask for.

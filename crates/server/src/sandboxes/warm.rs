@@ -22,8 +22,7 @@
 use crate::error::Error;
 use crate::sandboxes::error::SandboxError;
 use crate::sandboxes::service::{
-    BOOT_TIMEOUT, DEFAULT_MEMORY_MIB, DEFAULT_VCPUS, DESTROY_TIMEOUT, SandboxService, lock,
-    resolve_template,
+    DEFAULT_MEMORY_MIB, DEFAULT_VCPUS, DESTROY_TIMEOUT, SandboxService, lock, resolve_template,
 };
 use sandcell_runtime::net::EgressSpec;
 use sandcell_runtime::{NetworkSpec, RuntimeKind, Sandbox, SandboxSpec};
@@ -178,7 +177,6 @@ impl SandboxService {
         spec.memory_mib = DEFAULT_MEMORY_MIB;
         // As a booted create's (create.rs): once handed out it must survive a restart.
         spec.outlive_owner = true;
-        spec.boot_timeout = BOOT_TIMEOUT;
         spec.disk_mib = self.sandbox_disk_mib();
         spec.network = self.networks.settings().map(|s| NetworkSpec {
             egress: EgressSpec {

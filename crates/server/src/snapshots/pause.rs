@@ -381,7 +381,6 @@ impl SandboxService {
     ) -> Result<Arc<dyn Sandbox>, Error> {
         let mut spec = RestoreSpec::new(id.to_string());
         spec.network = self.networks.spec_of(&self.db, id).await?;
-        spec.boot_timeout = crate::sandboxes::service::BOOT_TIMEOUT;
         // The daemon is infrastructure: its restart must not kill user sandboxes.
         spec.outlive_owner = true;
         Ok(Arc::from(self.runtime.restore(snapshot, spec).await?))
