@@ -45,9 +45,10 @@ test-microvm: build agent install
 	$(CARGO) nextest run -p sandcell-vmm --no-fail-fast
 	$(MAKE) test-nested
 
-## Two retries, each in a fresh L1: under QEMU TCG an L1 has been seen to freeze outright (its
-## own per-test watchdogs stop firing), lately in about half of the boots (to be bisected: the
-## release profile's LTO or the VMM's tracing); a real failure fails every time.
+## Two retries, each in a fresh L1: under QEMU TCG an L1 with a one-shot timer froze in about
+## half of the boots (halted, its timer's vector pending in the LAPIC and never taken); run.sh
+## now boots L1 with a periodic tick (nohz=off highres=off), which has not frozen since; the
+## retries stay as a net. A real failure fails every time.
 ## run.sh stops a frozen L1 after 240 s of silence; 600 s bounds a slow (loaded) host: the
 ## batch takes ~340 s of L1 time with the snapshot tests.
 test-nested: build agent install
