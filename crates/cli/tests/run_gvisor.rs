@@ -352,12 +352,21 @@ fn sandbox_pids(env: &Env) -> (String, Vec<i32>) {
 #[test]
 fn a_killed_sandbox_is_reported_and_cleaned_up() {
     let env = env();
-    let child = env
-        .cmd(&["--", "sleep", "300"])
+    let mut child = env
+        .cmd(&["--", "sh", "-c", "echo up; exec sleep 300"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Killed once the command runs: killed while starting, the sandbox is reported as such
+    // ("ended while starting"), a different path.
+    let mut up = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().expect("stdout")),
+        &mut up,
+    )
+    .expect("reading the command's first line");
+    assert_eq!(up, "up\n");
     let (id, pids) = sandbox_pids(&env);
     // The gVisor kernel (runsc-sandbox) and its gofer: kill -9 them all.
     for pid in pids {
