@@ -25,6 +25,9 @@ sc_require_gvisor
 sc_e2b_venv "$CACHE/venv" "$PY_SDK"
 sc_bin
 sc_tmp sc-e2b-https
+# The app in the sandbox is busybox `nc -ll -e` (test_port_urls.py): the minimal fixture has
+# it; base's Debian netcat takes other flags.
+SANDCELL_TEMPLATE=minimal-bash
 sc_e2b_templates
 SC_LISTEN_IP="127.$((RANDOM % 200 + 20)).$((RANDOM % 250 + 1)).1"
 sc_serve --domain "$DOMAIN" --https-port 443
