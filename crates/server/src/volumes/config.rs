@@ -33,6 +33,15 @@ pub struct S3Args {
     /// A file holding the secret access key
     #[arg(long, env = "SANDCELL_S3_SECRET_KEY_FILE", value_name = "PATH")]
     pub s3_secret_key_file: Option<PathBuf>,
+    /// The most one volume may hold, in GiB (JuiceFS's quota: writes past it fail with ENOSPC)
+    #[arg(
+        long,
+        env = "SANDCELL_VOLUME_MAX_GIB",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=1_048_576),
+        value_name = "GIB"
+    )]
+    pub volume_max_gib: u64,
     /// The JuiceFS client volumes are mounted with (default: `juicefs` on PATH)
     #[arg(
         long,
@@ -64,6 +73,8 @@ pub struct S3Config {
     pub region: String,
     pub credentials: Option<S3Credentials>,
     pub juicefs: PathBuf,
+    /// Each volume's capacity in GiB.
+    pub volume_max_gib: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +148,7 @@ impl S3Args {
             region: self.s3_region.clone(),
             credentials,
             juicefs: self.juicefs.clone(),
+            volume_max_gib: self.volume_max_gib,
         }))
     }
 }

@@ -107,6 +107,8 @@ impl Juicefs {
         let mut cmd = self.command();
         cmd.args(["format", "--storage", "s3", "--bucket", &self.s3.bucket_url])
             .args(["--trash-days", "0", "--no-update"])
+            // A tenant's volume never grows the operator's bucket without bound.
+            .args(["--capacity", &self.s3.volume_max_gib.to_string()])
             .arg(self.meta_url(id))
             .arg(id);
         if let Some(c) = &self.s3.credentials {
