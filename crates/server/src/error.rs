@@ -21,6 +21,10 @@ pub enum Error {
     #[error(transparent)]
     Secrets(#[from] crate::secrets::crypto::CryptoError),
 
+    /// The volumes' bucket configuration (`serve --s3-*`).
+    #[error("volumes: {0}")]
+    S3Config(#[from] crate::volumes::config::ConfigError),
+
     /// The HTTPS port's certificate (`--domain`, `--tls-cert`, the daemon's CA).
     #[error("TLS for --domain: {0}")]
     Tls(#[from] crate::tls::TlsError),

@@ -379,10 +379,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     // Before anything is served: a key file that does not load stops the start.
     let secrets = secrets::service::Secrets::open(db.clone(), &dirs.data)?;
-    let s3 = args.s3.load().map_err(|e| Error::Io {
-        what: e.to_string(),
-        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-    })?;
+    let s3 = args.s3.load()?;
     if s3.is_none() {
         tracing::info!("volumes are off (no --s3-endpoint)");
     }
