@@ -100,5 +100,14 @@ if grep -qE 'sk-(py|js)-' "$TMP/serve.err"; then
     echo "tests/e2b: a secret value is in the daemon's log" >&2
     status=1
 fi
+# A daemon stopped with --kill-on-exit leaves no volume mounted: the volumes suite mounted
+# some (by sandboxes and the content API); no JuiceFS process may outlive the daemon.
+kill -TERM "$DAEMON_PID" 2>/dev/null || true
+for _ in $(seq 300); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+if grep -q " $DATA/volumes/" /proc/mounts; then
+    echo "tests/e2b: volumes still mounted after the daemon stopped:" >&2
+    grep " $DATA/volumes/" /proc/mounts >&2
+    status=1
+fi
 if [ "$status" != 0 ]; then sc_daemon_log; fi
 exit "$status"

@@ -485,7 +485,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         uploads: Default::default(),
         wakes: Default::default(),
         secrets,
-        volumes,
+        volumes: volumes.clone(),
     });
     let https = match &args.domain {
         Some(domain) => Some(https_listener(&dirs, &args, domain, addr).await?),
@@ -544,6 +544,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     if let Some(https) = https_server {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, https).await;
     }
+    // After the listeners: no content request holds a volume any more.
+    volumes.unmount_unused().await;
     db.close().await;
     Ok(())
 }

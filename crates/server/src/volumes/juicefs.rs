@@ -164,6 +164,20 @@ impl Juicefs {
         Ok(data)
     }
 
+    /// The volumes mounted on this host now: the entries of the volumes' directory whose
+    /// `mnt` is a mount point. Bounded: a directory of more entries than that is read no
+    /// further (the daemon never makes that many; what is beyond stays mounted).
+    pub fn mounted(&self) -> Vec<String> {
+        const MAX_SCAN: usize = 100_000;
+        let Ok(dir) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        dir.take(MAX_SCAN)
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|id| is_mounted(&self.mount_point(id)))
+            .collect()
+    }
+
     /// Unmounts the volume if it is mounted (its writes are flushed to the bucket first).
     pub async fn unmount(&self, id: &str) -> Result<(), JuicefsError> {
         let mnt = self.mount_point(id);

@@ -242,6 +242,33 @@ impl Volumes {
         Ok(binds)
     }
 
+    /// On daemon shutdown, once nothing serves requests: unmounts every volume no live
+    /// sandbox mounts (those the content API mounted, and all of them after
+    /// `--kill-on-exit`), so no JuiceFS process outlives the daemon holding a volume nobody
+    /// uses. Volumes of sandboxes left running stay mounted for them. Failures are logged:
+    /// shutdown goes on.
+    pub async fn unmount_unused(&self) {
+        let Some(fs) = self.fs.as_ref() else {
+            return;
+        };
+        for id in fs.mounted() {
+            let lock = self.lock_of(&id);
+            let _held = lock.lock().await;
+            match self.db.volume_users(&id).await {
+                Ok(users) if users.is_empty() => match fs.unmount(&id).await {
+                    Ok(()) => tracing::info!(volume = %id, "unmounted at shutdown"),
+                    Err(e) => tracing::warn!("shutdown: {e}"),
+                },
+                Ok(users) => tracing::info!(
+                    volume = %id,
+                    "stays mounted for {} running sandbox(es)",
+                    users.len()
+                ),
+                Err(e) => tracing::warn!("shutdown: volume {id} stays mounted: {e}"),
+            }
+        }
+    }
+
     /// Whether the sandbox mounts volumes (pause, snapshots and forks refuse those).
     pub async fn refuse_if_mounted(&self, sandbox_id: &str, op: &str) -> Result<(), VolumeError> {
         let mounts = self.db.sandbox_volumes(sandbox_id).await?;
