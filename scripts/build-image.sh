@@ -112,6 +112,11 @@ if [ "$name" = base ]; then
   chmod 0440 "$tree/etc/sudoers.d/user"
   install -m 0755 "$agent" "$tree/sbin/sandcell-agent"
   [ -e "$tree/sbin/init" ] || ln -s sandcell-agent "$tree/sbin/init"
+  # sudo for `user` on gVisor (setuid cannot elevate there): the agent by the name `sudo`
+  # asks the agent (PID 1) to run the command; where no such service runs (microVMs) it
+  # executes /usr/bin/sudo. /usr/local/bin comes first in PATH and in secure_path.
+  ln -sf /sbin/sandcell-agent "$tree/usr/local/bin/sudo"
+  "$recipe/node.sh" "$tree"
   # No blocks reserved for root: the headroom is for whoever installs things.
   mkfs_opts=(-m 0)
 else

@@ -38,6 +38,17 @@ async function main() {
     assert.equal(await bg.kill(), true)
     await assert.rejects(bg.wait(), (e) => e instanceof CommandExitError)
   })
+  if (template === 'base') {
+    await check('sudo for user (the agent serves it on gvisor) and node/npm', async () => {
+      const run = async (cmd) => (await sbx.commands.run(cmd, { user: 'user' })).stdout
+      assert.equal(await run('sudo id -u'), '0\n')
+      assert.equal(await run('sudo -u user -i sh -c "echo $HOME"'), '/home/user\n')
+      await assert.rejects(sbx.commands.run('sudo sh -c "exit 9"', { user: 'user' }), (e) =>
+        e instanceof CommandExitError && e.exitCode === 9)
+      assert.match(await run('node -p process.version'), /^v26\./)
+      assert.match(await run('npm --version'), /^12\./)
+    })
+  }
   await check('files: binary round trip', async () => {
     const blob = new Uint8Array(3 * 1024 * 1024).map((_, i) => (i * 7) & 0xff)
     await sbx.files.write('/tmp/node.bin', blob.buffer)

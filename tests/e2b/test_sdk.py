@@ -106,6 +106,46 @@ def test_coreutils_stat_works(sbx):
     assert sbx.commands.run("stat -c %U /tmp/", user="root").stdout == "root\n"
 
 
+def test_sudo_works_for_user_as_in_e2bs_template(sbx):
+    """E2B's `user` has passwordless sudo. gVisor cannot elevate a setuid program, so there the
+    agent serves sudo: identity, exit status, environment rules, -u/-i/-E/-n, sh -c."""
+    if TEMPLATE != "base":
+        pytest.skip(f"sudo is part of base, not of {TEMPLATE}")
+    run = lambda cmd: sbx.commands.run(cmd, user="user")  # noqa: E731
+    assert run("sudo id -u").stdout == "0\n"
+    assert run("sudo -n whoami").stdout == "root\n"
+    assert run("sudo -u user id -un").stdout == "user\n"
+    assert run("sudo sh -c 'echo $USER $HOME $SUDO_USER'").stdout == "root /root user\n"
+    assert run("sudo -i pwd").stdout == "/root\n"
+    assert run("FOO=kept sudo -E sh -c 'echo $FOO'").stdout == "kept\n"
+    assert run("FOO=dropped sudo sh -c 'echo x$FOO'").stdout == "x\n"
+    assert run("echo piped | sudo cat").stdout == "piped\n"
+    with pytest.raises(CommandExitException) as exc:
+        run("sudo sh -c 'echo out; echo err >&2; exit 7'")
+    assert (exc.value.exit_code, exc.value.stdout, exc.value.stderr) == (7, "out\n", "err\n")
+    # What root made is root's.
+    run("sudo touch /opt/made-by-sudo")
+    assert sbx.files.get_info("/opt/made-by-sudo").owner == "root"
+    # Ctrl-C (SIGINT to sudo) reaches the command, which is gone afterwards.
+    r = run("timeout -s INT 1 sudo sleep 30; echo rc=$?; sleep 0.5; pgrep -x sleep || echo none")
+    assert r.stdout == "rc=124\nnone\n"
+    # Only the sudo group: another account is refused, with sudo's message.
+    sbx.commands.run("useradd -M guest", user="root")
+    with pytest.raises(CommandExitException) as exc:
+        sbx.commands.run("runuser -u guest -- sudo true", user="root")
+    assert exc.value.exit_code == 1
+    assert "guest is not in the sudoers file" in exc.value.stderr
+
+
+def test_node_and_npm_are_there(sbx):
+    if TEMPLATE != "base":
+        pytest.skip(f"node is part of base, not of {TEMPLATE}")
+    r = sbx.commands.run("node -e 'console.log(process.version.split(\".\")[0], 6*7)'; npm --version")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "v26 42"
+    assert lines[1].split(".")[0] == "12"
+
+
 def test_commands_default_user_is_user(sbx):
     assert sbx.commands.run("whoami").stdout == "user\n"
 

@@ -44,6 +44,8 @@ check "tree: /home/user belongs to 1000:1000" "1000 1000" "$(stat -c '%u %g' "$t
 check "tree: /etc/shadow is root:shadow 0640" "640 0 42" "$(stat -c '%a %u %g' "$tree/etc/shadow")"
 check "tree: sudoers rule for user is 0440" "440" "$(stat -c '%a' "$tree/etc/sudoers.d/user")"
 check "tree: agent at /sbin/sandcell-agent" "yes" "$([ -x "$tree/sbin/sandcell-agent" ] && echo yes || echo no)"
+check "tree: /usr/local/bin/sudo is the agent (the sudo service's client)" "/sbin/sandcell-agent" "$(readlink "$tree/usr/local/bin/sudo")"
+check "tree: node and npm under /usr/local" "yes" "$([ -x "$tree/usr/local/bin/node" ] && [ -e "$tree/usr/local/lib/node_modules/npm/bin/npm-cli.js" ] && echo yes || echo no)"
 check "tree: apt lists cleaned" "" "$(ls -A "$tree/var/lib/apt/lists" | grep -v '^lock$\|^partial$' || true)"
 
 stat_in_ext4() { debugfs -R "stat $1" "$image/rootfs.ext4" 2>/dev/null | sed -n 's/.*Mode: *\([0-7]*\).*/\1/p; s/^User: *\([0-9]*\) *Group: *\([0-9]*\).*/\1 \2/p' | paste -sd' ' -; }
@@ -113,6 +115,36 @@ check_re "make runs" 'GNU Make 4\.[0-9.]+' "${lines[1]:-}"
 check "gcc compiles and links C as user" "cc ok" "${lines[2]:-}"
 check "g++ compiles and links C++ as user" "c++ ok" "${lines[3]:-}"
 check "make runs a Makefile" "make ok" "${lines[4]:-}"
+
+# sudo from `user`: gVisor ignores setuid bits, so the agent runs the command (sudo service).
+sudo_script=$(cat <<'EOF'
+sudo id -u
+sudo -n -u user id -un
+sudo sh -c 'echo "$USER $SUDO_USER $PATH"'
+FOO=kept sudo -E sh -c 'echo "$FOO"'
+sudo -i sh -c 'pwd'
+sudo sh -c 'exit 7'; echo "rc=$?"
+sudo no-such-command 2>&1; echo "rc=$?"
+EOF
+)
+run sudo -u user bash -c "$sudo_script"
+mapfile -t lines <<<"$out"
+check "sudo as user: root" "0" "${lines[0]:-}"
+check "sudo -n -u user" "user" "${lines[1]:-}"
+check "sudo's environment (target, caller, secure_path)" "root user /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "${lines[2]:-}"
+check "sudo -E keeps the caller's variables" "kept" "${lines[3]:-}"
+check "sudo -i starts in root's home" "/root" "${lines[4]:-}"
+check "sudo passes the exit status on" "rc=7" "${lines[5]:-}"
+check "sudo: an unknown command" "sudo: no-such-command: command not found" "${lines[6]:-}"
+check "sudo: its exit status" "rc=1" "${lines[7]:-}"
+
+# Node.js (the current LTS) and npm, for `user`.
+run sudo -u user bash -lc 'node -p "process.version.split(\".\")[0]"; npm --version; npx --version'
+check "sandbox: node and npm run" 0 "$rc"
+mapfile -t lines <<<"$out"
+check "node is v26 (LTS)" "v26" "${lines[0]:-}"
+check_re "npm runs" '12\.[0-9.]+' "${lines[1]:-}"
+check_re "npx runs" '12\.[0-9.]+' "${lines[2]:-}"
 
 # The user can write its home, not the system.
 run sudo -u user bash -c 'echo hi > ~/f && cat ~/f; touch /usr/x 2>/dev/null && echo wrote-usr || echo no-usr'

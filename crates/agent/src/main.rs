@@ -3,11 +3,13 @@
 //! ```text
 //! sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts]
 //!                [--hostname NAME] [--keepalive-secs N] [--workdir DIR]
-//!                [--default-user NAME] [--etc-dir DIR] [--version]
+//!                [--default-user NAME] [--etc-dir DIR] [--sudo-service] [--version]
+//! sudo [OPTIONS] COMMAND...        (this binary by the name `sudo`: see `sudo`)
 //! ```
 //! `--workdir` (alias `--files-base`) is the default working directory for empty paths;
 //! `--default-user` the user of requests that name none until `/init` sets one (envd: root);
-//! `--etc-dir` where `passwd` and `group` are read (tests); `--version` prints the envd
+//! `--etc-dir` where `passwd` and `group` are read (tests); `--sudo-service` serves `sudo`
+//! for the sandbox's users where setuid cannot elevate (gVisor); `--version` prints the envd
 //! version the agent implements.
 //! As PID 1 it first mounts /proc, /sys, /dev, ... (what is not mounted yet), brings `lo` up
 //! and sets the hostname. Without `--listen` it takes `sandcell.listen=` from the kernel
@@ -38,6 +40,7 @@ mod repoll;
 mod server;
 mod state;
 mod stream;
+mod sudo;
 mod upload;
 mod users;
 mod vsock;
@@ -70,6 +73,7 @@ struct Args {
     workdir: Option<String>,
     default_user: Option<String>,
     etc_dir: Option<PathBuf>,
+    sudo_service: bool,
 }
 
 /// How long a checkpoint hold lasts at most without a resume marker (see
@@ -80,7 +84,7 @@ const CHECKPOINT_HOLD_MAX: Duration = Duration::from_secs(60);
 
 const USAGE: &str = "usage: sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts] \
                      [--hostname NAME] [--keepalive-secs N] [--workdir DIR] \
-                     [--default-user NAME] [--etc-dir DIR] [--version]";
+                     [--default-user NAME] [--etc-dir DIR] [--sudo-service] [--version]";
 
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args::default();
@@ -98,6 +102,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--listen" => args.listen = Some(value()?),
             "--no-init-mounts" => args.no_init_mounts = true,
+            "--sudo-service" => args.sudo_service = true,
             "--hostname" => args.hostname = Some(value()?),
             "--keepalive-secs" => {
                 let v = value()?;
@@ -124,6 +129,16 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
+    let called = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&called).file_name() == Some(std::ffi::OsStr::new("sudo")) {
+        return match sudo::client::arguments() {
+            Ok(argv) => sudo::client::main(argv),
+            Err(bad) => {
+                eprintln!("sudo: argument {bad:?} is not valid UTF-8");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let is_init = std::process::id() == 1;
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
@@ -175,8 +190,15 @@ fn main() -> ExitCode {
             return fail(is_init);
         }
     };
+    let etc_dir = config.etc_dir.clone();
     let outcome = runtime.block_on(async {
         let server = Server::new(config).map_err(|e| format!("starting the child reaper: {e}"))?;
+        if args.sudo_service {
+            match sudo::service::start(server.reaper(), crate::users::UserDb::new(&etc_dir)) {
+                Ok(()) => log!("sudo service on @{}", sudo::SOCKET_NAME),
+                Err(e) => log!("sudo service not started: {e}"),
+            }
+        }
         // PID 1 has no default action for these; `runsc kill` and busybox's poweroff/halt
         // (SIGUSR2/SIGUSR1 to PID 1) expect one: power off.
         let mut sigterm = if is_init {

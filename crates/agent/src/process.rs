@@ -458,13 +458,18 @@ fn clamp_u16(v: u32) -> u16 {
 
 /// The identity a child switches to after fork, prepared before it (no allocation after).
 #[derive(Debug, Clone)]
-struct Credentials {
+pub(crate) struct Credentials {
     uid: libc::uid_t,
     gid: libc::gid_t,
     groups: Vec<libc::gid_t>,
 }
 
 impl Credentials {
+    /// Exactly this identity, switched to even when the agent already has it.
+    pub(crate) fn new(uid: libc::uid_t, gid: libc::gid_t, groups: Vec<libc::gid_t>) -> Self {
+        Credentials { uid, gid, groups }
+    }
+
     /// `None` when the agent already runs as that user (nothing to switch, and switching
     /// would fail without privileges anyway).
     fn for_user(user: &User) -> Option<Self> {
@@ -481,7 +486,7 @@ impl Credentials {
     }
 
     /// In the child: groups, then gid, then uid (after setuid the others are not allowed).
-    fn apply(&self) -> io::Result<()> {
+    pub(crate) fn apply(&self) -> io::Result<()> {
         // SAFETY: async-signal-safe syscalls; `groups` is a live Vec prepared before fork.
         unsafe {
             if libc::setgroups(self.groups.len(), self.groups.as_ptr()) < 0

@@ -89,17 +89,19 @@ pub struct State {
 
 pub struct Server {
     state: Arc<State>,
+    reaper: Arc<Reaper>,
 }
 
 impl Server {
     /// Must be called inside a tokio runtime (it starts the child reaper).
     pub fn new(config: ServerConfig) -> io::Result<Self> {
         let reaper = Reaper::start(config.reap_mode)?;
-        let procs = Arc::new(Processes::new(reaper));
+        let procs = Arc::new(Processes::new(reaper.clone()));
         let mut defaults = Defaults::new(&config.default_user);
         defaults.workdir = config.default_workdir.clone();
         let shared = Shared::new(defaults, UserDb::new(&config.etc_dir));
         Ok(Server {
+            reaper,
             state: Arc::new(State {
                 config,
                 procs,
@@ -107,6 +109,11 @@ impl Server {
                 watchers: Watchers::default(),
             }),
         })
+    }
+
+    /// The child reaper, for whatever else spawns children (the sudo service).
+    pub fn reaper(&self) -> Arc<Reaper> {
+        self.reaper.clone()
     }
 
     /// Serves connections until a power-off or checkpoint-hold request has been answered.

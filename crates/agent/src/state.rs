@@ -200,6 +200,7 @@ mod tests {
             uid: 1000,
             gid: 1000,
             home: PathBuf::from("/home/user"),
+            shell: PathBuf::from("/bin/bash"),
             groups: vec![1000],
         }
     }

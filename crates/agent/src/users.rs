@@ -24,6 +24,8 @@ pub struct User {
     pub uid: u32,
     pub gid: u32,
     pub home: PathBuf,
+    /// The login shell (`/bin/sh` when passwd leaves it empty, as login(1) does).
+    pub shell: PathBuf,
     /// Supplementary groups (from /etc/group), the primary group first.
     pub groups: Vec<u32>,
 }
@@ -47,6 +49,7 @@ struct PasswdLine {
     uid: u32,
     gid: u32,
     home: String,
+    shell: String,
 }
 
 #[derive(Debug, Clone)]
@@ -89,19 +92,44 @@ impl Snapshot {
             .iter()
             .find(|u| u.name == name)
             .ok_or_else(|| UserError::Unknown(name.to_owned()))?;
+        Ok(self.user_of(line))
+    }
+
+    /// The first passwd entry with this uid (as getpwuid).
+    pub fn user_by_uid(&self, uid: u32) -> Result<User, UserError> {
+        let line = self
+            .users
+            .iter()
+            .find(|u| u.uid == uid)
+            .ok_or_else(|| UserError::Unknown(format!("#{uid}")))?;
+        Ok(self.user_of(line))
+    }
+
+    /// The gid of a group by name.
+    pub fn group_gid(&self, name: &str) -> Option<u32> {
+        self.groups.iter().find(|g| g.name == name).map(|g| g.gid)
+    }
+
+    fn user_of(&self, line: &PasswdLine) -> User {
         let mut groups = vec![line.gid];
         for g in &self.groups {
-            if g.members.iter().any(|m| m == name) && !groups.contains(&g.gid) {
+            if g.members.contains(&line.name) && !groups.contains(&g.gid) {
                 groups.push(g.gid);
             }
         }
-        Ok(User {
+        let shell = if line.shell.is_empty() {
+            "/bin/sh"
+        } else {
+            &line.shell
+        };
+        User {
             name: line.name.clone(),
             uid: line.uid,
             gid: line.gid,
             home: PathBuf::from(&line.home),
+            shell: PathBuf::from(shell),
             groups,
-        })
+        }
     }
 
     /// Name lookups for every uid/gid, built once.
@@ -172,6 +200,7 @@ fn parse_passwd(line: &str) -> Option<PasswdLine> {
         uid: f[2].parse().ok()?,
         gid: f[3].parse().ok()?,
         home: f[5].to_owned(),
+        shell: f[6].to_owned(),
     })
 }
 

@@ -69,7 +69,8 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
             "user": {"uid": 0, "gid": 0},
             // runsc mounts /proc, /dev, /sys from the spec below; the agent's own PID-1
             // mounts would only fail (no CAP_SYS_ADMIN) or hide /run/sandcell-host.
-            "args": [AGENT_PATH, "--listen", listen, "--no-init-mounts"],
+            // `--sudo-service`: gVisor ignores setuid bits, so the agent serves sudo.
+            "args": [AGENT_PATH, "--listen", listen, "--no-init-mounts", "--sudo-service"],
             "env": env,
             "cwd": "/",
             "capabilities": {
