@@ -2,7 +2,7 @@
 # Builds a Sandcell root image: a root tree and an ext4 image of it, without root and
 # without mounting anything.
 #
-#   scripts/build-image.sh minimal|base [--agent PATH]
+#   scripts/build-image.sh minimal|base|code-interpreter-v1 [--agent PATH]
 #
 # minimal = Debian's static busybox with its applet symlinks, the files under
 # images/minimal/files/ (passwd, group, hosts, ...), the empty mount points the agent
@@ -12,6 +12,10 @@
 # images/base/packages and the `user` account, made (as root) by images/base/debootstrap.sh
 # and cached apart by its own key; then the files under images/base/files/ and the agent are
 # added here. Ownership and setuid bits come from that root-made tree as they are.
+#
+# code-interpreter-v1 = base plus E2B's code interpreter (images/code-interpreter-v1/: pinned
+# Jupyter/numpy/pandas/matplotlib wheels and the server on port 49999, by its install.sh),
+# and an e2b.json beside the image (its start and ready commands) for install-artifacts.sh.
 #
 # The result is cached under ${SANDCELL_CACHE:-~/.cache/sandcell}/images/<hash>/ where
 # <hash> covers this script, the busybox binary (minimal) or the debootstrap stage's key
@@ -31,7 +35,7 @@ agent=$root/target/x86_64-unknown-linux-gnu/release/sandcell-agent
 cached_only=
 user_uid=1000
 
-usage() { echo "usage: $0 minimal|base [--agent PATH] [--cached]" >&2; exit 2; }
+usage() { echo "usage: $0 minimal|base|code-interpreter-v1 [--agent PATH] [--cached]" >&2; exit 2; }
 log() { echo "build-image: $*" >&2; }
 die() { echo "build-image: $*" >&2; exit 1; }
 
@@ -48,10 +52,18 @@ while [ $# -gt 0 ]; do
 done
 
 recipe=$root/images/$name
+# extra: what an image built on base adds to it (its own recipe directory), else empty.
+extra=
 case "$name" in
   minimal|base) [ -d "$recipe/files" ] || die "recipe $recipe/files is missing" ;;
-  *) die "unknown image '$name' (known: minimal, base)" ;;
+  code-interpreter-v1)
+    extra=$recipe
+    recipe=$root/images/base
+    [ -x "$extra/install.sh" ] || die "recipe $extra/install.sh is missing" ;;
+  *) die "unknown image '$name' (known: minimal, base, code-interpreter-v1)" ;;
 esac
+# On base: the Debian tree (debootstrap stage, base's files, node) under it.
+on_base=; [ "$name" = minimal ] || on_base=1
 # A static ELF: ldd says so (it cannot load it); scripts are "not a dynamic executable" too,
 # hence the magic check.
 is_static_elf() {
@@ -73,7 +85,7 @@ for tool in mkfs.ext4 debugfs sha256sum; do
 done
 
 # The key: this script, the two binaries, and the recipe files with their relative names.
-if [ "$name" = base ]; then
+if [ -n "$on_base" ]; then
 # base: the debootstrap stage's key (suite, mirror, packages, its scripts) stands in for
 # busybox.
 stage_key=$("$recipe/debootstrap.sh" --key)
@@ -81,6 +93,7 @@ key=$( {
   sha256sum "$0" "$agent" | cut -d' ' -f1
   echo "debootstrap-stage=$stage_key"
   (cd "$recipe" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+  if [ -n "$extra" ]; then echo "on-base=$name"; (cd "$extra" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum); fi
 } | sha256sum | cut -c1-16)
 else
 key=$( {
@@ -102,8 +115,8 @@ mkdir -p "$out.tmp"
 tree=$out.tmp/rootfs
 log "$name: assembling the root tree"
 mkfs_opts=()
-if [ "$name" = base ]; then
-  [ "$(id -u)" = 0 ] || die "base: needs root (root-owned, setuid files; debootstrap)"
+if [ -n "$on_base" ]; then
+  [ "$(id -u)" = 0 ] || die "$name: needs root (root-owned, setuid files; debootstrap)"
   stage=$("$recipe/debootstrap.sh" | tail -n 1)
   # A copy, never links: nothing done to this tree may reach the cached stage.
   cp -a "$stage/rootfs" "$tree"
@@ -117,6 +130,10 @@ if [ "$name" = base ]; then
   # executes /usr/bin/sudo. /usr/local/bin comes first in PATH and in secure_path.
   ln -sf /sbin/sandcell-agent "$tree/usr/local/bin/sudo"
   "$recipe/node.sh" "$tree"
+  if [ -n "$extra" ]; then
+    "$extra/install.sh" "$tree"
+    cp "$extra/e2b.json" "$out.tmp/e2b.json"
+  fi
   # No blocks reserved for root: the headroom is for whoever installs things.
   mkfs_opts=(-m 0)
 else
@@ -168,7 +185,7 @@ find "$tree" -exec touch -h -d @1700000000 {} +
 content_kib=$(du -sk --apparent-size "$tree" | cut -f1)
 size_mib=$(( (content_kib * 3 / 2) / 1024 + 16 ))
 [ "$size_mib" -ge 64 ] || size_mib=64
-if [ "$name" = base ]; then
+if [ -n "$on_base" ]; then
   # Blocks in use (small files take whole blocks), then room to pip/apt install things:
   # a quarter more, at least 512 MiB, plus the inode tables and journal.
   used_mib=$(( $(du -sk "$tree" | cut -f1) / 1024 ))
@@ -180,8 +197,8 @@ img=$out.tmp/rootfs.ext4
 rm -f "$img"
 # E2FSPROGS_FAKE_TIME and the fixed UUID/hash seed keep the build's clock and randomness out
 # of the superblock.
-E2FSPROGS_FAKE_TIME=1700000000 mkfs.ext4 -q -F -t ext4 -L "$name" \
-  -U 5a9dce11-0000-4000-8000-000000000001 \
+E2FSPROGS_FAKE_TIME=1700000000 mkfs.ext4 -q -F -t ext4 \
+  -U 5a9dce11-0000-4000-8000-000000000001 -L "${name:0:16}" \
   -E root_owner=0:0,hash_seed=5a9dce11-0000-4000-8000-000000000002 \
   ${mkfs_opts[@]+"${mkfs_opts[@]}"} -d "$tree" "$img" "${size_mib}M" >"$out.tmp/mkfs.log" 2>&1 \
   || { cat "$out.tmp/mkfs.log" >&2; die "mkfs.ext4 failed on $img"; }

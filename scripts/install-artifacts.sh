@@ -66,7 +66,7 @@ elif [ ${#images[@]} -gt 0 ]; then
 else
   image_names=(minimal)
   image_dirs=("$("$root/scripts/build-image.sh" minimal | tail -n 1)")
-  for recipe in "$root"/images/*/files; do
+  for recipe in "$root"/images/*/files "$root"/images/*/install.sh; do
     name=$(basename "$(dirname "$recipe")")
     [ "$name" != minimal ] || continue
     if dir=$("$root/scripts/build-image.sh" "$name" --cached 2>/dev/null | tail -n 1) && [ -n "$dir" ]; then
@@ -135,6 +135,12 @@ else
   rm -rf "$idir/rootfs.old"
   echo "$image_id" > "$idir/.installed.tmp.$$" && mv -f "$idir/.installed.tmp.$$" "$idir/.installed"
   log "image $name $image_id: installed $idir/{rootfs.ext4,rootfs/}"
+fi
+# What sandboxes of the image run at create (its start and ready commands), when it has any.
+if [ -f "$image_dir/e2b.json" ]; then
+  cp "$image_dir/e2b.json" "$idir/e2b.json.tmp.$$" && mv -f "$idir/e2b.json.tmp.$$" "$idir/e2b.json"
+else
+  rm -f "$idir/e2b.json"
 fi
 done
 echo "$data"

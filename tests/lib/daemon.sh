@@ -21,16 +21,20 @@ sc_require_gvisor() {
         die "no installed minimal image in $INSTALLED/images (make images install)"
 }
 
-# The e2b Python SDK venv (with pytest and httpx) in $1, pinned to e2b==$2; made once.
+# The e2b Python SDK venv (with pytest, httpx and the code interpreter's SDK, which pins an
+# e2b range of its own) in $1, pinned to e2b==$2; made once.
+E2B_CODE_INTERPRETER_SDK=2.11.5
 sc_e2b_venv() {
     local venv=$1 sdk=$2
-    if [ "$(cat "$venv/.sandcell-pins" 2>/dev/null)" != "e2b==$sdk" ]; then
-        say "python venv with e2b==$sdk ($venv)"
+    local pins="e2b==$sdk e2b-code-interpreter==$E2B_CODE_INTERPRETER_SDK"
+    if [ "$(cat "$venv/.sandcell-pins" 2>/dev/null)" != "$pins" ]; then
+        say "python venv with $pins ($venv)"
         rm -rf "$venv"
         mkdir -p "$(dirname "$venv")"
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q "e2b==$sdk" "pytest>=8,<10" "httpx"
-        echo "e2b==$sdk" >"$venv/.sandcell-pins"
+        # shellcheck disable=SC2086
+        "$venv/bin/pip" install -q $pins "pytest>=8,<10" "httpx"
+        echo "$pins" >"$venv/.sandcell-pins"
     fi
 }
 
@@ -125,6 +129,10 @@ sc_e2b_templates() {
         install -m 755 "$SANDCELL_E2B_AGENT" "$DATA/images/base/rootfs/sbin/sandcell-agent"
     elif [ -d "$INSTALLED/images/base" ]; then
         ln -s "$INSTALLED/images/base" "$DATA/images/base"
+    fi
+    # The code interpreter's template (the e2b-code-interpreter SDK's default), as installed.
+    if [ -d "$INSTALLED/images/code-interpreter-v1" ]; then
+        ln -s "$INSTALLED/images/code-interpreter-v1" "$DATA/images/code-interpreter-v1"
     fi
     FIXTURE="$DATA/images/minimal-bash"
     mkdir -p "$FIXTURE"

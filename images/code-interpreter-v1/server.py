@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Sandcell's code interpreter: E2B's Code Interpreter API on port 49999, over Jupyter kernels.
+
+The stock `e2b-code-interpreter` SDKs talk to this (through the daemon's port proxy):
+
+  GET  /health                       200 "OK" once the default context's kernel is ready
+  POST /execute {code, context_id?, language?, env_vars?}
+                                     a stream of JSON lines: stdout/stderr {text, timestamp},
+                                     result {text, html, png, ..., is_main_result, extra},
+                                     error {name, value, traceback},
+                                     number_of_executions {execution_count}, end_of_execution
+  GET  /contexts                     [{id, language, cwd}]
+  POST /contexts {language?, cwd?}   a new context: a kernel of its own
+  DELETE /contexts/{id}              shuts its kernel down
+  POST /contexts/{id}/restart        restarts its kernel (its state is gone)
+
+Executions in one context run one at a time, as in a notebook; a client that goes away
+(the SDK's timeout closes the stream) interrupts the kernel. Only Python kernels are installed:
+another language is a 400 that says so.
+
+Runs as the template's start command (e2b.json), as `user`, in /home/user.
+"""
+
+import json
+import os
+import queue
+import select
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from jupyter_client import KernelManager
+
+PORT = int(os.environ.get("SANDCELL_INTERPRETER_PORT", "49999"))
+DEFAULT_CWD = os.environ.get("SANDCELL_INTERPRETER_CWD", "/home/user")
+# Largest request body read (code and variables).
+MAX_BODY = 16 << 20
+# At most this many contexts (kernels) at once: each is a process with its own memory.
+MAX_CONTEXTS = 32
+# How long an interrupted execution gets to go idle before the kernel is restarted.
+INTERRUPT_GRACE = 10.0
+KERNEL_READY_TIMEOUT = 120
+KERNELS = {"python": "python3", "python3": "python3"}
+
+MIME_FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+}
+
+
+def log(msg):
+    print(f"code-interpreter: {msg}", file=sys.stderr, flush=True)
+
+
+class BadRequest(Exception):
+    """A request the caller must change (400)."""
+
+
+class NotFound(Exception):
+    """A context that does not exist (404)."""
+
+
+class Context:
+    """One kernel, and the lock that runs its executions one at a time."""
+
+    def __init__(self, language, cwd):
+        kernel = KERNELS.get(language)
+        if kernel is None:
+            raise BadRequest(
+                f"language {language!r} is not installed in this template (available: python)"
+            )
+        if not os.path.isdir(cwd):
+            raise BadRequest(f"cwd {cwd!r} is not a directory")
+        self.id = str(uuid.uuid4())
+        self.language = "python"
+        self.cwd = cwd
+        self.lock = threading.Lock()
+        self.km = KernelManager(kernel_name=kernel)
+        self.km.start_kernel(cwd=cwd)
+        self.kc = self._client()
+
+    def _client(self):
+        kc = self.km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=KERNEL_READY_TIMEOUT)
+        return kc
+
+    def info(self):
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    def restart(self):
+        with self.lock:
+            self.kc.stop_channels()
+            self.km.restart_kernel(now=True)
+            self.kc = self._client()
+
+    def shutdown(self):
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=True)
+
+    def execute(self, code, env_vars, emit, gone):
+        """Runs `code`, passing each output to `emit` as E2B's JSON objects; `gone()` says the
+        client left (then the kernel is interrupted)."""
+        with self.lock:
+            self._drain_shell()
+            if env_vars:
+                # For this execution only: set, then put back what was there.
+                self.kc.execute(
+                    "import os as _sc_os\n"
+                    f"_sc_env_saved = {{k: _sc_os.environ.get(k) for k in {list(env_vars)!r}}}\n"
+                    f"_sc_os.environ.update({dict(env_vars)!r})\n",
+                    silent=True,
+                    store_history=False,
+                )
+            msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
+            interrupted_at = None
+            while True:
+                try:
+                    msg = self.kc.get_iopub_msg(timeout=0.25)
+                except queue.Empty:
+                    if interrupted_at is None and gone():
+                        log(f"context {self.id}: client gone, interrupting the kernel")
+                        self.km.interrupt_kernel()
+                        interrupted_at = time.monotonic()
+                    elif interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
+                        log(f"context {self.id}: still busy after an interrupt, restarting it")
+                        self.kc.stop_channels()
+                        self.km.restart_kernel(now=True)
+                        self.kc = self._client()
+                        return
+                    continue
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "status" and content.get("execution_state") == "idle":
+                    break
+                out = to_e2b(kind, content)
+                if out is not None and interrupted_at is None and not emit(out):
+                    log(f"context {self.id}: client gone, interrupting the kernel")
+                    self.km.interrupt_kernel()
+                    interrupted_at = time.monotonic()
+            if env_vars:
+                self.kc.execute(
+                    "for _sc_k, _sc_v in _sc_env_saved.items():\n"
+                    "    if _sc_v is None: _sc_os.environ.pop(_sc_k, None)\n"
+                    "    else: _sc_os.environ[_sc_k] = _sc_v\n",
+                    silent=True,
+                    store_history=False,
+                )
+            emit({"type": "end_of_execution"})
+
+    def _drain_shell(self):
+        # execute_reply messages nobody reads would pile up in the client's queue.
+        while True:
+            try:
+                self.kc.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return
+
+
+def now_ns():
+    return time.time_ns()
+
+
+def to_e2b(kind, content):
+    """A kernel's iopub message as E2B's output object, or None for the ones E2B drops."""
+    if kind == "stream":
+        return {"type": content.get("name", "stdout"), "text": content.get("text", ""), "timestamp": now_ns()}
+    if kind in ("execute_result", "display_data"):
+        out = {"type": "result", "is_main_result": kind == "execute_result"}
+        extra = {}
+        for mime, value in content.get("data", {}).items():
+            field = MIME_FIELDS.get(mime)
+            if field is None:
+                extra[mime] = value
+            else:
+                out[field] = value
+        if extra:
+            out["extra"] = extra
+        return out
+    if kind == "error":
+        return {
+            "type": "error",
+            "name": content.get("ename", ""),
+            "value": content.get("evalue", ""),
+            "traceback": "\n".join(content.get("traceback", [])),
+        }
+    if kind == "execute_input":
+        return {"type": "number_of_executions", "execution_count": content.get("execution_count", 0)}
+    return None
+
+
+class Contexts:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_id = {}
+        self.default = None
+
+    def start_default(self):
+        try:
+            ctx = Context("python", DEFAULT_CWD)
+        except Exception as e:  # noqa: BLE001 - said once, then /health stays 503
+            log(f"the default kernel did not start: {e!r}")
+            return
+        with self.lock:
+            self.by_id[ctx.id] = ctx
+            self.default = ctx
+        log(f"default context {ctx.id} ready")
+
+    def create(self, language, cwd):
+        with self.lock:
+            if len(self.by_id) >= MAX_CONTEXTS:
+                raise BadRequest(f"at most {MAX_CONTEXTS} contexts at once: delete one first")
+        ctx = Context(language, cwd)
+        with self.lock:
+            self.by_id[ctx.id] = ctx
+        return ctx
+
+    def get(self, context_id):
+        with self.lock:
+            ctx = self.by_id.get(context_id)
+        if ctx is None:
+            raise NotFound(f"context {context_id!r} not found")
+        return ctx
+
+    def for_execute(self, context_id, language):
+        if context_id:
+            if language:
+                raise BadRequest("give context_id or language, not both")
+            return self.get(context_id)
+        if language and KERNELS.get(language) is None:
+            raise BadRequest(
+                f"language {language!r} is not installed in this template (available: python)"
+            )
+        if self.default is None:
+            raise NotFound("the default context is not ready yet")
+        return self.default
+
+    def remove(self, context_id):
+        with self.lock:
+            ctx = self.by_id.pop(context_id, None)
+            if ctx is self.default:
+                self.default = None
+        if ctx is None:
+            raise NotFound(f"context {context_id!r} not found")
+        ctx.shutdown()
+
+    def list(self):
+        with self.lock:
+            return [c.info() for c in self.by_id.values()]
+
+
+CONTEXTS = Contexts()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sandcell-code-interpreter"
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def _send(self, status, body, content_type="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status, message):
+        self._send(status, message.encode(), "text/plain; charset=utf-8")
+
+    def _body(self):
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number")
+        if length > MAX_BODY:
+            raise BadRequest(f"the body is larger than {MAX_BODY} bytes")
+        raw = self.rfile.read(length) if length else b"{}"
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as e:
+            raise BadRequest(f"the body is not JSON: {e}")
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        return body
+
+    def _route(self, method):
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        try:
+            if method == "GET" and path == "/health":
+                if CONTEXTS.default is None:
+                    return self._error(503, "the default kernel is starting")
+                return self._send(200, b"OK", "text/plain")
+            if method == "POST" and path == "/execute":
+                return self._execute(self._body())
+            if path == "/contexts":
+                if method == "GET":
+                    return self._send(200, CONTEXTS.list())
+                if method == "POST":
+                    body = self._body()
+                    ctx = CONTEXTS.create(body.get("language") or "python", body.get("cwd") or DEFAULT_CWD)
+                    return self._send(200, ctx.info())
+            parts = path.split("/")
+            if len(parts) >= 3 and parts[1] == "contexts":
+                if method == "DELETE" and len(parts) == 3:
+                    CONTEXTS.remove(parts[2])
+                    self.send_response(204)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                if method == "POST" and len(parts) == 4 and parts[3] == "restart":
+                    CONTEXTS.get(parts[2]).restart()
+                    return self._send(200, {})
+            return self._error(404, f"no route {method} {path}")
+        except BadRequest as e:
+            return self._error(400, str(e))
+        except NotFound as e:
+            return self._error(404, str(e))
+
+    def _execute(self, body):
+        code = body.get("code")
+        if not isinstance(code, str):
+            raise BadRequest("code (a string) is required")
+        env_vars = body.get("env_vars") or {}
+        if not isinstance(env_vars, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
+        ):
+            raise BadRequest("env_vars must be an object of strings")
+        ctx = CONTEXTS.for_execute(body.get("context_id"), body.get("language"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        conn = self.connection
+
+        def emit(obj):
+            line = json.dumps(obj).encode() + b"\n"
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+                return True
+            except OSError:
+                return False
+
+        def gone():
+            # Readable with nothing to read: the client closed its side.
+            try:
+                readable, _, _ = select.select([conn], [], [], 0)
+                return bool(readable) and conn.recv(1, 2) == b""  # 2 = MSG_PEEK
+            except OSError:
+                return True
+
+        ctx.execute(code, env_vars, emit, gone)
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            pass
+        return None
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_POST(self):
+        self._route("POST")
+
+    def do_DELETE(self):
+        self._route("DELETE")
+
+
+def main():
+    server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=CONTEXTS.start_default, name="default-kernel", daemon=True).start()
+    log(f"listening on :{PORT}")
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The registry `e2b-code-interpreter` Python SDK, unmodified, against a real `sandcell serve`:
+the `code-interpreter-v1` template (its server on port 49999, reached through the daemon's
+port proxy by the SDK's E2b-Sandbox-Id/E2b-Sandbox-Port headers).
+
+Run through tests/e2b/run.sh (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY set), with the
+`code-interpreter-v1` image installed (`make images install`).
+"""
+
+import pytest
+from e2b import TimeoutException
+from e2b_code_interpreter import Sandbox
+
+
+@pytest.fixture(scope="module")
+def sbx():
+    sandbox = Sandbox.create(timeout=300)  # the SDK's default template: code-interpreter-v1
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def test_results_logs_and_state_between_cells(sbx):
+    ex = sbx.run_code("x = 40\nprint('side', 'effect')\nx + 2")
+    assert ex.error is None
+    assert ex.text == "42"
+    assert ex.logs.stdout == ["side effect\n"]
+    assert ex.execution_count >= 1
+    # The kernel keeps its state between cells.
+    assert sbx.run_code("x * 10").text == "400"
+
+
+def test_errors_come_back_as_execution_errors(sbx):
+    ex = sbx.run_code("1/0")
+    assert ex.error is not None
+    assert ex.error.name == "ZeroDivisionError"
+    assert ex.error.value == "division by zero"
+    assert "ZeroDivisionError" in ex.error.traceback
+    ex = sbx.run_code("import sys; print('to stderr', file=sys.stderr)")
+    assert ex.logs.stderr == ["to stderr\n"]
+
+
+def test_streaming_callbacks_and_rich_results(sbx):
+    seen = []
+    ex = sbx.run_code(
+        "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.2)",
+        on_stdout=lambda m: seen.append(m.line),
+    )
+    assert "".join(seen) == "0\n1\n2\n"
+    assert ex.logs.stdout == seen
+    # A matplotlib figure is a PNG display result; a DataFrame has an HTML one.
+    ex = sbx.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()"
+    )
+    assert ex.error is None, ex.error
+    assert any(r.png for r in ex.results), [r.formats() for r in ex.results]
+    ex = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    assert ex.error is None, ex.error
+    assert ex.results[-1].is_main_result
+    assert "<table" in (ex.results[-1].html or "")
+
+
+def test_env_vars_apply_to_one_execution(sbx):
+    assert sbx.run_code("import os; os.environ.get('ONLY_HERE')", envs={"ONLY_HERE": "yes"}).text == "'yes'"
+    assert sbx.run_code("import os; os.environ.get('ONLY_HERE')").text is None
+
+
+def test_contexts_are_separate_kernels(sbx):
+    ctx = sbx.create_code_context(cwd="/tmp")
+    assert ctx.cwd == "/tmp" and ctx.language == "python"
+    assert sbx.run_code("import os; os.getcwd()", context=ctx).text == "'/tmp'"
+    sbx.run_code("y = 'in ctx'", context=ctx)
+    assert sbx.run_code("y", context=ctx).text == "'in ctx'"
+    assert sbx.run_code("y").error.name == "NameError"
+    assert ctx.id in [c.id for c in sbx.list_code_contexts()]
+    sbx.restart_code_context(ctx)
+    assert sbx.run_code("y", context=ctx).error.name == "NameError"
+    sbx.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
+
+
+def test_other_languages_are_refused_with_a_reason(sbx):
+    with pytest.raises(Exception) as exc:
+        sbx.run_code("1", language="r")
+    assert "not installed" in str(exc.value)
+
+
+def test_a_timed_out_execution_is_interrupted(sbx):
+    with pytest.raises(TimeoutException):
+        sbx.run_code("import time\ntime.sleep(60)\nfinished = True", timeout=2)
+    # The kernel was interrupted (KeyboardInterrupt in the cell): `finished` was never set,
+    # and the next cell runs instead of queueing behind the sleep (which would outlast its
+    # 20 s and fail it).
+    assert sbx.run_code("'finished' in globals()", timeout=20).text == "False"
+    assert sbx.run_code("x", timeout=20).text == "40"
