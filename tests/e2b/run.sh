@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# E2B SDK compatibility: the registry `e2b` packages (Python 2.63.0, npm 2.51.0), unmodified,
+# E2B SDK compatibility: the registry `e2b` packages (Python 2.63.0, npm 2.51.0) and
+# `e2b-code-interpreter` (Python 2.11.5, against the code-interpreter-v1 image), unmodified,
 # against a real `sandcell serve` on loopback (gvisor runtime, temp data and run dirs).
 #
 # Needs root and runsc (as every gvisor test), the installed images (`make images install`,
@@ -81,6 +82,13 @@ say "python: pytest tests/e2b/test_volumes.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_volumes.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_template.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_template.py" ${PYTEST_ARGS:-} || status=1
+say "python: pytest tests/e2b/test_code_interpreter.py (e2b-code-interpreter $E2B_CODE_INTERPRETER_SDK)"
+if [ -d "$DATA/images/code-interpreter-v1" ]; then
+    "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_code_interpreter.py" ${PYTEST_ARGS:-} || status=1
+else
+    echo "tests/e2b: code-interpreter-v1 is not installed in $INSTALLED (make images install)" >&2
+    status=1
+fi
 say "python: pytest tests/e2b/test_snapshots.py (e2b $PY_SDK)"
 retry_once test_snapshots.py "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider \
     "$HERE/test_snapshots.py" ${PYTEST_ARGS:-} || status=1
