@@ -1,0 +1,80 @@
+"""Code interpreter latency with the stock SDKs, beside the plain sandbox as the floor, in
+the same run (interleaved run by run, so that load hits all alike):
+  - ci_create_ms: `e2b_code_interpreter.Sandbox.create()` (code-interpreter-v1) until it
+    returns (the default kernel is ready by then);
+  - ci_first_cell_ms: the first `run_code("1 + 1")` after that create;
+  - ci_cell_ms: later `run_code("1 + 1")` cells in the same sandbox (--cells of them per run);
+  - ci_pandas_cell_ms: the first `import pandas` cell of a sandbox;
+  - base_create_ms / base_command_ms: `e2b.Sandbox.create(template="base")` and one
+    `commands.run("echo hi")` on it (the floor: a sandbox without a kernel).
+Each sandbox is killed before the next run (not timed). Prints JSON.
+"""
+
+import argparse
+import json
+import os
+import time
+
+from e2b import Sandbox as PlainSandbox
+from e2b_code_interpreter import Sandbox
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    f = int(k)
+    c = min(f + 1, len(xs) - 1)
+    return round(xs[f] + (xs[c] - xs[f]) * (k - f), 1)
+
+
+def stats(xs):
+    return {"runs": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99)}
+
+
+def ms(start):
+    return (time.monotonic() - start) * 1000
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cells", type=int, default=10)
+    args = ap.parse_args()
+    rows = {k: [] for k in ("ci_create_ms", "ci_first_cell_ms", "ci_cell_ms", "ci_pandas_cell_ms",
+                            "base_create_ms", "base_command_ms")}
+    for _ in range(args.runs):
+        t = time.monotonic()
+        sbx = Sandbox.create(timeout=300)
+        rows["ci_create_ms"].append(ms(t))
+        try:
+            t = time.monotonic()
+            assert sbx.run_code("1 + 1").text == "2"
+            rows["ci_first_cell_ms"].append(ms(t))
+            for _ in range(args.cells):
+                t = time.monotonic()
+                sbx.run_code("1 + 1")
+                rows["ci_cell_ms"].append(ms(t))
+            t = time.monotonic()
+            ex = sbx.run_code("import pandas as pd\npd.__version__")
+            assert ex.error is None, ex.error
+            rows["ci_pandas_cell_ms"].append(ms(t))
+        finally:
+            sbx.kill()
+        t = time.monotonic()
+        plain = PlainSandbox.create(template="base", timeout=120)
+        rows["base_create_ms"].append(ms(t))
+        try:
+            t = time.monotonic()
+            plain.commands.run("echo hi")
+            rows["base_command_ms"].append(ms(t))
+        finally:
+            plain.kill()
+    print(json.dumps({
+        "what": "code interpreter (code-interpreter-v1) vs a base sandbox, stock SDKs, gvisor, loopback",
+        "load_after": os.getloadavg(),
+        **{k: stats(v) for k, v in rows.items()},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
