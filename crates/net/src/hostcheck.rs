@@ -14,6 +14,10 @@
 //! reached directly, never through this proxy. UDP to a domain-only address (QUIC
 //! included) is refused for the same reason: nothing checks its name.
 //!
+//! A `network.rules` domain with a transform is not passed through: its plain HTTP on port 80
+//! goes through the header-filling relay ([`inject`]), and so does its TLS on port 443 once
+//! decrypted, when the daemon intercepts TLS ([`intercept`], off by default).
+//!
 //! Everything read from the sandbox is bounded: [`MAX_HEAD`] bytes within [`HEAD_TIMEOUT`].
 //! Refusals are logged with the DNS refusals (qtype 0: a Host/SNI name).
 
