@@ -134,6 +134,7 @@ impl Interceptor {
         if ignored > 0 {
             tracing::warn!("egress TLS: {ignored} certificate(s) of the host's bundle ignored");
         }
+        let extra_count = extra.len();
         for cert in extra {
             roots.add(cert)?;
         }
@@ -141,8 +142,7 @@ impl Interceptor {
             return Err(InterceptError::NoRoots);
         }
         tracing::info!(
-            "egress TLS interception on: upstreams verified against {added} host CA(s) and {} extra",
-            roots.len() - added
+            "egress TLS interception on: upstreams verified against {added} host CA(s) and {extra_count} extra"
         );
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut upstream = rustls::ClientConfig::builder_with_provider(provider.clone())
