@@ -14,12 +14,16 @@
 //! reached directly, never through this proxy. UDP to a domain-only address (QUIC
 //! included) is refused for the same reason: nothing checks its name.
 //!
+//! A `network.rules` domain with a transform is not passed through: its plain HTTP on port 80
+//! goes through the header-filling relay ([`inject`]), and so does its TLS on port 443 once
+//! decrypted, when the daemon intercepts TLS ([`intercept`], off by default).
+//!
 //! Everything read from the sandbox is bounded: [`MAX_HEAD`] bytes within [`HEAD_TIMEOUT`].
 //! Refusals are logged with the DNS refusals (qtype 0: a Host/SNI name).
 
 use crate::accept::{self, Backoff};
 use crate::dns::{DnsState, forward, wire};
-use crate::{inject, rules};
+use crate::{inject, intercept, rules};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
@@ -163,18 +167,25 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         state.note_denied(&name, 0);
         return refuse(conn, Some(kind)).await;
     };
-    // A `network.rules` domain over plain HTTP: every request gets its headers (inject.rs).
-    // Without a resolver (a daemon that holds no secrets) it is refused, never reached
-    // without them.
-    let transform = if kind == Kind::Http && rules::INJECT_PORTS.contains(&dest.port()) {
+    // A `network.rules` domain over plain HTTP: every request gets its headers (inject.rs);
+    // over TLS on 443 too when interception is on (intercept.rs), else its TLS passes
+    // through with the placeholders. Without a resolver (a daemon that holds no secrets)
+    // it is refused, never reached without them.
+    let interceptor = match kind {
+        Kind::Tls if rules::INTERCEPT_PORTS.contains(&dest.port()) => intercept::interceptor(),
+        _ => None,
+    };
+    let injectable = match kind {
+        Kind::Http => rules::INJECT_PORTS.contains(&dest.port()),
+        Kind::Tls => interceptor.is_some(),
+    };
+    let transform = injectable && {
         let inner = state.inner.lock().await;
         inner
             .policy
             .transforms
             .get(&name)
             .is_some_and(|h| !h.is_empty())
-    } else {
-        false
     };
     let resolver = match (transform, rules::resolver()) {
         (false, _) => None,
@@ -182,6 +193,25 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         (true, None) => return refuse(conn, Some(kind)).await,
     };
     let addr = SocketAddr::from((ip, dest.port()));
+    if let (Some(resolver), Some(interceptor)) = (&resolver, &interceptor) {
+        // The ClientHello already read is replayed into the handshake.
+        let sandbox = intercept::Replayed::new(head, conn);
+        let (st, nm, res) = (state, name.as_str(), &**resolver);
+        let relay = async move {
+            match interceptor
+                .relay(sandbox, nm, addr, move || fill(st, nm, res))
+                .await
+            {
+                Ok(()) => Ok(()),
+                Err(intercept::InterceptError::Inject(inject::InjectError::Io(e))) => Err(e),
+                Err(e) => {
+                    tracing::info!("egress proxy: refused a TLS connection to {nm}: {e}");
+                    Ok(())
+                }
+            }
+        };
+        return while_allowed(state, nm, ip, relay).await;
+    }
     let mut upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         _ => return refuse(conn, Some(kind)).await,
@@ -199,21 +229,8 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
     // The head already read is the first request's: it goes through the relay too.
     let client_r = std::io::Cursor::new(head).chain(client_r);
     let (st, nm, res) = (state, name.as_str(), &*resolver);
-    let relay = inject::relay(client_r, client_w, upstream, &name, move || async move {
-        let headers = st.inner.lock().await.policy.transforms.get(nm).cloned();
-        let Some(headers) = headers else {
-            return Err(format!("{nm} has no rule any more"));
-        };
-        let filled = res
-            .resolve(&st.net_id, nm, &headers)
-            .await
-            .map_err(|e| e.0)?;
-        for h in &filled {
-            for (secret, version) in &h.secrets {
-                st.note_injection(nm, &h.name, secret, *version);
-            }
-        }
-        Ok(filled)
+    let relay = inject::relay(client_r, client_w, upstream, &name, move || {
+        fill(st, nm, res)
     });
     let relay = async move {
         match relay.await {
@@ -226,6 +243,30 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         }
     };
     while_allowed(state, nm, ip, relay).await
+}
+
+/// The headers of `name`'s rule filled for one request, each injection noted for the
+/// audit log; `Err`: the rule is gone or a secret could not be filled (the request is
+/// answered 502, never sent).
+async fn fill(
+    st: &DnsState,
+    nm: &str,
+    res: &dyn rules::Resolver,
+) -> Result<Vec<inject::InjectedHeader>, String> {
+    let headers = st.inner.lock().await.policy.transforms.get(nm).cloned();
+    let Some(headers) = headers else {
+        return Err(format!("{nm} has no rule any more"));
+    };
+    let filled = res
+        .resolve(&st.net_id, nm, &headers)
+        .await
+        .map_err(|e| e.0)?;
+    for h in &filled {
+        for (secret, version) in &h.secrets {
+            st.note_injection(nm, &h.name, secret, *version);
+        }
+    }
+    Ok(filled)
 }
 
 /// Runs `copy` until it ends, or a policy change no longer allows `name` or `ip` (then it

@@ -27,6 +27,7 @@ pub mod dns;
 mod error;
 pub mod hostcheck;
 pub mod inject;
+pub mod intercept;
 pub mod network;
 pub mod nft;
 pub mod policy;

@@ -9,8 +9,9 @@
 //! check: it owns the secrets.
 //!
 //! Where it applies: plain HTTP on port 80 to the domain, through the Host-checking proxy
-//! ([`crate::hostcheck`], [`crate::inject`]). TLS to a rule's domain is not intercepted
-//! (yet): its requests leave with the placeholder, never with the value.
+//! ([`crate::hostcheck`], [`crate::inject`]); HTTPS on port 443 when the daemon intercepts
+//! TLS ([`crate::intercept`], off by default). Without interception, TLS to a rule's domain
+//! is not intercepted: its requests leave with the placeholder, never with the value.
 
 use crate::inject::InjectedHeader;
 use crate::policy::{AllowEntry, DomainRule, Policy, PolicyError};
@@ -42,6 +43,10 @@ pub type Transforms = BTreeMap<String, Vec<(String, String)>>;
 
 /// The ports whose plain HTTP gets the headers (HTTP's own).
 pub const INJECT_PORTS: &[u16] = &[80];
+
+/// The ports whose TLS is intercepted for a rule's domain when interception is on
+/// (`serve --egress-intercept-tls`, [`crate::intercept`]): HTTPS's own.
+pub const INTERCEPT_PORTS: &[u16] = &[443];
 
 fn bad(msg: String) -> PolicyError {
     PolicyError::BadRule(msg)

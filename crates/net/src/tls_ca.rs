@@ -1,10 +1,11 @@
 //! The egress proxy's per-daemon certificate authority for intercepting TLS to
-//! `network.rules` domains (issue 17, step 3; NOT wired yet: nothing on a default path
-//! loads it, and TLS to a rule's domain still passes through the SNI check untouched).
+//! `network.rules` domains (issue 17). Loaded only by `serve --egress-intercept-tls`
+//! ([`crate::intercept`]); without it, TLS to a rule's domain passes through the SNI check
+//! untouched.
 //!
-//! What it is for: the proxy would terminate a sandbox's TLS to a rule's domain with a leaf
-//! certificate for that name signed here, rewrite the requests (inject.rs), and open its own
-//! TLS to the real host. A sandbox trusts the leaf only because the CA certificate is
+//! What it is for: the proxy terminates a sandbox's TLS to a rule's domain with a leaf
+//! certificate for that name signed here, rewrites the requests (inject.rs), and opens its
+//! own TLS to the real host. A sandbox trusts the leaf only because the CA certificate is
 //! installed into its system store, so the CA key is what an operator must protect: whoever
 //! holds it can impersonate any host to every sandbox of this daemon.
 //!

@@ -29,6 +29,14 @@ pub enum Error {
     #[error("TLS for --domain: {0}")]
     Tls(#[from] crate::tls::TlsError),
 
+    /// The egress CA's files (`serve --egress-intercept-tls`).
+    #[error("the egress CA: {0}")]
+    EgressCa(#[from] sandcell_runtime::net::tls_ca::CaError),
+
+    /// TLS interception's setup (`--egress-extra-ca`, the upstream trust store).
+    #[error("egress TLS interception: {0}")]
+    EgressTls(#[from] sandcell_runtime::net::intercept::InterceptError),
+
     #[error("{what}: {source}")]
     Io {
         what: String,

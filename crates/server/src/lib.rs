@@ -184,6 +184,16 @@ pub struct ServeArgs {
     /// so the longest `timeout` a request may ask for; past it the sandbox is killed
     #[arg(long, default_value = "24h", value_parser = parse_lifetime, value_name = "DURATION")]
     pub max_lifetime: u64,
+    /// Intercept HTTPS (port 443) to the `network.rules` domains that have a transform, so
+    /// that their requests get the headers filled as over plain HTTP; no other domain is
+    /// ever intercepted. The sandbox must trust `<data-dir>/egress-ca.pem` (not installed
+    /// into sandboxes yet: docs/secrets.md)
+    #[arg(long)]
+    pub egress_intercept_tls: bool,
+    /// With `--egress-intercept-tls`: CA certificates (a PEM bundle) trusted for the
+    /// intercepted upstreams besides the host's CA bundle (private upstreams)
+    #[arg(long, requires = "egress_intercept_tls", value_name = "FILE")]
+    pub egress_extra_ca: Option<std::path::PathBuf>,
     /// The bucket of persistent volumes (docs/volumes.md)
     #[command(flatten)]
     pub s3: volumes::config::S3Args,
@@ -278,6 +288,27 @@ fn net_settings(
         warm: args.net_warm,
         data_dir: dirs.data.clone(),
     }))
+}
+
+/// `--egress-intercept-tls`: the egress CA (made on the first start with it) and the
+/// upstream trust store, installed for this process's egress proxies. A bad
+/// `--egress-extra-ca` or CA file stops the start.
+fn egress_interception(dirs: &Dirs, args: &ServeArgs) -> Result<(), Error> {
+    use sandcell_runtime::net::{intercept, tls_ca};
+    if !args.egress_intercept_tls {
+        return Ok(());
+    }
+    let extra = match &args.egress_extra_ca {
+        Some(path) => intercept::read_extra_ca(path)?,
+        None => Vec::new(),
+    };
+    let ca = tls_ca::EgressCa::load_or_create(&dirs.data)?;
+    intercept::set_interceptor(Arc::new(intercept::Interceptor::new(ca, extra)?));
+    tracing::info!(
+        "HTTPS to network.rules domains with a transform is intercepted: sandboxes must trust {}",
+        dirs.data.join(tls_ca::CERT_FILE).display()
+    );
+    Ok(())
 }
 
 fn parse_choice(s: &str) -> Result<RuntimeChoice, String> {
@@ -393,6 +424,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         db: db.clone(),
         secrets: secrets.clone(),
     }));
+    egress_interception(&dirs, &args)?;
     let interrupted = templates::builds::mark_interrupted(&db).await?;
     if interrupted > 0 {
         tracing::warn!("{interrupted} template build(s) of the previous daemon were interrupted");

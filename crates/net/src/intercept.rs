@@ -1,0 +1,352 @@
+//! TLS interception for `network.rules` domains (issue 17): HTTPS requests get their
+//! headers filled on the host as plain HTTP does (inject.rs). Off unless the daemon is
+//! started with `--egress-intercept-tls` ([`set_interceptor`]).
+//!
+//! The Host/SNI proxy ([`crate::hostcheck`]) hands over a TLS connection on port 443 whose
+//! SNI is a domain with a transform in the sandbox's rules. It is terminated here with a leaf
+//! certificate for exactly that name from the daemon's egress CA ([`crate::tls_ca`]), ALPN
+//! `http/1.1` only (a client that offers only `h2` fails the handshake: HTTP/2 is not
+//! rewritten, so it is never relayed). The decrypted requests go through
+//! [`inject::relay`] unchanged (every request's `Host` must be the domain; 403 and 502 as
+//! for plain HTTP), to a new TLS connection to the real host, verified against the host's
+//! CA bundle plus the operator's extra CAs (`--egress-extra-ca`). An upstream that fails
+//! to connect or to verify gets the sandbox a 502 and is sent nothing.
+//!
+//! Domains without a transform are never intercepted: their TLS passes through the SNI
+//! check untouched. Nothing here puts the egress CA into a sandbox's trust store: a sandbox
+//! trusts the leaf only if it was given `<data-dir>/egress-ca.pem` (docs/secrets.md).
+
+use crate::inject::{self, InjectError, InjectedHeader};
+use crate::tls_ca::{CaError, EgressCa};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use std::future::Future;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+/// The only application protocol offered on either side: what [`inject::relay`] parses.
+const ALPN: &[u8] = b"http/1.1";
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a 502, what is read (and dropped) of the sandbox's request before closing, so that
+/// unread bytes do not turn the close into a reset that loses the answer.
+const DRAIN_LIMIT: u64 = 64 * 1024;
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on an `--egress-extra-ca` file.
+const MAX_EXTRA_CA: u64 = 1024 * 1024;
+
+/// Why an intercepted connection (or the interceptor itself) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InterceptError {
+    #[error("--egress-extra-ca {path}: {why}")]
+    ExtraCa { path: PathBuf, why: String },
+    #[error("the upstream trust store is empty (no host CA bundle, no --egress-extra-ca)")]
+    NoRoots,
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+    #[error("a leaf certificate for {domain}: {source}")]
+    Leaf {
+        domain: String,
+        #[source]
+        source: CaError,
+    },
+    #[error("{0:?} is not a TLS server name")]
+    Name(String),
+    #[error("the sandbox's TLS handshake for {domain}: {source}")]
+    SandboxHandshake {
+        domain: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the sandbox's TLS handshake for {domain} did not finish in time")]
+    SandboxHandshakeTimeout { domain: String },
+    #[error("connecting to {domain} ({addr}): {source}")]
+    Connect {
+        domain: String,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connecting to {domain} ({addr}) did not finish in time")]
+    ConnectTimeout { domain: String, addr: SocketAddr },
+    /// The upstream's certificate did not verify for `domain`, or its handshake failed.
+    #[error("the TLS handshake with {domain} ({addr}): {source}")]
+    UpstreamHandshake {
+        domain: String,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Inject(#[from] InjectError),
+}
+
+/// The daemon's TLS interception: its CA and its upstream client configuration.
+pub struct Interceptor {
+    ca: EgressCa,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    upstream: Arc<rustls::ClientConfig>,
+}
+
+/// The certificates of a PEM bundle (`--egress-extra-ca`): at least one, all parsed.
+pub fn read_extra_ca(path: &Path) -> Result<Vec<CertificateDer<'static>>, InterceptError> {
+    let bad = |why: String| InterceptError::ExtraCa {
+        path: path.to_path_buf(),
+        why,
+    };
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut pem = Vec::new();
+    f.take(MAX_EXTRA_CA + 1)
+        .read_to_end(&mut pem)
+        .map_err(|e| bad(e.to_string()))?;
+    if pem.len() as u64 > MAX_EXTRA_CA {
+        return Err(bad("larger than a CA bundle can be".into()));
+    }
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("not a PEM certificate bundle: {e}")))?;
+    if certs.is_empty() {
+        return Err(bad("holds no certificate".into()));
+    }
+    Ok(certs)
+}
+
+impl Interceptor {
+    /// Upstreams are verified against the host's CA bundle (rustls-native-certs: what
+    /// `SSL_CERT_FILE`/`SSL_CERT_DIR` or the distribution's store hold) and `extra`.
+    pub fn new(
+        ca: EgressCa,
+        extra: Vec<CertificateDer<'static>>,
+    ) -> Result<Interceptor, InterceptError> {
+        let native = rustls_native_certs::load_native_certs();
+        for e in &native.errors {
+            tracing::warn!("egress TLS: part of the host's CA bundle did not load: {e}");
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        let (added, ignored) = roots.add_parsable_certificates(native.certs);
+        if ignored > 0 {
+            tracing::warn!("egress TLS: {ignored} certificate(s) of the host's bundle ignored");
+        }
+        let extra_count = extra.len();
+        for cert in extra {
+            roots.add(cert)?;
+        }
+        if roots.is_empty() {
+            return Err(InterceptError::NoRoots);
+        }
+        tracing::info!(
+            "egress TLS interception on: upstreams verified against {added} host CA(s) and {extra_count} extra"
+        );
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut upstream = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        upstream.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(Interceptor {
+            ca,
+            provider,
+            upstream: Arc::new(upstream),
+        })
+    }
+
+    /// The egress CA (its certificate is what a sandbox must trust).
+    pub fn ca(&self) -> &EgressCa {
+        &self.ca
+    }
+
+    /// Terminates the sandbox's TLS for `domain` with the CA's leaf for that name.
+    pub async fn accept<S>(
+        &self,
+        sandbox: S,
+        domain: &str,
+    ) -> Result<tokio_rustls::server::TlsStream<S>, InterceptError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (chain, key) = self
+            .ca
+            .leaf(domain)
+            .map_err(|source| InterceptError::Leaf {
+                domain: domain.to_string(),
+                source,
+            })?;
+        let mut config = rustls::ServerConfig::builder_with_provider(self.provider.clone())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key.clone_key())?;
+        config.alpn_protocols = vec![ALPN.to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sandbox)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(source)) => Err(InterceptError::SandboxHandshake {
+                domain: domain.to_string(),
+                source,
+            }),
+            Err(_) => Err(InterceptError::SandboxHandshakeTimeout {
+                domain: domain.to_string(),
+            }),
+        }
+    }
+
+    /// A TLS connection to `domain` at `addr`, its certificate verified for `domain`.
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+        domain: &str,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, InterceptError> {
+        let name = ServerName::try_from(domain.to_string())
+            .map_err(|_| InterceptError::Name(domain.to_string()))?;
+        let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(source)) => {
+                return Err(InterceptError::Connect {
+                    domain: domain.to_string(),
+                    addr,
+                    source,
+                });
+            }
+            Err(_) => {
+                return Err(InterceptError::ConnectTimeout {
+                    domain: domain.to_string(),
+                    addr,
+                });
+            }
+        };
+        let connector = tokio_rustls::TlsConnector::from(self.upstream.clone());
+        let handshake = connector.connect(name, tcp);
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(source)) => Err(InterceptError::UpstreamHandshake {
+                domain: domain.to_string(),
+                addr,
+                source,
+            }),
+            Err(_) => Err(InterceptError::ConnectTimeout {
+                domain: domain.to_string(),
+                addr,
+            }),
+        }
+    }
+
+    /// One intercepted connection: the sandbox's TLS is terminated for `domain`, the
+    /// upstream at `addr` is connected and verified, and the requests are relayed with
+    /// the headers `headers_for` gives each (as [`inject::relay`]). An upstream that cannot
+    /// be reached or verified gets the sandbox a 502, and nothing is sent to it.
+    pub async fn relay<S, F, Fut>(
+        &self,
+        sandbox: S,
+        domain: &str,
+        addr: SocketAddr,
+        headers_for: F,
+    ) -> Result<(), InterceptError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Vec<InjectedHeader>, String>>,
+    {
+        let mut sandbox = self.accept(sandbox, domain).await?;
+        let upstream = match self.connect(addr, domain).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!("egress proxy: {e}; answered 502");
+                bad_gateway(&mut sandbox).await;
+                return Err(e);
+            }
+        };
+        tracing::debug!("egress proxy: intercepting TLS to {domain} ({addr})");
+        let (r, mut w) = tokio::io::split(sandbox);
+        let outcome = inject::relay(r, &mut w, upstream, domain, headers_for).await;
+        // close_notify: the sandbox's client can tell the end from a cut.
+        let _ = w.shutdown().await;
+        Ok(outcome?)
+    }
+}
+
+/// Answers 502 on the sandbox's connection and closes it, then reads (bounded) what it
+/// still sends: closing with unread bytes would reset the connection and lose the answer.
+async fn bad_gateway<S: AsyncRead + AsyncWrite + Unpin>(sandbox: &mut S) {
+    let body =
+        "refused by the sandbox's egress rules: the upstream could not be reached or verified\n";
+    let answer = format!(
+        "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if sandbox.write_all(answer.as_bytes()).await.is_err() {
+        return;
+    }
+    // close_notify first: the client then knows the answer is whole and closes, which
+    // ends the drain.
+    let _ = sandbox.shutdown().await;
+    let mut sink = tokio::io::sink();
+    let mut rest = (&mut *sandbox).take(DRAIN_LIMIT);
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, tokio::io::copy(&mut rest, &mut sink)).await;
+}
+
+/// A connection whose first bytes were already read (the ClientHello the proxy sniffed):
+/// they are read again first, then the connection.
+pub struct Replayed<S> {
+    head: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Replayed<S> {
+    pub fn new(head: Vec<u8>, inner: S) -> Replayed<S> {
+        Replayed { head, at: 0, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.at < self.head.len() {
+            let n = (self.head.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.head[at..at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Process-wide, as the resolver (rules.rs): one daemon, one egress CA. Without one (the
+/// default), TLS to a rule's domain passes through the SNI check with its placeholders.
+static INTERCEPTOR: OnceLock<Arc<Interceptor>> = OnceLock::new();
+
+/// Turns interception on for this process (the first call wins).
+pub fn set_interceptor(i: Arc<Interceptor>) {
+    let _ = INTERCEPTOR.set(i);
+}
+
+pub(crate) fn interceptor() -> Option<Arc<Interceptor>> {
+    INTERCEPTOR.get().cloned()
+}

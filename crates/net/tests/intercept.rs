@@ -1,0 +1,294 @@
+//! TLS interception (intercept.rs) with real rustls on both sides, on loopback: a "sandbox"
+//! client that trusts only the egress CA, the proxy's [`Interceptor::relay`] fed the
+//! ClientHello the Host/SNI proxy sniffed (as hostcheck.rs does), and an upstream HTTPS
+//! server with its own CA, given to the interceptor as the operator's extra CA, that records
+//! what it receives. No root needed (the path through nftables and the SNI check runs in
+//! tests/egress_tls.rs).
+
+#![allow(clippy::unwrap_used)]
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use sandcell_net::hostcheck::{Kind, Sniffed, sniff};
+use sandcell_net::inject::InjectedHeader;
+use sandcell_net::intercept::{InterceptError, Interceptor, Replayed};
+use sandcell_net::tls_ca::EgressCa;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+const DOMAIN: &str = "api.test";
+const PLACEHOLDER: &str = "Bearer ${e2b.secrets.api-key}";
+const VALUE: &str = "Bearer REAL-VALUE-5c";
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A CA of the test's own: its issuer and its certificate.
+fn test_ca(name: &str) -> (Issuer<'static, KeyPair>, CertificateDer<'static>) {
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    let cert = p.self_signed(&key).unwrap();
+    (Issuer::new(p, key), cert.der().clone())
+}
+
+/// An HTTPS server for `name` with a leaf of `issuer`, serving one connection: it reads
+/// until the client closes (or after one request head), answers 200 "ok", and returns
+/// what it read (empty if the handshake failed).
+async fn upstream(
+    issuer: &Issuer<'static, KeyPair>,
+    name: &str,
+) -> (SocketAddr, JoinHandle<Vec<u8>>) {
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&key, issuer)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let Ok(mut tls) = acceptor.accept(tcp).await else {
+            return Vec::new();
+        };
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tls
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            .await;
+        let _ = tls.shutdown().await;
+        got
+    });
+    (addr, task)
+}
+
+/// The proxy side of one connection: sniffs the ClientHello as hostcheck.rs does, then
+/// intercepts it for the name it carries, to `upstream`.
+async fn proxy(
+    interceptor: Arc<Interceptor>,
+    upstream: SocketAddr,
+) -> (SocketAddr, JoinHandle<Result<(), InterceptError>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        let name = loop {
+            match sniff(&head) {
+                Sniffed::Name(Kind::Tls, n) => break n,
+                Sniffed::NeedMore => {}
+                other => panic!("the ClientHello sniffed as {other:?}"),
+            }
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the client closed before its ClientHello");
+            head.extend_from_slice(&buf[..n]);
+        };
+        assert_eq!(name, DOMAIN);
+        let sandbox = Replayed::new(head, conn);
+        interceptor
+            .relay(sandbox, &name, upstream, || async {
+                Ok(vec![InjectedHeader {
+                    name: "Authorization".into(),
+                    value: VALUE.into(),
+                    secrets: vec![("api-key".into(), 1)],
+                }])
+            })
+            .await
+    });
+    (addr, task)
+}
+
+/// The sandbox: TLS to `proxy` for DOMAIN trusting only `root`, offering `alpn`; sends
+/// `request` and reads the answer to its end.
+async fn sandbox(
+    proxy: SocketAddr,
+    root: &CertificateDer<'static>,
+    alpn: &[&[u8]],
+    request: &str,
+) -> std::io::Result<(Option<Vec<u8>>, String)> {
+    let mut store = rustls::RootCertStore::empty();
+    store.add(root.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(proxy).await?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
+        .await?;
+    let alpn = tls.get_ref().1.alpn_protocol().map(|p| p.to_vec());
+    tls.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer).await?;
+    Ok((alpn, String::from_utf8_lossy(&answer).into_owned()))
+}
+
+fn request(host: &str) -> String {
+    format!(
+        "GET /v1/x HTTP/1.1\r\nHost: {host}\r\nAuthorization: {PLACEHOLDER}\r\nConnection: close\r\n\r\n"
+    )
+}
+
+struct Fixture {
+    dir: PathBuf,
+    interceptor: Arc<Interceptor>,
+    egress_ca: CertificateDer<'static>,
+    upstream_ca: Issuer<'static, KeyPair>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fixture() -> Fixture {
+    let hex = sandcell_proto::random::hex(8).unwrap();
+    let dir = std::env::temp_dir().join(format!("sc-intercept-test-{hex}"));
+    std::fs::create_dir(&dir).unwrap();
+    let ca = EgressCa::load_or_create(&dir).unwrap();
+    let egress_ca = CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap();
+    let (upstream_ca, upstream_ca_cert) = test_ca("upstream test CA");
+    let interceptor = Arc::new(Interceptor::new(ca, vec![upstream_ca_cert]).unwrap());
+    Fixture {
+        dir,
+        interceptor,
+        egress_ca,
+        upstream_ca,
+    }
+}
+
+#[tokio::test]
+async fn the_header_arrives_filled_behind_the_egress_cas_leaf() {
+    let f = fixture();
+    let (up, recorded) = upstream(&f.upstream_ca, DOMAIN).await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    // The sandbox trusts the egress CA alone: the handshake proves the leaf is its.
+    let (alpn, answer) = sandbox(px, &f.egress_ca, &[b"h2", b"http/1.1"], &request(DOMAIN))
+        .await
+        .unwrap();
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]), "HTTP/1.1 only");
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.ends_with("ok"), "{answer}");
+    relayed.await.unwrap().unwrap();
+    let got = String::from_utf8(recorded.await.unwrap()).unwrap();
+    assert!(got.starts_with("GET /v1/x HTTP/1.1\r\n"), "{got}");
+    assert!(
+        got.contains(&format!("Authorization: {VALUE}\r\n")),
+        "{got}"
+    );
+    assert!(!got.contains("${e2b"), "the placeholder went out: {got}");
+    assert_eq!(got.matches("Authorization").count(), 1, "{got}");
+}
+
+#[tokio::test]
+async fn another_host_inside_the_tls_is_refused_before_anything_is_sent() {
+    let f = fixture();
+    let (up, recorded) = upstream(&f.upstream_ca, DOMAIN).await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let (_, answer) = sandbox(px, &f.egress_ca, &[b"http/1.1"], &request("evil.test"))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 403 Forbidden"), "{answer}");
+    let e = relayed.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&e, InterceptError::Inject(sandcell_net::inject::InjectError::OtherHost(h)) if h == "evil.test"),
+        "{e}"
+    );
+    assert!(recorded.await.unwrap().is_empty(), "the upstream got bytes");
+}
+
+#[tokio::test]
+async fn an_upstream_that_does_not_verify_gets_a_502_and_nothing() {
+    let f = fixture();
+    // Its certificate is for the right name, from a CA the interceptor does not trust.
+    let (rogue, _) = test_ca("rogue CA");
+    let (up, recorded) = upstream(&rogue, DOMAIN).await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let (_, answer) = sandbox(px, &f.egress_ca, &[b"http/1.1"], &request(DOMAIN))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 502 Bad Gateway"), "{answer}");
+    let e = relayed.await.unwrap().unwrap_err();
+    assert!(matches!(e, InterceptError::UpstreamHandshake { .. }), "{e}");
+    assert!(recorded.await.unwrap().is_empty(), "the upstream got bytes");
+
+    // A certificate from the trusted CA for another name does not verify either.
+    let (up, recorded) = upstream(&f.upstream_ca, "other.test").await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let (_, answer) = sandbox(px, &f.egress_ca, &[b"http/1.1"], &request(DOMAIN))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 502 Bad Gateway"), "{answer}");
+    assert!(matches!(
+        relayed.await.unwrap(),
+        Err(InterceptError::UpstreamHandshake { .. })
+    ));
+    assert!(recorded.await.unwrap().is_empty(), "the upstream got bytes");
+}
+
+#[tokio::test]
+async fn a_client_that_speaks_only_h2_or_trusts_another_ca_gets_nothing_through() {
+    let f = fixture();
+    let (up, recorded) = upstream(&f.upstream_ca, DOMAIN).await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let r = sandbox(px, &f.egress_ca, &[b"h2"], &request(DOMAIN)).await;
+    assert!(r.is_err(), "an h2-only handshake succeeded: {r:?}");
+    assert!(matches!(
+        relayed.await.unwrap(),
+        Err(InterceptError::SandboxHandshake { .. })
+    ));
+    // The egress CA is the only thing vouching for the leaf: a sandbox that trusts the
+    // upstream's CA instead refuses it.
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let (_, other) = test_ca("not the egress CA");
+    let r = sandbox(px, &other, &[b"http/1.1"], &request(DOMAIN)).await;
+    assert!(r.is_err(), "a leaf verified without the egress CA: {r:?}");
+    assert!(relayed.await.unwrap().is_err());
+    // The upstream was never connected to (nothing accepted it; dropped with the test).
+    recorded.abort();
+}
+
+#[test]
+fn an_extra_ca_file_must_hold_certificates() {
+    let hex = sandcell_proto::random::hex(8).unwrap();
+    let path = std::env::temp_dir().join(format!("sc-extra-ca-{hex}.pem"));
+    std::fs::write(&path, "not a certificate\n").unwrap();
+    let e = sandcell_net::intercept::read_extra_ca(&path).unwrap_err();
+    assert!(matches!(e, InterceptError::ExtraCa { .. }), "{e}");
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = p.self_signed(&key).unwrap();
+    let (ca, pem) = (cert.der().clone(), cert.pem());
+    std::fs::write(&path, pem).unwrap();
+    let certs = sandcell_net::intercept::read_extra_ca(&path).unwrap();
+    assert_eq!(certs, vec![ca]);
+    std::fs::remove_file(&path).unwrap();
+}
