@@ -102,6 +102,12 @@ key=$( {
 } | sha256sum | cut -c1-16)
 fi
 out=$cache/images/$key
+# One build per key at a time: two would assemble in the same $out.tmp (seen: "ln: File
+# exists"). The second waits, then finds the first's result cached. (Locks live apart: the
+# pruning below counts what is in images/.)
+mkdir -p "$cache/locks"
+exec 9>"$cache/locks/image-$key.lock"
+flock 9
 if [ -f "$out/rootfs.ext4" ] && [ -d "$out/rootfs" ]; then
   log "$name: cached ($out)"
   touch "$out"  # recently used: pruning goes by mtime
