@@ -11,6 +11,8 @@ through the resources it shares with other tenants' sandboxes.
   the snapshot (and a pause) is refused with a 409 naming the cause, and the sandbox runs
   on, answering, as it was.
 - A fork bomb and a memory hog in one sandbox: another sandbox keeps answering.
+- A user outside group `sudo` at the agent's sudo service (forged root credentials, no
+  descriptors, garbage, 100 held connections): no root, and sudo works for `user` after.
 """
 
 import os
@@ -157,4 +159,64 @@ def test_writing_past_the_disk_is_enospc_and_the_sandbox_runs_on(env, api, sandb
                 timeout=900)
     assert "No space left on device" in out.stdout, out.stdout
     _root(sbx, "rm -f /root/fill")
+    _answers(sbx)
+
+
+SUDO_ATTACK = r'''
+import array, json, os, socket, struct
+NAME = "\0sandcell-sudo"
+REQ = json.dumps({"user": None, "group": None, "mode": "command", "command": ["id", "-u"],
+                  "preserve": "default", "set_env": [], "env": [], "cwd": "/", "chdir": None}).encode()
+FDS = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))]
+import time
+def conn():
+    # gVisor answers EAGAIN while the listen backlog is full (Linux would block): retry.
+    for _ in range(500):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(NAME)
+            return s
+        except BlockingIOError:
+            s.close()
+            time.sleep(0.02)
+    raise SystemExit("the service never accepted")
+def answer(s):
+    s.settimeout(30)
+    return s.recv(4096).decode()
+s = conn()
+try:
+    s.sendmsg([REQ], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("3i", os.getpid(), 0, 0))] + FDS)
+    print("forged:", answer(s))
+except PermissionError:
+    print("forged: EPERM")
+s = conn(); s.sendmsg([REQ], FDS); print("plain:", answer(s))
+s = conn(); s.send(REQ); print("nofds:", answer(s))
+s = conn(); s.sendmsg([b"\xff" * 1000], FDS); print("garbage:", answer(s))
+held = [conn() for _ in range(100)]
+print("flood:", answer(held[-1]))
+for h in held:
+    h.close()
+'''
+
+
+def test_the_sudo_service_gives_nothing_to_a_user_outside_the_sudo_group(env, sandbox):
+    """On gVisor the agent (root, PID 1) runs `sudo` for the sandbox's users over an abstract
+    socket. A user outside group `sudo` talks to it directly: forged root credentials, a
+    plain request, one without descriptors, garbage, and 100 held connections. It gets no
+    root, and `user`'s sudo still works afterwards."""
+    if env["template"] != "base":
+        pytest.skip("the attack runs python3 in base")
+    sbx = sandbox(env["key_a"])
+    _root(sbx, "useradd -M guest")
+    sbx.files.write("/tmp/sudo_attack.py", SUDO_ATTACK)
+    out = _root(sbx, "runuser -u guest -- python3 /tmp/sudo_attack.py").stdout
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert lines.get("forged") == "EPERM", out
+    assert lines.get("plain") == '{"error":"guest is not in the sudoers file"}', out
+    assert "malformed request" in lines.get("nofds", ""), out
+    assert "malformed request" in lines.get("garbage", ""), out
+    assert "too many sudo sessions" in lines.get("flood", ""), out
+    # The held connections are closed: sessions end, and sudo works for `user` again.
+    assert sbx.commands.run("sudo id -u", user="user", timeout=60).stdout == "0\n"
+    assert _root(sbx, "runuser -u guest -- id -u").stdout == "1001\n"
     _answers(sbx)
