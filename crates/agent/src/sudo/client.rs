@@ -15,10 +15,6 @@ use crate::users::UserDb;
 /// The real sudo, for where the service does not run (setuid works there).
 const SYSTEM_SUDO: &str = "/usr/bin/sudo";
 
-/// Set before falling back to [`SYSTEM_SUDO`], so that a system sudo that is this binary
-/// again fails instead of looping.
-const FALLBACK_MARK: &str = "SANDCELL_SUDO_FALLBACK";
-
 /// The write end of the self-pipe the signal handler writes to (-1 before it exists). A
 /// static because a signal handler can reach nothing else.
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -116,10 +112,11 @@ fn list() -> ExitCode {
 }
 
 fn exec_system_sudo(argv: &[String]) -> ExitCode {
-    if std::env::var_os(FALLBACK_MARK).is_some() {
-        return fail(
-            "the sandbox's sudo service is not running, and the system sudo is this program too",
-        );
+    // A system sudo that is this binary again would loop (same file: same device and inode).
+    if is_this_program(SYSTEM_SUDO) {
+        return fail(format_args!(
+            "the sandbox's sudo service is not running, and {SYSTEM_SUDO} is this program too"
+        ));
     }
     let mut cargs: Vec<CString> = Vec::with_capacity(argv.len() + 1);
     for a in std::iter::once("sudo").chain(argv.iter().map(String::as_str)) {
@@ -128,8 +125,6 @@ fn exec_system_sudo(argv: &[String]) -> ExitCode {
             Err(_) => return fail("an argument holds a NUL byte"),
         }
     }
-    // SAFETY: called before any thread exists (the client is single-threaded).
-    unsafe { std::env::set_var(FALLBACK_MARK, "1") };
     let Ok(path) = CString::new(SYSTEM_SUDO) else {
         return fail("bad system sudo path");
     };
@@ -142,6 +137,14 @@ fn exec_system_sudo(argv: &[String]) -> ExitCode {
     fail(format_args!(
         "the sandbox's sudo service is not running, and {SYSTEM_SUDO} cannot run: {e}"
     ))
+}
+
+fn is_this_program(path: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata("/proc/self/exe"), std::fs::metadata(path)) {
+        (Ok(me), Ok(other)) => me.dev() == other.dev() && me.ino() == other.ino(),
+        _ => false,
+    }
 }
 
 /// Makes sure fds 0-2 are open (a closed one becomes /dev/null), as sudo does.

@@ -360,6 +360,10 @@ fn session(conn: &OwnedFd, reaper: &Reaper, users: &UserDb) -> Result<Reply, Sud
     let req: Request =
         serde_json::from_slice(&msg.data).map_err(|e| SudoError::BadRequest(e.to_string()))?;
     let plan = plan(&req, uid, &users.snapshot()?)?;
+    // No deadline from here on (a command runs as long as it runs), and before the signal
+    // forwarder's first recv: one begun under the request's 10 s timeout would end in EAGAIN.
+    socket::set_recv_timeout(conn.as_raw_fd(), Duration::ZERO)
+        .map_err(|e| SudoError::BadRequest(format!("clearing the timeout: {e}")))?;
 
     let name = plan.program.display().to_string();
     let mut cmd = Command::new(&plan.program);
@@ -404,7 +408,6 @@ fn session(conn: &OwnedFd, reaper: &Reaper, users: &UserDb) -> Result<Reply, Sud
             .spawn(move || forward_signals(&control, pid, &ended))
             .ok()
     });
-    let _ = socket::set_recv_timeout(conn.as_raw_fd(), Duration::ZERO);
     let status = exit.blocking_recv();
     ended.store(true, Ordering::SeqCst);
     // Wakes the forwarder from its recv; the reply still goes out on the socket.
@@ -433,7 +436,15 @@ fn forward_signals(conn: &OwnedFd, pgid: i32, ended: &AtomicBool) {
                 Ok(Control::Signal(sig)) if (1..=64).contains(&sig) => (sig, false),
                 _ => continue,
             },
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // EINTR, or a timeout the socket should not have (see `session`): not an end.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                continue;
+            }
             Ok(None) | Err(_) => (libc::SIGHUP, true),
         };
         // SAFETY: kill on the command's process group (the session leader's pid); the group
