@@ -43,6 +43,11 @@ MAX_CONTEXTS = 32
 INTERRUPT_GRACE = 10.0
 KERNEL_READY_TIMEOUT = 120
 KERNELS = {"python": "python3", "python3": "python3"}
+# The sandbox's default environment, rewritten by the agent at each /init
+# (sandcell_proto::agent::ENV_FILE_PATH): a server restored from the template's memory
+# snapshot serves creates whose env vars it was not started with.
+ENV_FILE = os.environ.get("SANDCELL_ENV_FILE", "/run/sandcell/env.json")
+MAX_ENV_FILE = 1 << 20
 
 MIME_FIELDS = {
     "text/plain": "text",
@@ -60,6 +65,47 @@ MIME_FIELDS = {
 
 def log(msg):
     print(f"code-interpreter: {msg}", file=sys.stderr, flush=True)
+
+
+class SandboxEnv:
+    """The env vars of the create this sandbox serves, read again when the file changes."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lock = threading.Lock()
+        self.stamp = None
+        self.env = {}
+
+    def current(self):
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return {}
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        with self.lock:
+            if stamp != self.stamp:
+                self.stamp = stamp
+                self.env = self._read()
+            return self.env
+
+    def _read(self):
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(MAX_ENV_FILE + 1)
+            if len(raw) > MAX_ENV_FILE:
+                raise ValueError(f"larger than {MAX_ENV_FILE} bytes")
+            env = json.loads(raw)
+            if not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise ValueError("not an object of strings")
+            return env
+        except (OSError, ValueError) as e:
+            log(f"ignoring {self.path}: {e}")
+            return {}
+
+
+SANDBOX_ENV = SandboxEnv(ENV_FILE)
 
 
 class BadRequest(Exception):
@@ -87,6 +133,8 @@ class Context:
         self.lock = threading.Lock()
         self.km = KernelManager(kernel_name=kernel)
         self.km.start_kernel(cwd=cwd)
+        # The sandbox env vars put into this kernel's os.environ so far.
+        self.applied_env = {}
         self.kc = self._client()
 
     def _client(self):
@@ -103,6 +151,7 @@ class Context:
             self.kc.stop_channels()
             self.km.restart_kernel(now=True)
             self.kc = self._client()
+            self.applied_env = {}
 
     def shutdown(self):
         try:
@@ -115,6 +164,7 @@ class Context:
         client left (then the kernel is interrupted)."""
         with self.lock:
             self._drain_shell()
+            self._apply_sandbox_env()
             if env_vars:
                 # For this execution only: set, then put back what was there.
                 self.kc.execute(
@@ -139,6 +189,7 @@ class Context:
                         self.kc.stop_channels()
                         self.km.restart_kernel(now=True)
                         self.kc = self._client()
+                        self.applied_env = {}
                         return
                     continue
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
@@ -160,6 +211,22 @@ class Context:
                     store_history=False,
                 )
             emit({"type": "end_of_execution"})
+
+    def _apply_sandbox_env(self):
+        # The create's env vars (a restored kernel started with the template build's): set
+        # what changed, drop what this kernel was given before and is no longer there.
+        env = SANDBOX_ENV.current()
+        if env == self.applied_env:
+            return
+        gone = [k for k in self.applied_env if k not in env]
+        self.kc.execute(
+            "import os as _sc_os\n"
+            f"_sc_os.environ.update({dict(env)!r})\n"
+            f"for _sc_k in {gone!r}: _sc_os.environ.pop(_sc_k, None)\n",
+            silent=True,
+            store_history=False,
+        )
+        self.applied_env = dict(env)
 
     def _drain_shell(self):
         # execute_reply messages nobody reads would pile up in the client's queue.

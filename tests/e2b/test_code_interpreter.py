@@ -6,9 +6,15 @@ Run through tests/e2b/run.sh (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY set), wi
 `code-interpreter-v1` image installed (`make images install`).
 """
 
+import os
+import time
+
+import httpx
 import pytest
 from e2b import TimeoutException
 from e2b_code_interpreter import Sandbox
+
+API = os.environ.get("E2B_API_URL", "")
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +99,51 @@ def test_a_timed_out_execution_is_interrupted(sbx):
     # 20 s and fail it).
     assert sbx.run_code("'finished' in globals()", timeout=20).text == "False"
     assert sbx.run_code("x", timeout=20).text == "40"
+
+
+def _metric(series):
+    r = httpx.get(f"{API}/metrics", timeout=30)
+    r.raise_for_status()
+    for line in r.text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"/metrics has no {series}")
+
+
+def _restored_creates():
+    return _metric('sandcell_template_creates_total{path="restored"}')
+
+
+# Last in the module: the fixture's create (booted) had the daemon snapshot the template in
+# the background (templates/installed_snapshot.rs) while the tests above ran.
+def test_later_creates_restore_the_snapshot_with_their_own_env(sbx):
+    deadline = time.time() + 300
+    taken = 'sandcell_installed_template_snapshots_total{outcome="taken"}'
+    failed = 'sandcell_installed_template_snapshots_total{outcome="failed"}'
+    while _metric(taken) + _metric(failed) == 0:
+        assert time.time() < deadline, "the template's snapshot was neither taken nor failed in 300 s"
+        time.sleep(1)
+    assert (_metric(taken), _metric(failed)) == (1, 0)
+    before = _restored_creates()
+    begun = time.monotonic()
+    second = Sandbox.create(timeout=120, envs={"CREATE_LEVEL": "second"})
+    try:
+        first_cell = second.run_code("import os; os.environ.get('CREATE_LEVEL')")
+        print(f"restored create + first cell: {time.monotonic() - begun:.2f} s")
+        assert _restored_creates() == before + 1, "the create did not restore the template's snapshot"
+        # The kernel was started at the snapshot, yet sees this create's env vars and identity.
+        assert first_cell.text == "'second'"
+        assert second.run_code("os.environ.get('E2B_SANDBOX_ID')").text == repr(second.sandbox_id)
+        # Nothing of another sandbox's kernel: `x` is the fixture's, not the snapshot's.
+        assert second.run_code("x").error.name == "NameError"
+        assert second.run_code("z = 5\nz * 2").text == "10"
+    finally:
+        second.kill()
+    third = Sandbox.create(timeout=120)
+    try:
+        # Another create's env vars are gone again, and its state is its own.
+        assert third.run_code("import os; os.environ.get('CREATE_LEVEL')").text is None
+        assert third.run_code("z").error.name == "NameError"
+        assert _restored_creates() == before + 2
+    finally:
+        third.kill()

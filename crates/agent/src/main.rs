@@ -24,6 +24,7 @@ mod body;
 mod checkpoint;
 mod connect;
 mod entropy;
+mod env_file;
 mod files;
 mod fs_api;
 mod hub;
@@ -73,6 +74,7 @@ struct Args {
     workdir: Option<String>,
     default_user: Option<String>,
     etc_dir: Option<PathBuf>,
+    env_file: Option<PathBuf>,
     sudo_service: bool,
 }
 
@@ -84,7 +86,8 @@ const CHECKPOINT_HOLD_MAX: Duration = Duration::from_secs(60);
 
 const USAGE: &str = "usage: sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts] \
                      [--hostname NAME] [--keepalive-secs N] [--workdir DIR] \
-                     [--default-user NAME] [--etc-dir DIR] [--sudo-service] [--version]";
+                     [--default-user NAME] [--etc-dir DIR] [--env-file PATH] [--sudo-service] \
+                     [--version]";
 
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args::default();
@@ -114,6 +117,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--workdir" | "--files-base" => args.workdir = Some(value()?),
             "--default-user" => args.default_user = Some(value()?),
             "--etc-dir" => args.etc_dir = Some(PathBuf::from(value()?)),
+            "--env-file" => args.env_file = Some(PathBuf::from(value()?)),
             "--version" => {
                 println!("{}", sandcell_proto::agent::ENVD_VERSION);
                 std::process::exit(0);
@@ -177,6 +181,10 @@ fn main() -> ExitCode {
     if let Some(dir) = args.etc_dir {
         config.etc_dir = dir;
     }
+    // A microVM's PID 1 is in a guest of its own; elsewhere only where the runtime says.
+    config.env_file = args
+        .env_file
+        .or_else(|| is_init.then(|| PathBuf::from(sandcell_proto::agent::ENV_FILE_PATH)));
     // Only the agent that configured the interface at boot may readdress it from /init.
     config.owns_network = is_init && kernel.net.is_some();
 

@@ -53,6 +53,9 @@ pub struct ServerConfig {
     /// configures its own interface; an agent on a host must never touch the host's)
     /// `/init` refuses `sandcellNet`.
     pub owns_network: bool,
+    /// Where `/init` publishes the default environment (env_file.rs); `None`: nowhere (an
+    /// agent on a host).
+    pub env_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +69,7 @@ impl Default for ServerConfig {
             default_user: ENVD_DEFAULT_USER.to_owned(),
             default_workdir: None,
             owns_network: false,
+            env_file: None,
         }
     }
 }
@@ -359,7 +363,7 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
     if net.is_some() && carries_no_envd_field(&body) {
         return Ok(init_answer());
     }
-    {
+    let published = {
         let mut d = state.shared.defaults_mut();
         // A new identity in an old memory image (restored from a snapshot): start over.
         if let Some(id) = body
@@ -415,6 +419,11 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
                 d.workdir = Some(w);
             }
         }
+        newer.then(|| d.env())
+    };
+    // Processes started before this /init (a restored template's start command) read it.
+    if let (Some(env), Some(path)) = (published, &state.config.env_file) {
+        crate::env_file::publish(path, &env);
     }
     Ok(init_answer())
 }

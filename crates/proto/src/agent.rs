@@ -36,6 +36,9 @@ pub const HEALTH_PATH: &str = "/health";
 /// envd's `POST /init` ([`InitRequest`]) and `GET /envs` (a JSON map of the default env vars).
 pub const INIT_PATH: &str = "/init";
 pub const ENVS_PATH: &str = "/envs";
+/// Where the agent in a sandbox publishes the default environment at each `/init` (the
+/// agent's `--env-file`; a restored template's start command reads it).
+pub const ENV_FILE_PATH: &str = "/run/sandcell/env.json";
 /// The header carrying the access token set by `/init` (envd's name).
 pub const ACCESS_TOKEN_HEADER: &str = "X-Access-Token";
 /// The header `/init` answers with the envd version the agent implements.

@@ -70,7 +70,10 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
             // runsc mounts /proc, /dev, /sys from the spec below; the agent's own PID-1
             // mounts would only fail (no CAP_SYS_ADMIN) or hide /run/sandcell-host.
             // `--sudo-service`: gVisor ignores setuid bits, so the agent serves sudo.
-            "args": [AGENT_PATH, "--listen", listen, "--no-init-mounts", "--sudo-service"],
+            "args": [
+                AGENT_PATH, "--listen", listen, "--no-init-mounts", "--sudo-service",
+                "--env-file", sandcell_proto::agent::ENV_FILE_PATH,
+            ],
             "env": env,
             "cwd": "/",
             "capabilities": {

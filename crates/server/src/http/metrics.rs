@@ -8,10 +8,13 @@
 //! - `sandcell_api_requests_total{route,method,status}`: every request, by its route
 //!   pattern (`/sandboxes/{sandboxID}`), `envd-proxy` for sandbox traffic, `unmatched`
 //!   for unknown paths (counter);
-//! - `sandcell_template_creates_total{path}`: successful creates from an API-built
-//!   template by how they were made (templates/memory_snapshot.rs): `restored` (its memory
-//!   snapshot), `fallback` (the restore failed: booted), `booted` (no usable snapshot, or
+//! - `sandcell_template_creates_total{path}`: successful creates from a template with a
+//!   memory snapshot (API-built, templates/memory_snapshot.rs, or installed with a start
+//!   command, templates/installed_snapshot.rs) by how they were made: `restored` (its memory
+//!   snapshot), `fallback` (the restore failed: booted), `booted` (no usable snapshot yet, or
 //!   another size) (counter).
+//! - `sandcell_installed_template_snapshots_total{outcome}`: memory snapshots of installed
+//!   templates the daemon took (`taken`) or could not take (`failed`) (counter).
 //! - `sandcell_auto_resumes_total{outcome}`: resumes of paused sandboxes started by a request
 //!   for them (http/wake.rs), one per resume however many requests waited for it:
 //!   `resumed` or `failed` (counter).
@@ -49,6 +52,8 @@ pub struct Metrics {
     template_creates: Mutex<BTreeMap<&'static str, u64>>,
     /// Auto-resumes: [resumed, failed].
     auto_resumes: Mutex<[u64; 2]>,
+    /// Installed templates' snapshots: [taken, failed].
+    installed_snapshots: Mutex<[u64; 2]>,
 }
 
 /// How a create from an API-built template was made (`sandcell_template_creates_total`).
@@ -99,6 +104,11 @@ impl Metrics {
     /// One auto-resume (http/wake.rs) that ended `resumed` or not.
     pub fn count_auto_resume(&self, resumed: bool) {
         lock(&self.auto_resumes)[usize::from(!resumed)] += 1;
+    }
+
+    /// One snapshot of an installed template (templates/installed_snapshot.rs), taken or not.
+    pub fn count_installed_snapshot(&self, taken: bool) {
+        lock(&self.installed_snapshots)[usize::from(!taken)] += 1;
     }
 
     pub fn count_request(&self, route: &str, method: &str, status: u16) {
@@ -190,6 +200,18 @@ impl Metrics {
             out,
             "sandcell_auto_resumes_total{{outcome=\"failed\"}} {failed}"
         );
+        out.push_str(
+            "# HELP sandcell_installed_template_snapshots_total Memory snapshots of installed \
+             templates, by outcome.\n",
+        );
+        out.push_str("# TYPE sandcell_installed_template_snapshots_total counter\n");
+        let [taken, failed] = *lock(&self.installed_snapshots);
+        for (outcome, n) in [("taken", taken), ("failed", failed)] {
+            let _ = writeln!(
+                out,
+                "sandcell_installed_template_snapshots_total{{outcome=\"{outcome}\"}} {n}"
+            );
+        }
         out
     }
 }
@@ -290,9 +312,16 @@ mod tests {
         m.count_template_create(TemplateCreate::Restored);
         m.count_template_create(TemplateCreate::Fallback);
         m.count_auto_resume(true);
+        m.count_installed_snapshot(false);
         let text = m.render(&[(SbState::Running, 3)]);
         assert!(text.contains("sandcell_auto_resumes_total{outcome=\"resumed\"} 1\n"));
         assert!(text.contains("sandcell_auto_resumes_total{outcome=\"failed\"} 0\n"));
+        assert!(
+            text.contains("sandcell_installed_template_snapshots_total{outcome=\"taken\"} 0\n")
+        );
+        assert!(
+            text.contains("sandcell_installed_template_snapshots_total{outcome=\"failed\"} 1\n")
+        );
         assert!(text.contains("sandcell_template_creates_total{path=\"restored\"} 2\n"));
         assert!(text.contains("sandcell_template_creates_total{path=\"fallback\"} 1\n"));
         assert!(text.contains("sandcell_template_creates_total{path=\"booted\"} 0\n"));

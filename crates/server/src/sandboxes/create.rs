@@ -59,6 +59,9 @@ struct TemplateCreateRequest {
     e2b: Option<E2bRecord>,
     /// The template's memory snapshot, when it has a current one of the requested size.
     memory_snapshot: Option<SnapshotRow>,
+    /// An installed template with a start command (templates/installed_snapshot.rs): its
+    /// snapshot is the daemon's, taken after its first booted create.
+    installed: bool,
 }
 
 /// A booted create, checked and ready to be admitted.
@@ -136,7 +139,17 @@ impl SandboxService {
                     self.metrics.count_template_create(TemplateCreate::Restored);
                     return Ok(row);
                 }
-                None => template_path = TemplateCreate::Fallback,
+                None => {
+                    template_path = TemplateCreate::Fallback;
+                    if template.installed {
+                        crate::templates::installed_snapshot::forget(
+                            self,
+                            &template.req.template_id,
+                            &snap.id,
+                        )
+                        .await;
+                    }
+                }
             }
         }
         let mut plan =
@@ -172,6 +185,9 @@ impl SandboxService {
             }
             None => self.boot_and_finish(plan, template.e2b.as_ref()).await?,
         };
+        if template.installed && template_path == TemplateCreate::Booted {
+            crate::templates::installed_snapshot::take_later(self, &row.template_id);
+        }
         self.metrics.observe_create(begun.elapsed());
         if template.e2b.is_some() {
             self.metrics.count_template_create(template_path);
@@ -197,13 +213,19 @@ impl SandboxService {
         // An API-built template's `e2b.json` (templates/start.rs), read once for this create.
         let e2b = crate::templates::start::record(self, &req.template_id);
         // An API-built template restores the state its build snapshotted
-        // (templates/memory_snapshot.rs).
-        let memory_snapshot =
-            crate::templates::memory_snapshot::usable(self, &req, e2b.as_ref()).await?;
+        // (templates/memory_snapshot.rs), an installed one the state the daemon snapshotted
+        // after its first create (templates/installed_snapshot.rs).
+        let installed = crate::templates::installed_snapshot::applies(e2b.as_ref());
+        let memory_snapshot = if installed {
+            crate::templates::installed_snapshot::usable(self, &req, e2b.as_ref()).await?
+        } else {
+            crate::templates::memory_snapshot::usable(self, &req, e2b.as_ref()).await?
+        };
         Ok(Resolved::Template(TemplateCreateRequest {
             req,
             e2b,
             memory_snapshot,
+            installed,
         }))
     }
 

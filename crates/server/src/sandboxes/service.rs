@@ -91,7 +91,7 @@ pub struct SandboxService {
     pub(crate) runtime: Arc<dyn Runtime>,
     pub(crate) dirs: Dirs,
     pub(crate) config: SandboxServiceConfig,
-    pub(super) metrics: Arc<crate::http::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::http::metrics::Metrics>,
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
     /// The daemon's side of the sandboxes' networks.
     pub networks: Arc<crate::networks::service::Networks>,
@@ -109,6 +109,8 @@ pub struct SandboxService {
     pub samples: super::metrics::SampleStore,
     /// Idle booted sandboxes that creates take (sandboxes/warm.rs).
     pub warm: super::warm::WarmPool,
+    /// Installed templates' memory snapshots being taken (templates/installed_snapshot.rs).
+    pub(crate) installed_snapshots: crate::templates::installed_snapshot::Takes,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -174,6 +176,7 @@ impl SandboxService {
             admission_lock: tokio::sync::Mutex::new(()),
             samples: Default::default(),
             warm: Default::default(),
+            installed_snapshots: Default::default(),
         }
     }
 

@@ -100,6 +100,11 @@ impl KeyQuotas {
     };
 }
 
+/// The daemon's own key (migration 16): the owner of the sandboxes and snapshots it makes
+/// for itself (templates/installed_snapshot.rs). No request can present it (its hash is no
+/// sha256 hex), and listings, quota changes and revocations leave it out.
+pub const SYSTEM_KEY_ID: &str = "key_system";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRow {
     pub id: String,
@@ -177,7 +182,8 @@ impl Db {
         let ids: Vec<String> = sqlx::query_scalar(
             "UPDATE api_keys SET max_sandboxes = $2, max_memory_mib = $3, max_disk_mib = $4, \
              max_builds = $5, max_upload_mib = $6 \
-             WHERE (id = $1 OR name = $1) AND revoked_at IS NULL RETURNING id",
+             WHERE (id = $1 OR name = $1) AND revoked_at IS NULL AND id != 'key_system' \
+             RETURNING id",
         )
         .bind(id_or_name)
         .bind(q.sandboxes.to_sql())
@@ -263,7 +269,10 @@ impl Db {
     }
 
     pub async fn list_keys(&self) -> Result<Vec<KeyRow>> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id");
+        let sql = format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys WHERE id != '{SYSTEM_KEY_ID}' \
+             ORDER BY created_at, id"
+        );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .fetch_all(&self.pool)
             .await
@@ -288,7 +297,8 @@ impl Db {
     pub async fn revoke_key(&self, id_or_name: &str, now: i64) -> Result<Vec<String>> {
         let ids: Vec<String> = sqlx::query_scalar(
             "UPDATE api_keys SET revoked_at = $1 \
-             WHERE (id = $2 OR name = $2) AND revoked_at IS NULL RETURNING id",
+             WHERE (id = $2 OR name = $2) AND revoked_at IS NULL AND id != 'key_system' \
+             RETURNING id",
         )
         .bind(now)
         .bind(id_or_name)

@@ -2,6 +2,7 @@
 //! that the same SQL runs on PostgreSQL later). Migrations are embedded from
 //! `crates/server/migrations/` and run on open.
 
+pub mod installed_snapshots;
 pub mod keys;
 pub mod logs;
 pub mod networks;
@@ -96,6 +97,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         15,
         "mask request host",
         include_str!("../../migrations/0015_mask_request_host.sql"),
+    ),
+    (
+        16,
+        "installed template snapshots",
+        include_str!("../../migrations/0016_installed_template_snapshots.sql"),
     ),
 ];
 

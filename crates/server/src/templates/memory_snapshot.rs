@@ -103,9 +103,17 @@ pub async fn usable(
     let Some(id) = rec.and_then(|r| r.snapshot_id.as_deref()) else {
         return Ok(None);
     };
-    let Some(snap) = lifecycle.db.snapshot(id).await?.filter(is_live_template) else {
+    let Some(snap) = lifecycle.db.snapshot(id).await? else {
         return Ok(None);
     };
+    fitting(req, snap)
+}
+
+/// `snap` if it is a live template snapshot of the size `req` asks for (or names none).
+pub fn fitting(req: &NewSandbox, snap: SnapshotRow) -> Result<Option<SnapshotRow>, TemplateError> {
+    if !is_live_template(&snap) {
+        return Ok(None);
+    }
     let handle = crate::snapshots::pause::parse_handle(&snap)?;
     let same_cpus = req.cpu_count.is_none_or(|c| c == u32::from(handle.vcpus));
     let same_memory = req.memory_mb.is_none_or(|m| m == handle.memory_mib);
@@ -146,8 +154,9 @@ pub async fn retire(lifecycle: &SandboxService, snapshot_id: &str) {
 }
 
 /// Retires the template snapshots whose template no longer names them: rebuilt or removed
-/// with `sandcell template build|rm` while the daemon was down, or a build cut off between
-/// its snapshot and its `e2b.json`. Collected by the caller.
+/// with `sandcell template build|rm` while the daemon was down, a build cut off between
+/// its snapshot and its `e2b.json`, or an installed template's snapshot of an image
+/// reinstalled since (templates/installed_snapshot.rs). Collected by the caller.
 pub async fn retire_orphans(lifecycle: &SandboxService) {
     let snapshots = match lifecycle.db.template_snapshots().await {
         Ok(s) => s,
@@ -156,7 +165,11 @@ pub async fn retire_orphans(lifecycle: &SandboxService) {
             return;
         }
     };
+    let installed = crate::templates::installed_snapshot::current(lifecycle).await;
     for (id, template) in snapshots {
+        if installed.contains(&id) {
+            continue;
+        }
         let current =
             crate::templates::start::record(lifecycle, &template).and_then(|r| r.snapshot_id);
         if current.as_deref() == Some(id.as_str()) {

@@ -1,5 +1,5 @@
 //! Templates: who may see and change them ([`access`]), E2B template builds through the API ([`api`], [`builds`], [`plan`]), their
-//! tags ([`tags`]), memory snapshots ([`memory_snapshot`]) and start/ready commands ([`start`]),
+//! tags ([`tags`]), memory snapshots ([`memory_snapshot`], [`installed_snapshot`] for installed templates) and start/ready commands ([`start`]),
 //! and the defaults an OCI image carries ([`defaults`]). The Dockerfile step runner the
 //! builds use is `sandcell_runtime::build_steps`, next to the runtime it drives.
 
@@ -9,6 +9,7 @@ pub mod builds;
 pub mod defaults;
 pub mod delete;
 pub mod error;
+pub mod installed_snapshot;
 pub mod list;
 pub mod memory_snapshot;
 pub mod plan;
