@@ -219,13 +219,21 @@ class Context:
         if env == self.applied_env:
             return
         gone = [k for k in self.applied_env if k not in env]
-        self.kc.execute(
+        code = (
             "import os as _sc_os\n"
             f"_sc_os.environ.update({dict(env)!r})\n"
-            f"for _sc_k in {gone!r}: _sc_os.environ.pop(_sc_k, None)\n",
-            silent=True,
-            store_history=False,
+            f"for _sc_k in {gone!r}: _sc_os.environ.pop(_sc_k, None)\n"
         )
+        if env.get("E2B_SANDBOX_ID") != self.applied_env.get("E2B_SANDBOX_ID"):
+            # Another sandbox (restored from the snapshot every create of the template
+            # restores): the kernel's pseudo-random generators were seeded in the snapshot and
+            # would repeat in every sandbox; seeded again from the entropy /init gave this one.
+            code += (
+                "import random as _sc_random, sys as _sc_sys\n"
+                "_sc_random.seed()\n"
+                "if 'numpy' in _sc_sys.modules: _sc_sys.modules['numpy'].random.seed()\n"
+            )
+        self.kc.execute(code, silent=True, store_history=False)
         self.applied_env = dict(env)
 
     def _drain_shell(self):

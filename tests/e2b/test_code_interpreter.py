@@ -137,6 +137,7 @@ def test_later_creates_restore_the_snapshot_with_their_own_env(sbx):
         # Nothing of another sandbox's kernel: `x` is the fixture's, not the snapshot's.
         assert second.run_code("x").error.name == "NameError"
         assert second.run_code("z = 5\nz * 2").text == "10"
+        rolls = second.run_code("import random; (random.random(), os.urandom(8).hex())").text
     finally:
         second.kill()
     third = Sandbox.create(timeout=120)
@@ -144,6 +145,9 @@ def test_later_creates_restore_the_snapshot_with_their_own_env(sbx):
         # Another create's env vars are gone again, and its state is its own.
         assert third.run_code("import os; os.environ.get('CREATE_LEVEL')").text is None
         assert third.run_code("z").error.name == "NameError"
+        # Both kernels come from one memory image, yet draw different random numbers.
+        other = third.run_code("import random; (random.random(), os.urandom(8).hex())").text
+        assert other != rolls and other.split(",")[0] != rolls.split(",")[0], (rolls, other)
         assert _restored_creates() == before + 2
     finally:
         third.kill()
