@@ -13,7 +13,8 @@
 //! any sandbox (detached, so that one handed out survives a restart), but with no row the
 //! next daemon's reconcile never adopts one: its sweep removes them and their networks, so
 //! they neither leak nor get handed out stale. A graceful stop destroys them
-//! ([`SandboxService::drain_warm`]).
+//! ([`SandboxService::drain_warm`]), the one being booted at that moment included: the stop
+//! waits for that boot and no other starts after it.
 //!
 //! Refill: one boot at a time in the background after each take, never more than the
 //! memory cap (`--warm-memory`) allows; a create finding the pool empty boots as before
@@ -27,7 +28,7 @@ use crate::sandboxes::service::{
 use sandcell_runtime::net::EgressSpec;
 use sandcell_runtime::{NetworkSpec, RuntimeKind, Sandbox, SandboxSpec};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// A failed refill boot waits this long before the next try (a missing template, a full
@@ -69,6 +70,10 @@ pub struct WarmPool {
     pub hits: AtomicU64,
     /// Creates the pool could have served but found empty.
     pub misses: AtomicU64,
+    /// Held while a refill boots; a stop takes it to wait for that boot.
+    booting: tokio::sync::Mutex<()>,
+    /// Set by a stop: no refill boots after it.
+    stopped: AtomicBool,
 }
 
 impl WarmPool {
@@ -154,7 +159,13 @@ impl SandboxService {
                         tokio::time::sleep(TEMPLATE_MISSING_RECHECK).await;
                         continue;
                     }
-                    match this.boot_warm().await {
+                    let booting = this.warm.booting.lock().await;
+                    if this.warm.stopped.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let booted = this.boot_warm().await;
+                    drop(booting);
+                    match booted {
                         Ok(sb) => lock(&this.warm.idle).push(sb),
                         Err(e) => {
                             tracing::warn!("warm pool: booting a sandbox: {e}");
@@ -260,6 +271,10 @@ impl SandboxService {
 
     /// On a graceful stop: the idle sandboxes go with the daemon (they are no one's).
     pub async fn drain_warm(&self) {
+        // Stopped first, then the boot under way (if any) is waited for: its sandbox is in
+        // `idle` when the lock is ours, and no refill boots after.
+        self.warm.stopped.store(true, Ordering::SeqCst);
+        let _no_boot = self.warm.booting.lock().await;
         let idle: Vec<_> = std::mem::take(&mut *lock(&self.warm.idle));
         for sb in idle {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sb.destroy()).await;
