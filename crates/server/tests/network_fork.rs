@@ -2,7 +2,8 @@
 //! `sandcell-serve` on gvisor, real namespaces and nftables, our DNS server): a fork child
 //! and a sandbox created from a named snapshot join the private networks of their source,
 //! reach its members by name, and are reached by theirs; the network's member list shows
-//! them. A paused member is out of reach and back once resumed. Needs root, runsc, iproute2 and nftables: fails loudly without them. Runs in the
+//! them. A paused member is out of reach and back once resumed. A fork child of a sandbox
+//! whose ports want a traffic token wants one too, its own. Needs root, runsc, iproute2 and nftables: fails loudly without them. Runs in the
 //! `gvisor-checkpoint` nextest group (.config/nextest.toml: runsc restore defects).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -10,8 +11,8 @@
 mod common;
 
 use common::run;
-use hyper::{Method, StatusCode};
-use sandcell_client::{Client, Sandbox};
+use hyper::{Method, Request, StatusCode};
+use sandcell_client::{Client, Sandbox, read_whole};
 use serde_json::{Value, json};
 
 async fn call(c: &Client, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -50,6 +51,22 @@ async fn reach(c: &Client, from: &Sandbox, name: &str) -> String {
         Some((head, body)) if head.contains(" 200 ") => body.trim().to_string(),
         _ => "ERR".into(),
     }
+}
+
+/// Port 8080 of sandbox `id` through the daemon's proxy, with `token` as the traffic token.
+async fn via_proxy(c: &Client, id: &str, token: Option<&str>) -> (StatusCode, String) {
+    let mut req = Request::get("/")
+        .header("E2b-Sandbox-Id", id)
+        .header("E2b-Sandbox-Port", "8080");
+    if let Some(t) = token {
+        req = req.header("E2b-Traffic-Access-Token", t);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = read_whole(c.send(req).await.unwrap()).await.unwrap();
+    let body = String::from_utf8_lossy(&resp.body).trim().to_string();
+    (resp.status, body)
 }
 
 async fn members(c: &Client) -> Vec<String> {
@@ -143,5 +160,36 @@ async fn fork_children_and_snapshot_creates_join_their_sources_networks() {
     let child: Sandbox = serde_json::from_value(v).unwrap();
     assert_eq!(reach(c, &restored, &child.sandbox_id).await, from_a);
     assert!(members(c).await.contains(&child.sandbox_id));
+
+    // allowPublicTraffic: false holds for a fork child: its ports want its own token
+    let body = json!({"templateID": "minimal", "timeout": 600,
+                      "network": {"allowPublicTraffic": false}});
+    let (status, v) = call(c, Method::POST, "/sandboxes", Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let parent_token = v["trafficAccessToken"]
+        .as_str()
+        .expect("a traffic token")
+        .to_string();
+    let private: Sandbox = serde_json::from_value(v).unwrap();
+    serve(c, &private).await;
+    let path = format!("/sandboxes/{}/fork", private.sandbox_id);
+    let (status, forked) = call(c, Method::POST, &path, Some(json!({"count": 1}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{forked}");
+    let child_token = forked[0]["sandbox"]["trafficAccessToken"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no traffic token for the child: {forked}"))
+        .to_string();
+    assert_ne!(child_token, parent_token);
+    let id = forked[0]["sandbox"]["sandboxID"].as_str().unwrap();
+    assert_eq!(via_proxy(c, id, None).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(
+        via_proxy(c, id, Some(&parent_token)).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let from_private = format!("from-{}", private.sandbox_id);
+    assert_eq!(
+        via_proxy(c, id, Some(&child_token)).await,
+        (StatusCode::OK, from_private)
+    );
     daemon.stop();
 }

@@ -428,6 +428,35 @@ impl Networks {
         self.refresh_peers(db).await
     }
 
+    /// A restore or fork child `to` of `from` (which has its rules recorded): its ports are as
+    /// private as `from`'s, behind a token of its own (in its create or fork answer; `from`'s
+    /// token opens nothing of it), with the same Host mask.
+    pub async fn inherit_port_access(&self, db: &Db, from: &str, to: &str) -> Result<(), Error> {
+        let Some(source) = db.sandbox_network(from).await? else {
+            return Ok(());
+        };
+        let token = match source.traffic_token {
+            Some(_) => Some(
+                crate::util::random_hex(20)
+                    .map_err(Error::io("getrandom for a traffic access token"))?,
+            ),
+            None => None,
+        };
+        if token.is_none() && source.mask_request_host.is_none() {
+            return Ok(());
+        }
+        db.set_sandbox_port_access(to, token.as_deref(), source.mask_request_host.as_deref())
+            .await?;
+        self.remember(
+            to,
+            PortAccess {
+                token,
+                mask_host: source.mask_request_host,
+            },
+        );
+        Ok(())
+    }
+
     /// The traffic token recorded for `sandbox` (running or not: a paused one's ports want
     /// it too before a request may wake it, http/wake.rs).
     pub async fn recorded_traffic_token(

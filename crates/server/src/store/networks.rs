@@ -120,6 +120,29 @@ impl Db {
         Ok(())
     }
 
+    /// Sets how the ports of `sandbox` (which has a row) are reached: the token they want and
+    /// the Host mask.
+    pub async fn set_sandbox_port_access(
+        &self,
+        sandbox: &str,
+        traffic_token: Option<&str>,
+        mask_request_host: Option<&str>,
+    ) -> Result<()> {
+        sqlx::query(
+            "UPDATE sandbox_networks SET traffic_token = $2, mask_request_host = $3 \
+             WHERE sandbox_id = $1",
+        )
+        .bind(sandbox)
+        .bind(traffic_token)
+        .bind(mask_request_host)
+        .execute(self.pool())
+        .await
+        .map_err(Error::db(format!(
+            "recording how the ports of sandbox {sandbox} are reached"
+        )))?;
+        Ok(())
+    }
+
     /// Records network `net_id` of `sandbox`; `egress` (JSON) only if it has no row yet.
     pub async fn record_sandbox_net_id(
         &self,
