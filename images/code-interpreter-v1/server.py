@@ -282,6 +282,10 @@ class Contexts:
         self.lock = threading.Lock()
         self.by_id = {}
         self.default = None
+        # Contexts whose kernel is starting: they count against MAX_CONTEXTS already, so that
+        # concurrent creates cannot pass the cap together.
+        self.starting = 0
+        self.default_removed = False
 
     def start_default(self):
         try:
@@ -296,9 +300,14 @@ class Contexts:
 
     def create(self, language, cwd):
         with self.lock:
-            if len(self.by_id) >= MAX_CONTEXTS:
+            if len(self.by_id) + self.starting >= MAX_CONTEXTS:
                 raise BadRequest(f"at most {MAX_CONTEXTS} contexts at once: delete one first")
-        ctx = Context(language, cwd)
+            self.starting += 1
+        try:
+            ctx = Context(language, cwd)
+        finally:
+            with self.lock:
+                self.starting -= 1
         with self.lock:
             self.by_id[ctx.id] = ctx
         return ctx
@@ -320,14 +329,20 @@ class Contexts:
                 f"language {language!r} is not installed in this template (available: python)"
             )
         if self.default is None:
+            if self.default_removed:
+                raise NotFound(
+                    "the default context was removed: pass a context made with "
+                    "create_code_context"
+                )
             raise NotFound("the default context is not ready yet")
         return self.default
 
     def remove(self, context_id):
         with self.lock:
             ctx = self.by_id.pop(context_id, None)
-            if ctx is self.default:
+            if ctx is not None and ctx is self.default:
                 self.default = None
+                self.default_removed = True
         if ctx is None:
             raise NotFound(f"context {context_id!r} not found")
         ctx.shutdown()

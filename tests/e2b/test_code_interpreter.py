@@ -149,5 +149,11 @@ def test_later_creates_restore_the_snapshot_with_their_own_env(sbx):
         other = third.run_code("import random; (random.random(), os.urandom(8).hex())").text
         assert other != rolls and other.split(",")[0] != rolls.split(",")[0], (rolls, other)
         assert _restored_creates() == before + 2
+        # Its default context removed, a cell without a context says what to do instead.
+        (default,) = third.list_code_contexts()
+        third.remove_code_context(default)
+        with pytest.raises(Exception) as exc:
+            third.run_code("1")
+        assert "default context was removed" in str(exc.value)
     finally:
         third.kill()
