@@ -804,7 +804,15 @@ async fn take_memory_snapshot(
         .await
         .map_err(|e| (e.to_string(), step()))?
         .ok_or_else(|| (format!("API key {} is gone", build.key_id), step()))?;
-    match memory_snapshot::take(lifecycle, &key, &build.template_id, &build.build_id).await {
+    match memory_snapshot::take(
+        lifecycle,
+        &key,
+        &build.template_id,
+        &build.build_id,
+        memory_snapshot::Reach::Builder,
+    )
+    .await
+    {
         Ok(snapshot_id) => {
             build.log("info", format!("memory snapshot {snapshot_id} taken"));
             record.snapshot_id = Some(snapshot_id);

@@ -144,16 +144,23 @@ async fn take(lifecycle: &Arc<SandboxService>, template: &str) -> bool {
         }
     };
     tracing::info!("installed template {template}: taking its memory snapshot");
-    let snapshot_id =
-        match memory_snapshot::take(lifecycle, &key, template, INSTALLED_BUILD_ID).await {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::warn!(
-                    "installed template {template}: no memory snapshot ({e}); its creates boot"
-                );
-                return false;
-            }
-        };
+    let snapshot_id = match memory_snapshot::take(
+        lifecycle,
+        &key,
+        template,
+        INSTALLED_BUILD_ID,
+        memory_snapshot::Reach::DaemonOnly,
+    )
+    .await
+    {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(
+                "installed template {template}: no memory snapshot ({e}); its creates boot"
+            );
+            return false;
+        }
+    };
     // Reinstalled while the snapshot was taken: it is of the old image.
     if fingerprint(lifecycle, template).as_deref() != Some(before.as_str()) {
         tracing::info!("installed template {template} changed during its snapshot: retired");

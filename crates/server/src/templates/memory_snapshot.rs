@@ -45,6 +45,17 @@ pub enum TakeError {
     NoSnapshot(String),
 }
 
+/// Who may reach the sandbox a snapshot is taken of, besides the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// An API build's: its builder's key (as any sandbox of the key).
+    Builder,
+    /// An installed template's, which every tenant's creates restore: no one. Its envd wants
+    /// an access token, its ports a traffic token, neither given out, and it has no
+    /// internet, so that nothing can be put into it before the checkpoint.
+    DaemonOnly,
+}
+
 /// Boots template `template` for `key`, runs its start and ready commands and snapshots it;
 /// the snapshot's id. `build_id` goes into the sandbox's metadata.
 pub async fn take(
@@ -52,6 +63,7 @@ pub async fn take(
     key: &KeyRow,
     template: &str,
     build_id: &str,
+    reach: Reach,
 ) -> Result<String, TakeError> {
     // The build's own sandbox: not counted against the key's concurrency limit.
     let mut key = key.clone();
@@ -64,14 +76,17 @@ pub async fn take(
             build_id.to_string(),
         )])),
         env_vars: None,
-        secure: Some(false),
+        secure: Some(reach == Reach::DaemonOnly),
         cpu_count: None,
         memory_mb: None,
         auto_pause: None,
         auto_resume: None,
         auto_pause_memory: None,
-        allow_internet_access: None,
-        network: None,
+        allow_internet_access: (reach == Reach::DaemonOnly).then_some(false),
+        network: (reach == Reach::DaemonOnly).then(|| crate::networks::api::NetworkConfig {
+            allow_public_traffic: Some(false),
+            ..Default::default()
+        }),
         networks: None,
         volume_mounts: None,
     };
