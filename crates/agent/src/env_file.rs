@@ -8,9 +8,14 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Makes each temporary file's name unique within the agent.
+static NEXT_TMP: AtomicU64 = AtomicU64::new(0);
 
 /// Writes `env` to `path` as a JSON object, atomically (a reader sees the old file or the
 /// new one, never a part). Failures are logged: the file is a convenience, not the contract.
+/// Not synced: it describes this boot of the sandbox only (`/run`).
 pub fn publish(path: &Path, env: &BTreeMap<String, String>) {
     if let Err(e) = write(path, env) {
         crate::log!("writing {}: {e}", path.display());
@@ -26,7 +31,8 @@ fn write(path: &Path, env: &BTreeMap<String, String>) -> std::io::Result<()> {
         .mode(0o755)
         .create(dir)?;
     let bytes = serde_json::to_vec(env).map_err(std::io::Error::other)?;
-    let tmp = dir.join(format!(".env.json.{}", std::process::id()));
+    let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".env.json.{}.{n}", std::process::id()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -34,7 +40,6 @@ fn write(path: &Path, env: &BTreeMap<String, String>) -> std::io::Result<()> {
         .mode(0o644)
         .open(&tmp)?;
     f.write_all(&bytes)?;
-    f.sync_all()?;
     drop(f);
     std::fs::rename(&tmp, path)
 }

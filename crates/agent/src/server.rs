@@ -363,7 +363,7 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
     if net.is_some() && carries_no_envd_field(&body) {
         return Ok(init_answer());
     }
-    let published = {
+    {
         let mut d = state.shared.defaults_mut();
         // A new identity in an old memory image (restored from a snapshot): start over.
         if let Some(id) = body
@@ -419,11 +419,11 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
                 d.workdir = Some(w);
             }
         }
-        newer.then(|| d.env())
-    };
-    // Processes started before this /init (a restored template's start command) read it.
-    if let (Some(env), Some(path)) = (published, &state.config.env_file) {
-        crate::env_file::publish(path, &env);
+        // Processes started before this /init (a restored template's start command) read
+        // it. Written under the lock: two /inits cannot leave the older one's env in place.
+        if newer && let Some(path) = &state.config.env_file {
+            crate::env_file::publish(path, &d.env());
+        }
     }
     Ok(init_answer())
 }

@@ -80,7 +80,9 @@ fn listed_keys<'a>(caller: &'a Caller, q: &ListQuery) -> ApiResult<Option<&'a st
 }
 
 /// Sandbox `id` as the caller may address it by id (GET, DELETE): its own; an admin key's,
-/// any key's (the operator's view). Other keys' sandboxes do not exist for the caller.
+/// any key's (the operator's view) but the daemon's own (templates/installed_snapshot.rs:
+/// its answer would carry the envd token of a sandbox every tenant's restores come from).
+/// Other keys' sandboxes do not exist for the caller.
 async fn addressable_of(app: &App, caller: &Caller, id: &str) -> ApiResult<SandboxRow> {
     let row = if caller.0.is_admin {
         app.db.sandbox(id).await?
@@ -88,7 +90,11 @@ async fn addressable_of(app: &App, caller: &Caller, id: &str) -> ApiResult<Sandb
         app.db.sandbox_of_key(&caller.0.id, id).await?
     };
     match row {
-        Some(row) if row.state.is_addressable() => Ok(row),
+        Some(row)
+            if row.state.is_addressable() && row.key_id != crate::store::keys::SYSTEM_KEY_ID =>
+        {
+            Ok(row)
+        }
         _ => Err(ApiError::sandbox_not_found(id)),
     }
 }

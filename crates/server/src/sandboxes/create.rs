@@ -135,6 +135,9 @@ impl SandboxService {
                 .await?
             {
                 Some(row) => {
+                    if template.installed {
+                        crate::templates::installed_snapshot::restored(self, &row.template_id);
+                    }
                     self.metrics.observe_create(begun.elapsed());
                     self.metrics.count_template_create(TemplateCreate::Restored);
                     return Ok(row);
@@ -142,7 +145,7 @@ impl SandboxService {
                 None => {
                     template_path = TemplateCreate::Fallback;
                     if template.installed {
-                        crate::templates::installed_snapshot::forget(
+                        crate::templates::installed_snapshot::fell_back(
                             self,
                             &template.req.template_id,
                             &snap.id,

@@ -163,11 +163,12 @@ impl SandboxService {
                     if this.warm.stopped.load(Ordering::SeqCst) {
                         return;
                     }
+                    // Pushed while `booting` is held: a stop then finds it in `idle`.
                     let booted = this.boot_warm().await;
-                    drop(booting);
                     match booted {
                         Ok(sb) => lock(&this.warm.idle).push(sb),
                         Err(e) => {
+                            drop(booting);
                             tracing::warn!("warm pool: booting a sandbox: {e}");
                             tokio::time::sleep(REFILL_BACKOFF).await;
                         }
@@ -209,6 +210,11 @@ impl SandboxService {
 
     /// An unused pooled sandbox back into the pool (a refused create took it).
     pub(crate) fn put_back_warm(&self, sb: Arc<dyn Sandbox>) {
+        if self.warm.stopped.load(Ordering::SeqCst) {
+            // Drained already: nothing would destroy it.
+            self.destroy_warm(sb);
+            return;
+        }
         lock(&self.warm.idle).push(sb);
     }
 

@@ -13,8 +13,11 @@
 //! has answered, [`take_later`] takes the snapshot in the background, once per template and
 //! daemon run, under the daemon's own key (store/keys.rs `SYSTEM_KEY_ID`), so that the
 //! sandbox it is taken of belongs to no tenant. Later creates of the snapshot's size restore
-//! it ([`usable`]); a restore that fails on our side boots and [`forget`]s the snapshot. A
-//! snapshot that could not be taken is not tried again until the daemon restarts.
+//! it ([`usable`]); a restore that fails on our side boots. [`FORGET_AFTER_FALLBACKS`] such
+//! failures in a row (a create of some key can make its own restore fail, so one failure
+//! says little about the snapshot) retire the snapshot, and the next booted create takes a
+//! new one; a snapshot that could not be taken, or was retired so twice, is not tried again
+//! until the daemon restarts.
 
 use crate::sandboxes::models::NewSandbox;
 use crate::sandboxes::service::{SandboxService, lock};
@@ -26,7 +29,7 @@ use crate::templates::error::TemplateError;
 use crate::templates::memory_snapshot;
 use crate::util::now_ms;
 use sha2::{Digest, Sha256};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::sync::{Arc, Mutex};
 
@@ -36,13 +39,43 @@ pub const INSTALLED_BUILD_ID: &str = "installed";
 const INSTALLED_FILE: &str = ".installed";
 /// Largest identity or `e2b.json` file read for a fingerprint.
 const MAX_FINGERPRINT_INPUT: u64 = 1 << 20;
+/// Restores of one snapshot failing in a row (no restore of it succeeding between) before it
+/// is retired.
+pub const FORGET_AFTER_FALLBACKS: u32 = 3;
+/// Snapshots of one template retired in one daemon run before it is not taken again.
+const MAX_FORGETS: u32 = 2;
 
-/// The templates whose snapshot is being taken, and those whose snapshot failed in this
-/// daemon run (not tried again).
+/// The templates whose snapshot is being taken, those not to take again in this daemon run,
+/// and the restores failing in a row and snapshots retired so far, per template.
 #[derive(Debug, Default)]
 pub struct Takes {
     in_flight: Mutex<HashSet<String>>,
     failed: Mutex<HashSet<String>>,
+    fallbacks: Mutex<HashMap<String, u32>>,
+    forgets: Mutex<HashMap<String, u32>>,
+}
+
+/// How a take ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// A new snapshot is recorded.
+    New,
+    /// The recorded one is current: nothing to do.
+    Current,
+    /// None could be taken (logged).
+    Failed,
+}
+
+/// Takes `template` out of the in-flight set when the take ends, a panic included.
+struct InFlight<'a> {
+    takes: &'a Takes,
+    template: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        lock(&self.takes.in_flight).remove(&self.template);
+    }
 }
 
 /// Whether `rec` is an installed template that starts something (what a snapshot saves).
@@ -112,35 +145,41 @@ pub fn take_later(lifecycle: &Arc<SandboxService>, template: &str) {
     let lifecycle = lifecycle.clone();
     let template = template.to_string();
     tokio::spawn(async move {
-        let ok = take(&lifecycle, &template).await;
-        lifecycle.metrics.count_installed_snapshot(ok);
-        if !ok {
-            lock(&lifecycle.installed_snapshots.failed).insert(template.clone());
+        let _in_flight = InFlight {
+            takes: &lifecycle.installed_snapshots,
+            template: template.clone(),
+        };
+        match take(&lifecycle, &template).await {
+            Taken::New => lifecycle.metrics.count_installed_snapshot(true),
+            Taken::Current => {}
+            Taken::Failed => {
+                lifecycle.metrics.count_installed_snapshot(false);
+                lock(&lifecycle.installed_snapshots.failed).insert(template.clone());
+            }
         }
-        lock(&lifecycle.installed_snapshots.in_flight).remove(&template);
     });
 }
 
-/// Takes and records the snapshot; false when it could not be (logged).
-async fn take(lifecycle: &Arc<SandboxService>, template: &str) -> bool {
+/// Takes and records the snapshot unless the recorded one is current.
+async fn take(lifecycle: &Arc<SandboxService>, template: &str) -> Taken {
     let Some(before) = fingerprint(lifecycle, template) else {
-        return false;
+        return Taken::Failed;
     };
     if let Ok(Some(row)) = lifecycle.db.installed_snapshot(template).await
         && row.fingerprint == before
         && memory_snapshot::is_current(lifecycle, &row.snapshot_id).await
     {
-        return true;
+        return Taken::Current;
     }
     let key = match lifecycle.db.key_by_id(SYSTEM_KEY_ID).await {
         Ok(Some(key)) => key,
         Ok(None) => {
             tracing::warn!("installed template {template}: the daemon's own key is missing");
-            return false;
+            return Taken::Failed;
         }
         Err(e) => {
             tracing::warn!("installed template {template}: {e}");
-            return false;
+            return Taken::Failed;
         }
     };
     tracing::info!("installed template {template}: taking its memory snapshot");
@@ -158,14 +197,14 @@ async fn take(lifecycle: &Arc<SandboxService>, template: &str) -> bool {
             tracing::warn!(
                 "installed template {template}: no memory snapshot ({e}); its creates boot"
             );
-            return false;
+            return Taken::Failed;
         }
     };
     // Reinstalled while the snapshot was taken: it is of the old image.
     if fingerprint(lifecycle, template).as_deref() != Some(before.as_str()) {
         tracing::info!("installed template {template} changed during its snapshot: retired");
         memory_snapshot::retire(lifecycle, &snapshot_id).await;
-        return false;
+        return Taken::Failed;
     }
     let row = InstalledSnapshotRow {
         template_id: template.to_string(),
@@ -178,20 +217,52 @@ async fn take(lifecycle: &Arc<SandboxService>, template: &str) -> bool {
             if let Some(old) = old {
                 memory_snapshot::retire(lifecycle, &old).await;
             }
-            true
+            Taken::New
         }
         Err(e) => {
             tracing::warn!("{e}");
             memory_snapshot::retire(lifecycle, &snapshot_id).await;
-            false
+            Taken::Failed
         }
     }
 }
 
-/// A restore of installed template `template`'s snapshot `snapshot_id` failed on our side:
-/// the snapshot is retired and not taken again in this daemon run (its creates boot).
-pub async fn forget(lifecycle: &SandboxService, template: &str, snapshot_id: &str) {
-    lock(&lifecycle.installed_snapshots.failed).insert(template.to_string());
+/// A restore of installed template `template`'s snapshot succeeded.
+pub fn restored(lifecycle: &SandboxService, template: &str) {
+    lock(&lifecycle.installed_snapshots.fallbacks).remove(template);
+}
+
+/// A restore of installed template `template`'s snapshot `snapshot_id` failed on our side
+/// (the create boots): the [`FORGET_AFTER_FALLBACKS`]th in a row retires the snapshot.
+pub async fn fell_back(lifecycle: &SandboxService, template: &str, snapshot_id: &str) {
+    let takes = &lifecycle.installed_snapshots;
+    {
+        let mut fallbacks = lock(&takes.fallbacks);
+        let n = fallbacks.entry(template.to_string()).or_default();
+        *n += 1;
+        if *n < FORGET_AFTER_FALLBACKS {
+            return;
+        }
+        fallbacks.remove(template);
+    }
+    let forgets = {
+        let mut forgets = lock(&takes.forgets);
+        let n = forgets.entry(template.to_string()).or_default();
+        *n += 1;
+        *n
+    };
+    tracing::warn!(
+        "installed template {template}: {FORGET_AFTER_FALLBACKS} restores of snapshot \
+         {snapshot_id} failed in a row: retired"
+    );
+    if forgets >= MAX_FORGETS {
+        lock(&takes.failed).insert(template.to_string());
+    }
+    forget(lifecycle, template, snapshot_id).await;
+}
+
+/// Retires installed template `template`'s snapshot `snapshot_id` and its record.
+async fn forget(lifecycle: &SandboxService, template: &str, snapshot_id: &str) {
     if let Err(e) = lifecycle
         .db
         .forget_installed_snapshot(template, snapshot_id)
@@ -204,13 +275,14 @@ pub async fn forget(lifecycle: &SandboxService, template: &str, snapshot_id: &st
 
 /// The template snapshots recorded for installed templates as installed now; the records of
 /// others (image reinstalled or removed, runtime changed) are dropped, and their snapshots
-/// are left for the caller to retire.
-pub async fn current(lifecycle: &SandboxService) -> HashSet<String> {
+/// are left for the caller to retire. `None`: the records could not be read (the caller
+/// then retires nothing).
+pub async fn current(lifecycle: &SandboxService) -> Option<HashSet<String>> {
     let rows = match lifecycle.db.installed_snapshots().await {
         Ok(rows) => rows,
         Err(e) => {
             tracing::warn!("{e}");
-            return HashSet::new();
+            return None;
         }
     };
     let mut keep = HashSet::new();
@@ -232,5 +304,5 @@ pub async fn current(lifecycle: &SandboxService) -> HashSet<String> {
             tracing::warn!("{e}");
         }
     }
-    keep
+    Some(keep)
 }

@@ -180,7 +180,9 @@ pub async fn retire_orphans(lifecycle: &SandboxService) {
             return;
         }
     };
-    let installed = crate::templates::installed_snapshot::current(lifecycle).await;
+    let Some(installed) = crate::templates::installed_snapshot::current(lifecycle).await else {
+        return;
+    };
     for (id, template) in snapshots {
         if installed.contains(&id) {
             continue;
