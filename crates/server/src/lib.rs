@@ -560,15 +560,18 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     reaper.abort();
     sampler.abort();
-    if let Some(pool) = warm_pool {
-        pool.abort();
-    }
     if let Some(subreaper) = subreaper {
         subreaper.abort();
     }
     // Idle pre-started VMMs are not sandboxes: they go with the daemon.
     lifecycle.runtime.stop_prestarted();
+    // The warm pool's refill task is stopped by the shutdown's drain, which waits for a boot
+    // under way and destroys it with the idle ones; aborted before, that boot's sandbox
+    // was dropped mid-start and left running (it outlives its owner by design).
     lifecycle.shutdown().await;
+    if let Some(pool) = warm_pool {
+        pool.abort();
+    }
     networks.shutdown().await;
     let _ = stop_tx.send(());
     let _ = https_stop_tx.send(());

@@ -35,6 +35,10 @@ use std::time::Duration;
 /// host: not worth a busy loop).
 const REFILL_BACKOFF: Duration = Duration::from_secs(5);
 
+/// How long a stop waits for a refill boot under way (then the next daemon's sweep removes
+/// what it left).
+const STOP_WAIT: Duration = Duration::from_secs(30);
+
 /// How often a pool whose template is not installed looks again.
 const TEMPLATE_MISSING_RECHECK: Duration = Duration::from_secs(30);
 
@@ -280,7 +284,7 @@ impl SandboxService {
         // Stopped first, then the boot under way (if any) is waited for: its sandbox is in
         // `idle` when the lock is ours, and no refill boots after.
         self.warm.stopped.store(true, Ordering::SeqCst);
-        let _no_boot = self.warm.booting.lock().await;
+        let _no_boot = tokio::time::timeout(STOP_WAIT, self.warm.booting.lock()).await;
         let idle: Vec<_> = std::mem::take(&mut *lock(&self.warm.idle));
         for sb in idle {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sb.destroy()).await;
