@@ -3,11 +3,15 @@ HTTP/1.1 with keep-alive, every request it receives appended to a JSON-lines fil
 {"port", "path", "headers"} (the Host among them) before it is answered 200 "ok".
 `/redirect` answers 302 to http://other.bars.test/landed (the redirect leak attempt).
 
-Usage: recorder.py ADDRESS PORT FILE
+With CERT and KEY it speaks HTTPS (the upstream of the TLS interception tests; its CA is
+the one the daemon is given by `--egress-extra-ca`, never one the sandbox trusts).
+
+Usage: recorder.py ADDRESS PORT FILE [CERT KEY]
 """
 
 import http.server
 import json
+import ssl
 import sys
 import threading
 
@@ -46,4 +50,11 @@ class Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
-http.server.ThreadingHTTPServer((ADDR, PORT), Recorder).serve_forever()
+server = http.server.ThreadingHTTPServer((ADDR, PORT), Recorder)
+if len(sys.argv) > 5:
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(sys.argv[4], sys.argv[5])
+    # The handshake happens in the request's own thread, on its first read: a client that
+    # stalls it holds up no one else.
+    server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+server.serve_forever()

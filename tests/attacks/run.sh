@@ -11,7 +11,9 @@
 #     meta -> 169.254.169.254, pool -> 10.213.0.2 (inside the daemon's --net-pool),
 #     zero -> 0.0.0.0, host -> 203.0.113.1 (the host's own end of the veth); a recording
 #     HTTP upstream on 203.0.113.20:80 and :8080 (names api and other: tests/attacks/
-#     recorder.py, every request's headers in $ATTACK_RECORDS) for the secrets injection;
+#     recorder.py, every request's headers in $ATTACK_RECORDS) for the secrets injection,
+#     and its HTTPS side on :443 (a CA of its own, given to the daemon, which intercepts TLS
+#     to rule domains by default);
 #   - a canary: an HTTP service of the host on 0.0.0.0:$CANARY_PORT whose every answer holds
 #     $CANARY. No sandbox may ever read it.
 # Needs root, runsc, dnsmasq, the installed images (as tests/e2b/run.sh) and the e2b venv
@@ -75,6 +77,21 @@ for port in 80 8080; do
     ip netns exec "$NETNS" python3 "$HERE/recorder.py" 203.0.113.20 "$port" "$RECORDS" >/dev/null 2>&1 &
     PIDS+=($!)
 done
+# Its HTTPS side on :443, with a CA of its own that only the daemon is given
+# (--egress-extra-ca): the sandbox trusts it not, so only TLS the daemon intercepts verifies.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=bars-test-upstream-ca -addext basicConstraints=critical,CA:TRUE \
+    -addext keyUsage=critical,keyCertSign,cRLSign \
+    -keyout "$TMP/upstream-ca.key" -out "$TMP/upstream-ca.pem" 2>/dev/null
+openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -subj /CN=api.bars.test -keyout "$TMP/upstream.key" -out "$TMP/upstream.csr" 2>/dev/null
+printf 'subjectAltName=DNS:api.bars.test,DNS:other.bars.test\nextendedKeyUsage=serverAuth\n' \
+    >"$TMP/upstream.ext"
+openssl x509 -req -in "$TMP/upstream.csr" -CA "$TMP/upstream-ca.pem" -CAkey "$TMP/upstream-ca.key" \
+    -CAcreateserial -days 2 -extfile "$TMP/upstream.ext" -out "$TMP/upstream.pem" 2>/dev/null
+ip netns exec "$NETNS" python3 "$HERE/recorder.py" 203.0.113.20 443 "$RECORDS" \
+    "$TMP/upstream.pem" "$TMP/upstream.key" >/dev/null 2>&1 &
+PIDS+=($!)
 ip netns exec "$NETNS" dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts \
     --bind-interfaces --listen-address=203.0.113.53 --pid-file= --user=root --local-ttl=5 \
     --address=/pub.bars.test/203.0.113.10 --address=/loop.bars.test/127.0.0.1 \
@@ -114,10 +131,18 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 curl -fsS --max-time 2 http://203.0.113.20:8080/ready >/dev/null || die "the recording upstream did not start"
+for _ in $(seq 100); do
+    curl -fsS --max-time 1 --cacert "$TMP/upstream-ca.pem" --resolve api.bars.test:443:203.0.113.20 \
+        https://api.bars.test/ready >/dev/null 2>&1 && break
+    sleep 0.1
+done
+curl -fsS --max-time 2 --cacert "$TMP/upstream-ca.pem" --resolve api.bars.test:443:203.0.113.20 \
+    https://api.bars.test/ready >/dev/null || die "the recording upstream's HTTPS side did not start"
 
 # --- the daemon ---
 sc_link_base
-sc_serve --disk-mib 1024 --net-dns 203.0.113.53 --net-pool 10.213.0.0/16
+sc_serve --disk-mib 1024 --net-dns 203.0.113.53 --net-pool 10.213.0.0/16 \
+    --egress-extra-ca "$TMP/upstream-ca.pem"
 
 ADMIN_KEY=$(cat "$DATA/admin.key")
 KEY_A=$(sc_key tenant-a)

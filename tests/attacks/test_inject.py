@@ -200,3 +200,65 @@ def test_rules_are_checked_at_create_and_on_update(env, api, sandbox):
     for network, why in bad:
         r = a.put(f"/sandboxes/{sbx.sandbox_id}/network", json=network)
         assert r.status_code == 400 and why in r.json()["message"], (network, r.text)
+
+
+# --- HTTPS: the daemon intercepts it for rule domains (the default), --egress-extra-ca (run.sh) ---
+
+
+def test_https_to_the_rule_domain_is_filled_and_verifies_with_the_sandboxs_own_store(
+    env, sandbox, secret
+):
+    name, value = secret
+    sbx = injected(env, sandbox, name)
+    tag = uuid.uuid4().hex
+    # No -k, no CA option: curl, Python and Node each trust the daemon's CA through the
+    # store /init installed (and the env vars that point Python and Node at it).
+    out = curl(sbx, f"https://{API}/{tag}-curl1", "-H", "Authorization: mine", f"https://{API}/{tag}-curl2")
+    assert out.count("200") == 2, out
+    py = (
+        "import urllib.request; "
+        f"print(urllib.request.urlopen('https://{API}/{tag}-python', timeout=10).status)"
+    )
+    assert run(sbx, f"python3 -c {shlex.quote(py)}").stdout.strip() == "200"
+    js = f"fetch('https://{API}/{tag}-node').then(r => console.log(r.status))"
+    assert run(sbx, f"node -e {shlex.quote(js)}").stdout.strip() == "200"
+    got = records_for(tag)
+    assert sorted(r["path"].rsplit("-", 1)[1] for r in got) == ["curl1", "curl2", "node", "python"], got
+    for r in got:
+        assert r["port"] == 443 and r["h"]["authorization"] == f"Bearer {value}", r
+    # What the sandbox trusts is the daemon's CA, and only its certificate (never the key).
+    with open(os.path.join(env["data_dir"], "egress-ca.pem")) as f:
+        ca = f.read().strip()
+    anchor = run(sbx, "cat /usr/local/share/ca-certificates/sandcell-egress.crt").stdout.strip()
+    assert anchor == ca
+    bundle = run(sbx, "cat /etc/ssl/certs/ca-certificates.crt").stdout
+    assert bundle.count("BEGIN sandcell egress CA") == 1 and ca in bundle
+    issuer = run(sbx, f"curl -sv -o /dev/null https://{API}/{tag}-issuer 2>&1 | grep -i issuer; true")
+    assert "Sandcell egress proxy CA" in issuer.stdout, issuer.stdout
+    scan = run(
+        sbx,
+        f"env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; "
+        f"grep -rIl {shlex.quote(value)} /etc /home /tmp /root /run /var /usr/local 2>/dev/null; true",
+    )
+    assert value not in scan.stdout
+    keys = run(sbx, "grep -rIl 'PRIVATE KEY' /etc/ssl /usr/local/share/ca-certificates 2>/dev/null; true")
+    assert keys.stdout.strip() == "", keys.stdout
+
+
+def test_https_to_a_domain_without_a_rule_is_not_intercepted_and_gets_no_value(
+    env, sandbox, secret
+):
+    name, value = secret
+    sbx = injected(env, sandbox, name)
+    tag = uuid.uuid4().hex
+    ph = "Authorization: Bearer " + Secret.fill(name)
+    # Passed through on its SNI: the certificate is the upstream's own, which the sandbox
+    # does not trust (curl's 60), so nothing the daemon signs stands in for other.bars.test.
+    r = run(sbx, f"curl -s -o /dev/null --max-time 10 https://{OTHER}/{tag}-verify; echo rc=$?")
+    assert "rc=60" in r.stdout, r.stdout
+    # Told to skip verification, the request arrives as the sandbox wrote it.
+    out = curl(sbx, f"https://{OTHER}/{tag}-skip", "-k", "-H", ph)
+    assert out.strip().endswith("200"), out
+    got = records_for(f"{tag}-skip")
+    assert len(got) == 1 and got[0]["h"]["authorization"] == ph.split(": ", 1)[1], got
+    assert value not in json.dumps(records_for(tag))

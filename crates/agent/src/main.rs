@@ -42,6 +42,7 @@ mod server;
 mod state;
 mod stream;
 mod sudo;
+mod trust_store;
 mod upload;
 mod users;
 mod vsock;
@@ -75,6 +76,7 @@ struct Args {
     default_user: Option<String>,
     etc_dir: Option<PathBuf>,
     env_file: Option<PathBuf>,
+    trust_root: Option<PathBuf>,
     sudo_service: bool,
 }
 
@@ -86,7 +88,8 @@ const CHECKPOINT_HOLD_MAX: Duration = Duration::from_secs(60);
 
 const USAGE: &str = "usage: sandcell-agent [--listen vsock:PORT|unix:/PATH|tcp:IP:PORT] [--no-init-mounts] \
                      [--hostname NAME] [--keepalive-secs N] [--workdir DIR] \
-                     [--default-user NAME] [--etc-dir DIR] [--env-file PATH] [--sudo-service] \
+                     [--default-user NAME] [--etc-dir DIR] [--env-file PATH] [--trust-root DIR] \
+                     [--sudo-service] \
                      [--version]";
 
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -118,6 +121,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--default-user" => args.default_user = Some(value()?),
             "--etc-dir" => args.etc_dir = Some(PathBuf::from(value()?)),
             "--env-file" => args.env_file = Some(PathBuf::from(value()?)),
+            "--trust-root" => args.trust_root = Some(PathBuf::from(value()?)),
             "--version" => {
                 println!("{}", sandcell_proto::agent::ENVD_VERSION);
                 std::process::exit(0);
@@ -185,6 +189,9 @@ fn main() -> ExitCode {
     config.env_file = args
         .env_file
         .or_else(|| is_init.then(|| PathBuf::from(sandcell_proto::agent::ENV_FILE_PATH)));
+    config.trust_root = args
+        .trust_root
+        .or_else(|| is_init.then(|| PathBuf::from(sandcell_proto::agent::TRUST_ROOT)));
     // Only the agent that configured the interface at boot may readdress it from /init.
     config.owns_network = is_init && kernel.net.is_some();
 

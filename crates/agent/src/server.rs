@@ -56,6 +56,9 @@ pub struct ServerConfig {
     /// Where `/init` publishes the default environment (env_file.rs); `None`: nowhere (an
     /// agent on a host).
     pub env_file: Option<PathBuf>,
+    /// The root whose system trust store `/init`'s `sandcellCaBundle` goes into
+    /// (trust_store.rs); `None`: none (an agent on a host must never touch the host's).
+    pub trust_root: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             default_workdir: None,
             owns_network: false,
             env_file: None,
+            trust_root: None,
         }
     }
 }
@@ -350,6 +354,11 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
         Some(value) => Some(readdress_params(state, value)?),
         None => None,
     };
+    if let Some(pem) = body.sandcell_ca_bundle.as_deref() {
+        crate::trust_store::validate(pem).map_err(|e| {
+            ApiError::rest(StatusCode::BAD_REQUEST, format!("sandcellCaBundle: {e}"))
+        })?;
+    }
     if let Some(bytes) = &entropy {
         crate::entropy::reseed(bytes);
     }
@@ -417,6 +426,14 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
             }
             if let Some(w) = body.default_workdir.filter(|w| !w.is_empty()) {
                 d.workdir = Some(w);
+            }
+            match (&body.sandcell_ca_bundle, &state.config.trust_root) {
+                (Some(pem), Some(root)) => d.trust_env = crate::trust_store::install(root, pem),
+                (Some(_), None) => crate::log!(
+                    "/init: sandcellCaBundle ignored: this agent does not own a trust store \
+                     (no --trust-root)"
+                ),
+                (None, _) => {}
             }
         }
         // Processes started before this /init (a restored template's start command) read

@@ -22,6 +22,9 @@ pub struct Defaults {
     pub internal_env: BTreeMap<String, String>,
     /// Set by `/init`, replaced as a whole by the next one.
     pub user_env: BTreeMap<String, String>,
+    /// Point TLS clients at the system store once `/init` installed a CA into it
+    /// (trust_store.rs); the lowest in rank: the request's env vars win.
+    pub trust_env: BTreeMap<String, String>,
     pub user: String,
     pub workdir: Option<String>,
     pub access_token: Option<String>,
@@ -39,6 +42,7 @@ impl Defaults {
         Defaults {
             internal_env,
             user_env: BTreeMap::new(),
+            trust_env: BTreeMap::new(),
             user: user.to_owned(),
             workdir: None,
             access_token: None,
@@ -47,9 +51,11 @@ impl Defaults {
         }
     }
 
-    /// Every default env var, internal ones winning.
+    /// Every default env var: internal ones win over the request's, which win over the
+    /// trust store's.
     pub fn env(&self) -> BTreeMap<String, String> {
-        let mut all = self.user_env.clone();
+        let mut all = self.trust_env.clone();
+        all.extend(self.user_env.clone());
         all.extend(self.internal_env.clone());
         all
     }

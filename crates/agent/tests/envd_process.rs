@@ -503,3 +503,65 @@ async fn sandcell_net_is_refused_where_the_agent_does_not_own_the_network() {
         204
     );
 }
+
+const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\nU0FORENFTEw=\n-----END CERTIFICATE-----\n";
+
+/// `sandcellCaBundle` (the daemon's egress CA) goes into the trust store under
+/// `--trust-root` and points Python and Node at it by default env vars that the request's
+/// own win over; anything but certificates is a 400 naming the field, and changes nothing.
+#[tokio::test]
+async fn a_ca_bundle_goes_into_the_trust_store_under_the_trust_root() {
+    let root = tempfile::tempdir().expect("a temp dir");
+    let bundle = root.path().join("etc/ssl/certs/ca-certificates.crt");
+    std::fs::create_dir_all(bundle.parent().expect("a parent")).expect("mkdir");
+    std::fs::write(&bundle, "# the image's own\n").expect("writing the bundle");
+    let root_arg = root.path().to_str().expect("a UTF-8 path").to_owned();
+    let envd = Envd::spawn(&["--trust-root", &root_arg]).await;
+    let sock = envd.sock().to_owned();
+    let env = json!({"SSL_CERT_FILE": "/mine.pem"});
+    let body = json!({"accessToken": "tok", "envVars": env, "sandcellCaBundle": TEST_CA});
+    assert_eq!(post_init(&sock, body, None).await.0, 204);
+    let installed = std::fs::read_to_string(&bundle).expect("reading the bundle");
+    assert!(installed.starts_with("# the image's own\n"), "{installed}");
+    assert_eq!(installed.matches(TEST_CA).count(), 1, "{installed}");
+    let anchor = root
+        .path()
+        .join("usr/local/share/ca-certificates/sandcell-egress.crt");
+    assert_eq!(
+        std::fs::read_to_string(anchor).expect("the anchor"),
+        TEST_CA
+    );
+
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[("x-access-token".into(), "tok".into())],
+        sh_request(
+            "echo $NODE_EXTRA_CA_CERTS $REQUESTS_CA_BUNDLE $SSL_CERT_FILE",
+            json!({}),
+        ),
+    )
+    .await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/usr/local/share/ca-certificates/sandcell-egress.crt \
+         /etc/ssl/certs/ca-certificates.crt /mine.pem\n"
+    );
+
+    for bad in [
+        "-----BEGIN PRIVATE KEY-----\nQUJD\n-----END PRIVATE KEY-----\n".to_owned(),
+        format!("{TEST_CA}rm -rf /\n"),
+        String::new(),
+    ] {
+        let body = json!({"accessToken": "tok", "sandcellCaBundle": bad});
+        let (status, message) = post_init(&sock, body, Some("tok")).await;
+        assert_eq!(status, 400, "{bad:?}: {message}");
+        assert!(message.contains("sandcellCaBundle"), "{message}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&bundle).expect("the bundle"),
+        installed
+    );
+}

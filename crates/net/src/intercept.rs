@@ -1,6 +1,7 @@
 //! TLS interception for `network.rules` domains (issue 17): HTTPS requests get their
-//! headers filled on the host as plain HTTP does (inject.rs). Off unless the daemon is
-//! started with `--egress-intercept-tls` ([`set_interceptor`]).
+//! headers filled on the host as plain HTTP does (inject.rs). On unless the daemon is
+//! started with `--no-egress-intercept-tls` ([`set_interceptor`]); the sandboxes trust the
+//! CA because `/init` installs it into their system store (`sandcellCaBundle`).
 //!
 //! The Host/SNI proxy ([`crate::hostcheck`]) hands over a TLS connection on port 443 whose
 //! SNI is a domain with a transform in the sandbox's rules. It is terminated here with a leaf
@@ -349,4 +350,10 @@ pub fn set_interceptor(i: Arc<Interceptor>) {
 
 pub(crate) fn interceptor() -> Option<Arc<Interceptor>> {
     INTERCEPTOR.get().cloned()
+}
+
+/// The CA sandboxes must trust while interception is on (PEM), for `/init`'s
+/// `sandcellCaBundle`; `None` when it is off.
+pub fn sandbox_ca_pem() -> Option<String> {
+    INTERCEPTOR.get().map(|i| i.ca().cert_pem().to_owned())
 }

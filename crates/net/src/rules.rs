@@ -10,7 +10,7 @@
 //!
 //! Where it applies: plain HTTP on port 80 to the domain, through the Host-checking proxy
 //! ([`crate::hostcheck`], [`crate::inject`]); HTTPS on port 443 when the daemon intercepts
-//! TLS ([`crate::intercept`], off by default). Without interception, TLS to a rule's domain
+//! TLS ([`crate::intercept`], on by default). Without interception, TLS to a rule's domain
 //! is not intercepted: its requests leave with the placeholder, never with the value.
 
 use crate::inject::InjectedHeader;
@@ -45,7 +45,7 @@ pub type Transforms = BTreeMap<String, Vec<(String, String)>>;
 pub const INJECT_PORTS: &[u16] = &[80];
 
 /// The ports whose TLS is intercepted for a rule's domain when interception is on
-/// (`serve --egress-intercept-tls`, [`crate::intercept`]): HTTPS's own.
+/// (unless `serve --no-egress-intercept-tls`, [`crate::intercept`]): HTTPS's own.
 pub const INTERCEPT_PORTS: &[u16] = &[443];
 
 fn bad(msg: String) -> PolicyError {

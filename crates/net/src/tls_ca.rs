@@ -1,5 +1,5 @@
 //! The egress proxy's per-daemon certificate authority for intercepting TLS to
-//! `network.rules` domains (issue 17). Loaded only by `serve --egress-intercept-tls`
+//! `network.rules` domains (issue 17). Loaded by `serve` unless `--no-egress-intercept-tls`
 //! ([`crate::intercept`]); without it, TLS to a rule's domain passes through the SNI check
 //! untouched.
 //!

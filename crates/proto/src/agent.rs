@@ -247,10 +247,23 @@ pub struct InitRequest {
     /// an ioctl failed (named, with the interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandcell_net: Option<String>,
+    /// Our extension: PEM certificates (at most [`MAX_INIT_CA_BUNDLE`] bytes) the guest's
+    /// system trust store is to trust besides its own, installed by an agent that owns the
+    /// guest's root (`--trust-root`) and replaced by the next `/init` that carries one: the
+    /// daemon's egress CA when it intercepts TLS for secrets injection (issue 17). 400 when it
+    /// holds anything but certificates (the message names `sandcellCaBundle`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandcell_ca_bundle: Option<String>,
 }
 
 /// Largest `sandcellEntropy` accepted, in bytes.
 pub const MAX_INIT_ENTROPY: usize = 512;
+
+/// Largest `sandcellCaBundle` accepted, in bytes.
+pub const MAX_INIT_CA_BUNDLE: usize = 64 * 1024;
+
+/// Where an agent that owns the guest's root finds its system trust store (`--trust-root`).
+pub const TRUST_ROOT: &str = "/";
 
 /// envd's REST error body (`/files`, `/init`, auth failures): `{"code": 404, "message"}`,
 /// the code being the HTTP status.

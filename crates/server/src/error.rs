@@ -29,7 +29,7 @@ pub enum Error {
     #[error("TLS for --domain: {0}")]
     Tls(#[from] crate::tls::TlsError),
 
-    /// The egress CA's files (`serve --egress-intercept-tls`).
+    /// The egress CA's files (interception of HTTPS to rule domains).
     #[error("the egress CA: {0}")]
     EgressCa(#[from] sandcell_runtime::net::tls_ca::CaError),
 

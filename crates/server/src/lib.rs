@@ -184,15 +184,20 @@ pub struct ServeArgs {
     /// so the longest `timeout` a request may ask for; past it the sandbox is killed
     #[arg(long, default_value = "24h", value_parser = parse_lifetime, value_name = "DURATION")]
     pub max_lifetime: u64,
-    /// Intercept HTTPS (port 443) to the `network.rules` domains that have a transform, so
-    /// that their requests get the headers filled as over plain HTTP; no other domain is
-    /// ever intercepted. The sandbox must trust `<data-dir>/egress-ca.pem` (not installed
-    /// into sandboxes yet: docs/secrets.md)
+    /// Do not intercept HTTPS: requests to the `network.rules` domains with a transform get
+    /// their headers filled over plain HTTP only (HTTPS leaves with the placeholders). By
+    /// default HTTPS on 443 to those domains, and to no other, is intercepted with the
+    /// daemon's egress CA (`<data-dir>/egress-ca.pem`), which every sandbox's trust store
+    /// gets at start (docs/secrets.md)
     #[arg(long)]
+    pub no_egress_intercept_tls: bool,
+    /// The default since interception's CA is installed into sandboxes; kept so that older
+    /// command lines still start
+    #[arg(long, hide = true, conflicts_with = "no_egress_intercept_tls")]
     pub egress_intercept_tls: bool,
-    /// With `--egress-intercept-tls`: CA certificates (a PEM bundle) trusted for the
-    /// intercepted upstreams besides the host's CA bundle (private upstreams)
-    #[arg(long, requires = "egress_intercept_tls", value_name = "FILE")]
+    /// CA certificates (a PEM bundle) trusted for the intercepted upstreams besides the
+    /// host's CA bundle (private upstreams)
+    #[arg(long, conflicts_with = "no_egress_intercept_tls", value_name = "FILE")]
     pub egress_extra_ca: Option<std::path::PathBuf>,
     /// The bucket of persistent volumes (docs/volumes.md)
     #[command(flatten)]
@@ -290,12 +295,12 @@ fn net_settings(
     }))
 }
 
-/// `--egress-intercept-tls`: the egress CA (made on the first start with it) and the
+/// Unless `--no-egress-intercept-tls`: the egress CA (made on the first start) and the
 /// upstream trust store, installed for this process's egress proxies. A bad
 /// `--egress-extra-ca` or CA file stops the start.
 fn egress_interception(dirs: &Dirs, args: &ServeArgs) -> Result<(), Error> {
     use sandcell_runtime::net::{intercept, tls_ca};
-    if !args.egress_intercept_tls {
+    if args.no_egress_intercept_tls {
         return Ok(());
     }
     let extra = match &args.egress_extra_ca {
@@ -305,7 +310,7 @@ fn egress_interception(dirs: &Dirs, args: &ServeArgs) -> Result<(), Error> {
     let ca = tls_ca::EgressCa::load_or_create(&dirs.data)?;
     intercept::set_interceptor(Arc::new(intercept::Interceptor::new(ca, extra)?));
     tracing::info!(
-        "HTTPS to network.rules domains with a transform is intercepted: sandboxes must trust {}",
+        "HTTPS to network.rules domains with a transform is intercepted: sandboxes trust {}",
         dirs.data.join(tls_ca::CERT_FILE).display()
     );
     Ok(())

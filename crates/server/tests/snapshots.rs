@@ -82,9 +82,11 @@ fn start(env: &common::Env) -> common::Daemon {
 }
 
 /// A counter started in the background (its pid in /tmp/counter.pid, its count in
-/// /tmp/count every 50 ms).
+/// /tmp/count every 50 ms, replaced by a rename: a filesystem-only pause that kills it
+/// between a truncate and its write would leave the file empty for good).
 const COUNTER: &str = "setsid sh -c 'echo $$ > /tmp/counter.pid; i=0; while true; do \
-     i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 & \
+     i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done' \
+     </dev/null >/dev/null 2>&1 & \
      while [ ! -s /tmp/count ]; do sleep 0.01; done";
 
 /// The counter's last value (the file is rewritten as it counts: read until whole).

@@ -73,6 +73,7 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
             "args": [
                 AGENT_PATH, "--listen", listen, "--no-init-mounts", "--sudo-service",
                 "--env-file", sandcell_proto::agent::ENV_FILE_PATH,
+                "--trust-root", sandcell_proto::agent::TRUST_ROOT,
             ],
             "env": env,
             "cwd": "/",

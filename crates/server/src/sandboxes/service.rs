@@ -402,6 +402,11 @@ pub(crate) async fn init_agent_with(
     body["sandcellSandboxId"] = serde_json::Value::String(sandbox.id().to_string());
     body["sandcellEntropy"] =
         serde_json::Value::String(random_hex(64).map_err(InitError::Entropy)?);
+    // The egress CA, when the daemon intercepts TLS to inject secrets: sent at every /init
+    // (rules change live, and a restored memory image may predate the CA).
+    if let Some(pem) = sandcell_runtime::net::intercept::sandbox_ca_pem() {
+        body["sandcellCaBundle"] = serde_json::Value::String(pem);
+    }
     let (status, headers) = crate::http::proxy::post_json(sandbox, AGENT_PORT, "/init", &body)
         .await
         .map_err(InitError::Unreachable)?;
