@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# What secrets injection (issue 17) adds to a plain-HTTP request from a sandbox namespace:
+# What secrets injection (issue 17) adds to a request from a sandbox namespace. Plain HTTP:
 # the domain rule alone (the Host/SNI proxy), the same with a `network.rules` transform
 # (the inject relay, resolver answering at once), and the host straight to the server (the
-# floor), p50/p90/p99 over alternating blocks (crates/net/examples/bench_inject.rs).
+# floor); HTTPS: the domain rule alone (SNI checked, TLS passed through: the peer
+# reference) and with a transform (TLS intercepted with the egress CA, the host's own TLS to
+# the upstream); p50/p90/p99 over alternating blocks (crates/net/examples/bench_inject.rs).
 # Needs root, iproute2, nftables, dnsmasq and python3. Writes bench/net/inject-results.json.
 #
 #   bench/net/inject.sh [--runs N] [--debug]

@@ -8,20 +8,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use sandcell_net::inject::InjectedHeader;
 use sandcell_net::intercept::{Interceptor, set_interceptor};
 use sandcell_net::rules::{Resolved, Resolver, Rule, Transform, set_resolver};
-use sandcell_net::testing::{DNS, Internet, NETNS};
+use sandcell_net::testing::{DNS, Internet, TestCa, TlsUpstream};
 use sandcell_net::tls_ca::{CERT_FILE, EgressCa};
 use sandcell_net::{EgressSpec, NetConfig, SandboxNet};
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 const VALUE: &str = "Bearer REAL-VALUE-e2e";
 const PLACEHOLDER: &str = "Bearer ${e2b.secrets.k}";
@@ -50,92 +48,15 @@ impl Resolver for Fixed {
     }
 }
 
-/// Kills the upstream servers and removes the files even when the test fails.
+/// Removes the files even when the test fails (after the upstreams, dropped before it).
 struct Cleanup {
-    children: Vec<Child>,
     dir: PathBuf,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// The upstream: Python's ssl module, answering each request with the head it received.
-const SERVER: &str = r#"
-import socket, ssl, sys, threading
-addr, cert, key = sys.argv[1:4]
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(cert, key)
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((addr, 443))
-s.listen(16)
-def serve(c):
-    try:
-        t = ctx.wrap_socket(c, server_side=True)
-        d = b""
-        while b"\r\n\r\n" not in d:
-            x = t.recv(4096)
-            if not x:
-                break
-            d += x
-        t.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(d) + d)
-        t.close()
-    except Exception:
-        c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
-fn test_ca(name: &str) -> (Issuer<'static, KeyPair>, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, name);
-    let pem = p.self_signed(&key).unwrap().pem();
-    (Issuer::new(p, key), pem)
-}
-
-/// An HTTPS upstream on `ip`:443 in the fake internet with a leaf for `names`.
-fn upstream(dir: &Path, issuer: &Issuer<'static, KeyPair>, ip: Ipv4Addr, names: &[&str]) -> Child {
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-        .unwrap()
-        .signed_by(&key, issuer)
-        .unwrap();
-    let (cert, keyf) = (dir.join(format!("{ip}.pem")), dir.join(format!("{ip}.key")));
-    std::fs::write(&cert, leaf.pem()).unwrap();
-    std::fs::write(&keyf, key.serialize_pem()).unwrap();
-    let ok = Command::new("ip")
-        .args(["-n", NETNS, "addr", "add", &format!("{ip}/24"), "dev"])
-        .arg(sandcell_net::testing::INET_IF)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "adding {ip} to the fake internet");
-    let child = Command::new("ip")
-        .args(["netns", "exec", NETNS, "python3", "-c", SERVER])
-        .arg(ip.to_string())
-        .args([&cert, &keyf])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let at = SocketAddr::from((ip, 443));
-    while std::net::TcpStream::connect_timeout(&at, Duration::from_millis(200)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream on {at} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
 }
 
 /// `curl` in the sandbox's namespace: its exit status and stdout (body, then the status
@@ -202,21 +123,12 @@ async fn https_to_a_rule_domain_is_intercepted_and_filled_and_nothing_else_is() 
     let hex = sandcell_proto::random::hex(8).unwrap();
     let dir = std::env::temp_dir().join(format!("sc-egress-tls-{hex}"));
     std::fs::create_dir(&dir).unwrap();
-    let mut cleanup = Cleanup {
-        children: Vec::new(),
-        dir: dir.clone(),
-    };
-    let (trusted_ca, trusted_pem) = test_ca("upstream test CA");
-    let (rogue_ca, _) = test_ca("rogue CA");
-    cleanup.children.push(upstream(
-        &dir,
-        &trusted_ca,
-        TRUSTED,
-        &["api.test", "plain.test"],
-    ));
-    cleanup
-        .children
-        .push(upstream(&dir, &rogue_ca, ROGUE, &["rogue.test"]));
+    let cleanup = Cleanup { dir: dir.clone() };
+    let trusted_ca = TestCa::new("upstream test CA").unwrap();
+    let rogue_ca = TestCa::new("rogue CA").unwrap();
+    let trusted =
+        TlsUpstream::start(&dir, &trusted_ca, TRUSTED, &["api.test", "plain.test"]).unwrap();
+    let rogue = TlsUpstream::start(&dir, &rogue_ca, ROGUE, &["rogue.test"]).unwrap();
     for (name, ip) in [
         ("api.test", TRUSTED),
         ("plain.test", TRUSTED),
@@ -225,7 +137,7 @@ async fn https_to_a_rule_domain_is_intercepted_and_filled_and_nothing_else_is() 
         inet.add_host(name, ip).unwrap();
     }
     let trusted_file = dir.join("upstream-ca.pem");
-    std::fs::write(&trusted_file, &trusted_pem).unwrap();
+    std::fs::write(&trusted_file, trusted_ca.pem()).unwrap();
 
     let ca = EgressCa::load_or_create(&dir).unwrap();
     let extra = sandcell_net::intercept::read_extra_ca(&trusted_file).unwrap();
@@ -320,7 +232,7 @@ async fn https_to_a_rule_domain_is_intercepted_and_filled_and_nothing_else_is() 
     let failures = run.await.unwrap();
     let log = net.denied().await.unwrap();
     net.teardown().await.unwrap();
-    drop(cleanup);
+    drop((trusted, rogue, cleanup));
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(
         log.injections.iter().any(|i| i.domain == "api.test"),

@@ -19,8 +19,13 @@
 //! port 5201 of .10 and .20: a sink that reads and discards what comes, then says how many bytes
 //! ```
 //!
+//! HTTPS upstreams of a test CA on addresses of their own: [`TlsUpstream`] (tls.rs).
+//!
 //! Only one [`Internet`] can exist on a host at a time (fixed names and addresses): tests
 //! using it take [`Internet::lock`] first.
+
+mod tls;
+pub use tls::{TestCa, TlsUpstream};
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
