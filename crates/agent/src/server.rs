@@ -354,7 +354,8 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
         Some(value) => Some(readdress_params(state, value)?),
         None => None,
     };
-    if let Some(pem) = body.sandcell_ca_bundle.as_deref() {
+    // Empty: take out a CA installed before (the daemon intercepts no longer).
+    if let Some(pem) = body.sandcell_ca_bundle.as_deref().filter(|p| !p.is_empty()) {
         crate::trust_store::validate(pem).map_err(|e| {
             ApiError::rest(StatusCode::BAD_REQUEST, format!("sandcellCaBundle: {e}"))
         })?;
@@ -428,7 +429,12 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
                 d.workdir = Some(w);
             }
             match (&body.sandcell_ca_bundle, &state.config.trust_root) {
+                (Some(pem), Some(root)) if pem.is_empty() => {
+                    crate::trust_store::uninstall(root);
+                    d.trust_env.clear();
+                }
                 (Some(pem), Some(root)) => d.trust_env = crate::trust_store::install(root, pem),
+                (Some(pem), None) if pem.is_empty() => {}
                 (Some(_), None) => crate::log!(
                     "/init: sandcellCaBundle ignored: this agent does not own a trust store \
                      (no --trust-root)"

@@ -14,9 +14,18 @@
 //!   holding only the CA when the image has none at all.
 //!
 //! Each file is replaced atomically (written beside it, then renamed), so a process reading
-//! the bundle meanwhile sees the old one or the new one. [`TRUST_ENV`] points the runtimes
-//! that ignore the system store by default (Python `requests`/`httpx` use certifi, Node its
-//! own copy of Mozilla's list) at it; the request's own env vars win over them.
+//! the bundle meanwhile sees the old one or the new one, and only when its content changes.
+//! Env vars point the runtimes that ignore the system store by default at what was written:
+//! `SSL_CERT_FILE` and `REQUESTS_CA_BUNDLE` (Python `requests`/`httpx` use certifi) name the
+//! image's own bundle with the block, never a bundle made here (that would hold the CA alone
+//! and cut those clients off every other host); `NODE_EXTRA_CA_CERTS` (added to Node's own
+//! list) names the anchor. The request's own env vars win over them.
+//!
+//! An empty `sandcellCaBundle` (a daemon that does not intercept) takes all of it out again
+//! ([`uninstall`]): a sandbox restored from a memory image of an intercepting daemon stops
+//! trusting its CA. A copy of the CA that a program in the guest made (`update-ca-certificates`
+//! regenerating the bundle from the anchor) is outside the block: it goes when the bundle is
+//! regenerated again without the anchor.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -44,13 +53,11 @@ const END: &str = "# END sandcell egress CA\n";
 /// A bundle larger than this is not rewritten (Mozilla's is about 220 KiB).
 const MAX_BUNDLE: u64 = 8 << 20;
 
-/// Env vars that make the runtimes that skip the system store use it; `(name, path)` with
-/// the path relative to the trust root.
-const TRUST_ENV: &[(&str, &str)] = &[
-    ("SSL_CERT_FILE", BUNDLES[0]),
-    ("REQUESTS_CA_BUNDLE", BUNDLES[0]),
-    ("NODE_EXTRA_CA_CERTS", ANCHOR),
-];
+/// Env vars naming the bundle with the block (for runtimes that read one file instead of
+/// the system store).
+const BUNDLE_ENV: &[&str] = &["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"];
+/// The env var naming the anchor (certificates added to the runtime's own list).
+const ANCHOR_ENV: &str = "NODE_EXTRA_CA_CERTS";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrustError {
@@ -90,60 +97,105 @@ pub fn validate(pem: &str) -> Result<(), TrustError> {
     Ok(())
 }
 
-/// Installs `pem` (already [`validate`]d) under `root`; returns the env vars to default to.
-/// Failures are logged per file: a store that cannot be written costs only interception.
+/// Installs `pem` (already [`validate`]d) under `root`; returns the env vars to default to
+/// (only for files that now hold the CA). Failures are logged per file: a store that cannot
+/// be written costs only interception.
 pub fn install(root: &Path, pem: &str) -> BTreeMap<String, String> {
     let block = format!("{BEGIN}{}\n{END}", pem.trim_end());
     let anchor_body = format!("{}\n", pem.trim_end());
+    let mut env = BTreeMap::new();
+    for (i, path) in anchors(root).iter().enumerate() {
+        let ok = report(path, write_if_changed(path, anchor_body.as_bytes()));
+        if i == 0 && ok {
+            env.insert(ANCHOR_ENV.to_owned(), guest_path(ANCHOR));
+        }
+    }
     let mut written = Vec::new();
-    let mut anchors = vec![root.join(ANCHOR)];
-    if root.join(RHEL_ANCHORS).is_dir() {
-        anchors.push(root.join(RHEL_ANCHORS).join("sandcell-egress.crt"));
-    }
-    for path in anchors {
-        report(&path, write_atomic(&path, anchor_body.as_bytes(), true));
-    }
     let mut any = false;
     for rel in BUNDLES {
-        let path = root.join(rel);
         // A link (Alpine's cert.pem) is followed to its file, once: the same file through
         // two names gets one block. Inside the guest, whatever a link points at is the
         // guest's own.
-        let Ok(real) = std::fs::canonicalize(&path) else {
+        let Ok(real) = std::fs::canonicalize(root.join(rel)) else {
             continue;
         };
         any = true;
         if written.contains(&real) {
             continue;
         }
-        report(&real, rewrite_bundle(&real, &block));
+        if report(&real, rewrite_bundle(&real, Some(&block))) && !env.contains_key(BUNDLE_ENV[0]) {
+            for name in BUNDLE_ENV {
+                env.insert((*name).to_owned(), guest_path(rel));
+            }
+        }
         written.push(real);
     }
     if !any {
         let path = root.join(BUNDLES[0]);
-        report(&path, write_atomic(&path, block.as_bytes(), true));
+        report(&path, write_if_changed(&path, block.as_bytes()));
     }
-    TRUST_ENV
-        .iter()
-        .map(|(name, rel)| (name.to_string(), display(&Path::new("/").join(rel))))
-        .collect()
+    env
+}
+
+/// Takes out what [`install`] put in, if it did (its anchor is there): the anchors, the
+/// blocks, and a bundle that held nothing else.
+pub fn uninstall(root: &Path) {
+    let anchors = anchors(root);
+    if !anchors[0].exists() {
+        return;
+    }
+    let mut done = Vec::new();
+    for rel in BUNDLES {
+        let Ok(real) = std::fs::canonicalize(root.join(rel)) else {
+            continue;
+        };
+        if !done.contains(&real) {
+            report(&real, rewrite_bundle(&real, None));
+            done.push(real);
+        }
+    }
+    for path in anchors {
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            report(&path, Err(e));
+        }
+    }
+}
+
+/// The anchor files: Debian's first (its presence marks an install), RHEL's where that
+/// layout exists.
+fn anchors(root: &Path) -> Vec<PathBuf> {
+    let mut anchors = vec![root.join(ANCHOR)];
+    if root.join(RHEL_ANCHORS).is_dir() {
+        anchors.push(root.join(RHEL_ANCHORS).join("sandcell-egress.crt"));
+    }
+    anchors
+}
+
+/// `rel` as the guest's processes name it.
+fn guest_path(rel: &str) -> String {
+    display(&Path::new("/").join(rel))
 }
 
 fn display(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn report(path: &Path, r: io::Result<()>) {
-    if let Err(e) = r {
-        crate::log!(
-            "/init: installing the egress CA into {}: {e}",
-            path.display()
-        );
+/// Logs a failure; whether it went well.
+fn report(path: &Path, r: io::Result<()>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(e) => {
+            crate::log!("/init: the egress CA in {}: {e}", path.display());
+            false
+        }
     }
 }
 
-/// Replaces the marked block of the bundle at `path` (or appends one) with `block`.
-fn rewrite_bundle(path: &Path, block: &str) -> io::Result<()> {
+/// Replaces the marked block of the bundle at `path` (or appends one) with `block`; with
+/// `None` takes it out (and removes a bundle left empty: one made by [`install`]).
+fn rewrite_bundle(path: &Path, block: Option<&str>) -> io::Result<()> {
     let mut old = String::new();
     std::fs::File::open(path)?
         .take(MAX_BUNDLE + 1)
@@ -154,6 +206,15 @@ fn rewrite_bundle(path: &Path, block: &str) -> io::Result<()> {
         )));
     }
     let mut new = without_block(&old);
+    let Some(block) = block else {
+        if new == old {
+            return Ok(());
+        }
+        if new.trim().is_empty() {
+            return std::fs::remove_file(path);
+        }
+        return write_atomic(path, new.as_bytes(), false);
+    };
     if !new.is_empty() && !new.ends_with('\n') {
         new.push('\n');
     }
@@ -162,6 +223,18 @@ fn rewrite_bundle(path: &Path, block: &str) -> io::Result<()> {
         return Ok(());
     }
     write_atomic(path, new.as_bytes(), false)
+}
+
+/// Writes `path` (creating its directory) unless it already holds `bytes`.
+fn write_if_changed(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut old = Vec::new();
+    if let Ok(f) = std::fs::File::open(path) {
+        f.take(MAX_BUNDLE).read_to_end(&mut old)?;
+        if old == bytes {
+            return Ok(());
+        }
+    }
+    write_atomic(path, bytes, true)
 }
 
 /// `bundle` with every marked block taken out.
@@ -287,11 +360,40 @@ mod tests {
     }
 
     #[test]
+    fn the_env_names_the_images_own_bundle_and_uninstall_restores_it() {
+        let dir = root("rhel");
+        let rhel = dir.join(BUNDLES[1]);
+        std::fs::create_dir_all(rhel.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(dir.join(RHEL_ANCHORS)).unwrap();
+        std::fs::write(&rhel, MOZILLA).unwrap();
+        let env = install(&dir, CERT);
+        assert_eq!(env["SSL_CERT_FILE"], format!("/{}", BUNDLES[1]));
+        assert_eq!(env["REQUESTS_CA_BUNDLE"], format!("/{}", BUNDLES[1]));
+        assert!(
+            !dir.join(BUNDLES[0]).exists(),
+            "no Debian bundle is made beside RHEL's"
+        );
+        let rhel_anchor = dir.join(RHEL_ANCHORS).join("sandcell-egress.crt");
+        assert_eq!(std::fs::read_to_string(&rhel_anchor).unwrap(), CERT);
+        assert!(std::fs::read_to_string(&rhel).unwrap().contains(CERT));
+        uninstall(&dir);
+        assert_eq!(std::fs::read_to_string(&rhel).unwrap(), MOZILLA);
+        assert!(!rhel_anchor.exists() && !dir.join(ANCHOR).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn an_image_without_a_store_gets_one_and_a_cut_block_goes() {
         let dir = root("none");
-        install(&dir, CERT);
+        let env = install(&dir, CERT);
         let made = std::fs::read_to_string(dir.join(BUNDLES[0])).unwrap();
         assert!(made.contains(CERT));
+        // A bundle of the CA alone is named by no env var: Python's certifi stays in use
+        // for every other host.
+        assert_eq!(env.keys().collect::<Vec<_>>(), vec![ANCHOR_ENV]);
+        uninstall(&dir);
+        assert!(!dir.join(BUNDLES[0]).exists(), "the bundle made here goes");
+        uninstall(&dir);
         let cut = format!("{MOZILLA}{BEGIN}-----BEGIN CERTIFICATE-----\n");
         assert_eq!(without_block(&cut), MOZILLA);
         std::fs::remove_dir_all(&dir).unwrap();

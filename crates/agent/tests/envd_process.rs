@@ -508,7 +508,8 @@ const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\nU0FORENFTEw=\n-----END CERTI
 
 /// `sandcellCaBundle` (the daemon's egress CA) goes into the trust store under
 /// `--trust-root` and points Python and Node at it by default env vars that the request's
-/// own win over; anything but certificates is a 400 naming the field, and changes nothing.
+/// own win over; anything but certificates is a 400 naming the field, and changes nothing;
+/// an empty one takes it all out.
 #[tokio::test]
 async fn a_ca_bundle_goes_into_the_trust_store_under_the_trust_root() {
     let root = tempfile::tempdir().expect("a temp dir");
@@ -553,7 +554,7 @@ async fn a_ca_bundle_goes_into_the_trust_store_under_the_trust_root() {
     for bad in [
         "-----BEGIN PRIVATE KEY-----\nQUJD\n-----END PRIVATE KEY-----\n".to_owned(),
         format!("{TEST_CA}rm -rf /\n"),
-        String::new(),
+        " ".to_owned(),
     ] {
         let body = json!({"accessToken": "tok", "sandcellCaBundle": bad});
         let (status, message) = post_init(&sock, body, Some("tok")).await;
@@ -564,4 +565,21 @@ async fn a_ca_bundle_goes_into_the_trust_store_under_the_trust_root() {
         std::fs::read_to_string(&bundle).expect("the bundle"),
         installed
     );
+    // An empty one (a daemon that intercepts no longer) takes it all out again.
+    let body = json!({"accessToken": "tok", "sandcellCaBundle": ""});
+    assert_eq!(post_init(&sock, body, Some("tok")).await.0, 204);
+    assert_eq!(
+        std::fs::read_to_string(&bundle).expect("the bundle"),
+        "# the image's own\n"
+    );
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[("x-access-token".into(), "tok".into())],
+        sh_request("echo \"[$NODE_EXTRA_CA_CERTS]\"", json!({})),
+    )
+    .await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n");
 }

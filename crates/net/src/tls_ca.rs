@@ -116,6 +116,15 @@ fn write_new(path: &Path, text: &str, mode: u32) -> Result<(), CaError> {
     f.sync_all().map_err(io("syncing", path))
 }
 
+/// `pem` trimmed, if it is one PEM certificate block and nothing else.
+fn only_one_certificate(pem: &str) -> Option<String> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let t = pem.trim();
+    (t.starts_with(BEGIN) && t.ends_with(END) && t.matches("-----BEGIN").count() == 1)
+        .then(|| format!("{t}\n"))
+}
+
 impl EgressCa {
     /// The CA of the daemon whose data dir is `dir`: made on the first call (key 0600),
     /// read back after. A key file others may read is made 0600.
@@ -155,6 +164,12 @@ impl EgressCa {
                 });
             }
         };
+        // The file goes to every sandbox as it is: one certificate and nothing else (a
+        // combined PEM with the key, or `openssl -text` output, must never reach a guest).
+        let cert_pem = only_one_certificate(&cert_pem).ok_or_else(|| CaError::Bad {
+            path: cert_path.clone(),
+            why: "must hold exactly one PEM certificate and nothing else".into(),
+        })?;
         let der = rustls::pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes()).map_err(
             |e| CaError::Bad {
                 path: cert_path.clone(),
@@ -264,6 +279,27 @@ mod tests {
         for d in [dir, dir2] {
             std::fs::remove_dir_all(d).unwrap();
         }
+    }
+
+    #[test]
+    fn a_certificate_file_with_anything_else_is_refused() {
+        let dir = tempfile_dir();
+        let ca = EgressCa::load_or_create(&dir).unwrap();
+        let cert = ca.cert_pem().to_owned();
+        let key = std::fs::read_to_string(dir.join(KEY_FILE)).unwrap();
+        for bad in [
+            format!("{cert}{key}"),
+            format!("Bag Attributes\n{cert}"),
+            format!("{cert}{cert}"),
+        ] {
+            std::fs::write(dir.join(CERT_FILE), &bad).unwrap();
+            let err = EgressCa::load_or_create(&dir).err().expect("refused");
+            assert!(err.to_string().contains("exactly one"), "{err}");
+        }
+        std::fs::write(dir.join(CERT_FILE), format!("\n{cert}\n\n")).unwrap();
+        let again = EgressCa::load_or_create(&dir).unwrap();
+        assert_eq!(again.cert_pem(), cert);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     /// A fresh directory under the system temp dir (this crate has no tempfile).

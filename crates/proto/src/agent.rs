@@ -205,7 +205,8 @@ pub struct EntryInfo {
 }
 
 /// `POST /init`: what the control plane hands a fresh (or resumed) sandbox. Fields envd has
-/// that the agent ignores (volume mounts, CA bundle, hyperloop) are accepted and dropped.
+/// that the agent ignores (volume mounts, E2B's `caBundle`: ours is `sandcellCaBundle`,
+/// hyperloop) are accepted and dropped.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InitRequest {
@@ -250,8 +251,9 @@ pub struct InitRequest {
     /// Our extension: PEM certificates (at most [`MAX_INIT_CA_BUNDLE`] bytes) the guest's
     /// system trust store is to trust besides its own, installed by an agent that owns the
     /// guest's root (`--trust-root`) and replaced by the next `/init` that carries one: the
-    /// daemon's egress CA when it intercepts TLS for secrets injection (issue 17). 400 when it
-    /// holds anything but certificates (the message names `sandcellCaBundle`).
+    /// daemon's egress CA when it intercepts TLS for secrets injection (issue 17). Empty:
+    /// take out what an earlier one installed. 400 when it holds anything but certificates
+    /// (the message names `sandcellCaBundle`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandcell_ca_bundle: Option<String>,
 }

@@ -191,9 +191,10 @@ pub struct ServeArgs {
     /// gets at start (docs/secrets.md)
     #[arg(long)]
     pub no_egress_intercept_tls: bool,
-    /// The default since interception's CA is installed into sandboxes; kept so that older
-    /// command lines still start
-    #[arg(long, hide = true, conflicts_with = "no_egress_intercept_tls")]
+    /// Interception is on by default and, when it cannot be set up (no CA bundle on the
+    /// host, an unreadable egress CA), logged and left off: with this flag the start fails
+    /// instead
+    #[arg(long, conflicts_with = "no_egress_intercept_tls")]
     pub egress_intercept_tls: bool,
     /// CA certificates (a PEM bundle) trusted for the intercepted upstreams besides the
     /// host's CA bundle (private upstreams)
@@ -296,13 +297,28 @@ fn net_settings(
 }
 
 /// Unless `--no-egress-intercept-tls`: the egress CA (made on the first start) and the
-/// upstream trust store, installed for this process's egress proxies. A bad
-/// `--egress-extra-ca` or CA file stops the start.
+/// upstream trust store, installed for this process's egress proxies. Asked for by a flag
+/// (`--egress-intercept-tls`, `--egress-extra-ca`), a failure stops the start; on by
+/// default only, it is logged and the daemon runs without interception (HTTPS to rule
+/// domains then leaves with the placeholders), e.g. on a host with no CA bundle.
 fn egress_interception(dirs: &Dirs, args: &ServeArgs) -> Result<(), Error> {
-    use sandcell_runtime::net::{intercept, tls_ca};
     if args.no_egress_intercept_tls {
         return Ok(());
     }
+    match start_interception(dirs, args) {
+        Err(e) if !args.egress_intercept_tls && args.egress_extra_ca.is_none() => {
+            tracing::warn!(
+                "HTTPS to network.rules domains is not intercepted (their requests leave \
+                 with the placeholders): {e}; fix it, or pass --no-egress-intercept-tls"
+            );
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+fn start_interception(dirs: &Dirs, args: &ServeArgs) -> Result<(), Error> {
+    use sandcell_runtime::net::{intercept, tls_ca};
     let extra = match &args.egress_extra_ca {
         Some(path) => intercept::read_extra_ca(path)?,
         None => Vec::new(),

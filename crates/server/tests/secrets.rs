@@ -270,3 +270,98 @@ async fn secrets_survive_a_restart_under_the_same_key_file() {
     assert_eq!(json_of(&r)["currentVersion"], 2);
     daemon.stop();
 }
+
+/// HTTPS interception is on by default, so what it needs must not stop a daemon that could
+/// otherwise run: on a host with no CA bundle (`SSL_CERT_FILE` naming nothing) the daemon
+/// starts without it, saying so; asked for by `--egress-intercept-tls`, it refuses to start
+/// and says why. An egress CA file holding more than its certificate is refused.
+#[tokio::test]
+async fn interception_off_by_a_missing_ca_bundle_warns_unless_it_was_asked_for() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    let env = common::Env::new();
+    let serve = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sandcell-serve"))
+            .env("SANDCELL_RUN_DIR", env.run_dir())
+            .env("SSL_CERT_FILE", env.data().join("no-such-bundle.pem"))
+            .env_remove("SSL_CERT_DIR")
+            .arg("--data-dir")
+            .arg(env.data())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--runtime",
+                "gvisor",
+                "--kill-on-exit",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut strict = serve(&["--egress-intercept-tls"]);
+    let status = strict.wait().unwrap();
+    let mut err = String::new();
+    strict
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("trust store is empty"), "{err}");
+
+    let mut lenient = serve(&[]);
+    let mut line = String::new();
+    BufReader::new(lenient.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("sandcell serve: listening on "),
+        "{line:?}"
+    );
+    // SAFETY: kill has no memory effects; the pid is our own child's.
+    unsafe { libc::kill(lenient.id() as i32, libc::SIGTERM) };
+    lenient.wait().unwrap();
+    let mut err = String::new();
+    lenient
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.contains("is not intercepted") && err.contains("--no-egress-intercept-tls"),
+        "{err}"
+    );
+
+    // The CA file with its key appended is refused (every guest would get the file as it
+    // is): the strict start fails; by default the daemon would run without interception.
+    let cert = env.data().join(sandcell_runtime::net::tls_ca::CERT_FILE);
+    let key =
+        std::fs::read_to_string(env.data().join(sandcell_runtime::net::tls_ca::KEY_FILE)).unwrap();
+    let pem = std::fs::read_to_string(&cert).unwrap();
+    std::fs::write(&cert, format!("{pem}{key}")).unwrap();
+    let mut strict = Command::new(env!("CARGO_BIN_EXE_sandcell-serve"))
+        .env("SANDCELL_RUN_DIR", env.run_dir())
+        .arg("--data-dir")
+        .arg(env.data())
+        .args(["--listen", "127.0.0.1:0", "--runtime", "gvisor"])
+        .arg("--egress-intercept-tls")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = strict.wait().unwrap();
+    let mut err = String::new();
+    strict
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success() && err.contains("exactly one"), "{err}");
+}

@@ -403,10 +403,10 @@ pub(crate) async fn init_agent_with(
     body["sandcellEntropy"] =
         serde_json::Value::String(random_hex(64).map_err(InitError::Entropy)?);
     // The egress CA, when the daemon intercepts TLS to inject secrets: sent at every /init
-    // (rules change live, and a restored memory image may predate the CA).
-    if let Some(pem) = sandcell_runtime::net::intercept::sandbox_ca_pem() {
-        body["sandcellCaBundle"] = serde_json::Value::String(pem);
-    }
+    // (rules change live, and a restored memory image may predate the CA). Empty when it
+    // does not: the agent takes out a CA an earlier daemon's /init installed.
+    let ca = sandcell_runtime::net::intercept::sandbox_ca_pem().unwrap_or_default();
+    body["sandcellCaBundle"] = serde_json::Value::String(ca);
     let (status, headers) = crate::http::proxy::post_json(sandbox, AGENT_PORT, "/init", &body)
         .await
         .map_err(InitError::Unreachable)?;
