@@ -104,6 +104,7 @@ images: agent
 	scripts/build-image.sh minimal --agent $(AGENT_BIN) >/dev/null
 	nice scripts/build-image.sh base --agent $(AGENT_BIN) >/dev/null
 	nice scripts/build-image.sh code-interpreter-v1 --agent $(AGENT_BIN) >/dev/null
+	nice scripts/build-image.sh desktop --agent $(AGENT_BIN) >/dev/null
 
 install: kernel images
 	scripts/install-artifacts.sh --data-dir $(DATA_DIR)

@@ -2,7 +2,7 @@
 # Builds a Sandcell root image: a root tree and an ext4 image of it, without root and
 # without mounting anything.
 #
-#   scripts/build-image.sh minimal|base|code-interpreter-v1 [--agent PATH]
+#   scripts/build-image.sh minimal|base|code-interpreter-v1|desktop [--agent PATH]
 #
 # minimal = Debian's static busybox with its applet symlinks, the files under
 # images/minimal/files/ (passwd, group, hosts, ...), the empty mount points the agent
@@ -16,6 +16,10 @@
 # code-interpreter-v1 = base plus E2B's code interpreter (images/code-interpreter-v1/: pinned
 # Jupyter/numpy/pandas/matplotlib wheels and the server on port 49999, by its install.sh),
 # and an e2b.json beside the image (its start and ready commands) for install-artifacts.sh.
+#
+# desktop = base plus E2B's desktop (images/desktop/: Xvfb, xfce4, xdotool, scrot, x11vnc,
+# noVNC, apt-installed in the tree by its install.sh), with an e2b.json of its default size.
+# Not built by `make images` (yet): `make desktop`.
 #
 # The result is cached under ${SANDCELL_CACHE:-~/.cache/sandcell}/images/<hash>/ where
 # <hash> covers this script, the busybox binary (minimal) or the debootstrap stage's key
@@ -35,7 +39,7 @@ agent=$root/target/x86_64-unknown-linux-gnu/release/sandcell-agent
 cached_only=
 user_uid=1000
 
-usage() { echo "usage: $0 minimal|base|code-interpreter-v1 [--agent PATH] [--cached]" >&2; exit 2; }
+usage() { echo "usage: $0 minimal|base|code-interpreter-v1|desktop [--agent PATH] [--cached]" >&2; exit 2; }
 log() { echo "build-image: $*" >&2; }
 die() { echo "build-image: $*" >&2; exit 1; }
 
@@ -56,11 +60,11 @@ recipe=$root/images/$name
 extra=
 case "$name" in
   minimal|base) [ -d "$recipe/files" ] || die "recipe $recipe/files is missing" ;;
-  code-interpreter-v1)
+  code-interpreter-v1|desktop)
     extra=$recipe
     recipe=$root/images/base
     [ -x "$extra/install.sh" ] || die "recipe $extra/install.sh is missing" ;;
-  *) die "unknown image '$name' (known: minimal, base, code-interpreter-v1)" ;;
+  *) die "unknown image '$name' (known: minimal, base, code-interpreter-v1, desktop)" ;;
 esac
 # On base: the Debian tree (debootstrap stage, base's files, node) under it.
 on_base=; [ "$name" = minimal ] || on_base=1
@@ -116,7 +120,11 @@ if [ -f "$out/rootfs.ext4" ] && [ -d "$out/rootfs" ]; then
 fi
 [ -z "$cached_only" ] || { log "$name: not built for these inputs (would be $out)"; exit 3; }
 
-rm -rf "$out.tmp"
+# An install.sh killed mid-way (desktop's apt in a chroot) can leave mounts in the old tree:
+# unmount them first, and never let rm cross into another filesystem.
+awk -v d="$out.tmp/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | LC_ALL=C sort -r \
+  | while IFS= read -r m; do umount -l "$m" || true; done
+rm -rf --one-file-system "$out.tmp"
 mkdir -p "$out.tmp"
 tree=$out.tmp/rootfs
 log "$name: assembling the root tree"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # E2B SDK compatibility: the registry `e2b` packages (Python 2.63.0, npm 2.51.0) and
-# `e2b-code-interpreter` (Python 2.11.5, against the code-interpreter-v1 image), unmodified,
+# `e2b-code-interpreter` (Python 2.11.5, against the code-interpreter-v1 image) and `e2b-desktop`
+# (Python 2.7.2, against the desktop image), unmodified,
 # against a real `sandcell serve` on loopback (gvisor runtime, temp data and run dirs).
 #
 # Needs root and runsc (as every gvisor test), the installed images (`make images install`,
@@ -87,6 +88,13 @@ if [ -d "$DATA/images/code-interpreter-v1" ]; then
     "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_code_interpreter.py" ${PYTEST_ARGS:-} || status=1
 else
     echo "tests/e2b: code-interpreter-v1 is not installed in $INSTALLED (make images install)" >&2
+    status=1
+fi
+say "python: pytest tests/e2b/test_desktop.py (e2b-desktop $E2B_DESKTOP_SDK)"
+if [ -d "$DATA/images/desktop" ]; then
+    "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_desktop.py" ${PYTEST_ARGS:-} || status=1
+else
+    echo "tests/e2b: desktop is not installed in $INSTALLED (make images install)" >&2
     status=1
 fi
 say "python: pytest tests/e2b/test_snapshots.py (e2b $PY_SDK)"

@@ -21,12 +21,13 @@ sc_require_gvisor() {
         die "no installed minimal image in $INSTALLED/images (make images install)"
 }
 
-# The e2b Python SDK venv (with pytest, httpx and the code interpreter's SDK, which pins an
-# e2b range of its own) in $1, pinned to e2b==$2; made once.
+# The e2b Python SDK venv (with pytest, httpx, and the code interpreter's and the desktop's
+# SDKs, which pin e2b ranges of their own) in $1, pinned to e2b==$2; made once.
 E2B_CODE_INTERPRETER_SDK=2.11.5
+E2B_DESKTOP_SDK=2.7.2
 sc_e2b_venv() {
     local venv=$1 sdk=$2
-    local pins="e2b==$sdk e2b-code-interpreter==$E2B_CODE_INTERPRETER_SDK"
+    local pins="e2b==$sdk e2b-code-interpreter==$E2B_CODE_INTERPRETER_SDK e2b-desktop==$E2B_DESKTOP_SDK"
     if [ "$(cat "$venv/.sandcell-pins" 2>/dev/null)" != "$pins" ]; then
         say "python venv with $pins ($venv)"
         rm -rf "$venv"
@@ -130,10 +131,11 @@ sc_e2b_templates() {
     elif [ -d "$INSTALLED/images/base" ]; then
         ln -s "$INSTALLED/images/base" "$DATA/images/base"
     fi
-    # The code interpreter's template (the e2b-code-interpreter SDK's default), as installed.
-    if [ -d "$INSTALLED/images/code-interpreter-v1" ]; then
-        ln -s "$INSTALLED/images/code-interpreter-v1" "$DATA/images/code-interpreter-v1"
-    fi
+    # The code interpreter's and the desktop's templates (the e2b-code-interpreter and
+    # e2b-desktop SDKs' defaults), as installed.
+    for t in code-interpreter-v1 desktop; do
+        if [ -d "$INSTALLED/images/$t" ]; then ln -s "$INSTALLED/images/$t" "$DATA/images/$t"; fi
+    done
     FIXTURE="$DATA/images/minimal-bash"
     mkdir -p "$FIXTURE"
     cp -a "$INSTALLED/images/minimal/rootfs" "$FIXTURE/rootfs"
