@@ -262,3 +262,51 @@ def test_https_to_a_domain_without_a_rule_is_not_intercepted_and_gets_no_value(
     got = records_for(f"{tag}-skip")
     assert len(got) == 1 and got[0]["h"]["authorization"] == ph.split(": ", 1)[1], got
     assert value not in json.dumps(records_for(tag))
+
+
+def _files_holding(needle: bytes, *roots):
+    """Every regular file under `roots` (links not followed) whose bytes hold `needle`."""
+    hits = []
+    for root in roots:
+        for dirpath, _dirs, files in os.walk(root, followlinks=False):
+            for f in files:
+                path = os.path.join(dirpath, f)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                try:
+                    with open(path, "rb") as fh:
+                        tail = b""
+                        while chunk := fh.read(8 << 20):
+                            if needle in tail + chunk:
+                                hits.append(path)
+                                break
+                            tail = chunk[-len(needle):]
+                except OSError:
+                    continue
+    return hits
+
+
+def test_the_value_is_in_no_snapshot_checkpoint_or_file_of_the_daemon(env, api, sandbox, secret):
+    name, value = secret
+    sbx = injected(env, sandbox, name)
+    tag = uuid.uuid4().hex
+    assert curl(sbx, f"http://{API}/{tag}-http").strip().endswith("200")
+    assert curl(sbx, f"https://{API}/{tag}-https").strip().endswith("200")
+    got = records_for(tag)
+    assert len(got) == 2 and all(r["h"]["authorization"] == f"Bearer {value}" for r in got), got
+    a = api(env["key_a"])
+    r = a.post(f"/sandboxes/{sbx.sandbox_id}/snapshots", json={})
+    assert r.status_code == 201, r.text
+    r = a.post(f"/sandboxes/{sbx.sandbox_id}/pause", json={})
+    assert r.status_code == 204, r.text
+    # The sandbox's memory and files as saved (the snapshot, the paused checkpoint) and
+    # everything else the daemon keeps on disk: the value is sealed in the database only.
+    hits = _files_holding(value.encode(), env["data_dir"], env["run_dir"])
+    assert hits == [], f"the value is in {hits}"
+    # The scan does read the saved memory: the request's tag (in the sandbox's processes'
+    # memory, as the placeholder would be) is found there.
+    assert _files_holding(tag.encode(), env["data_dir"]), "no saved memory holds the tag"
+    r = a.post(f"/sandboxes/{sbx.sandbox_id}/connect", json={"timeout": 120})
+    assert r.status_code in (200, 201), r.text
+    assert curl(sbx, f"http://{API}/{tag}-resumed").strip().endswith("200")
+    assert records_for(f"{tag}-resumed")[0]["h"]["authorization"] == f"Bearer {value}"
