@@ -93,6 +93,8 @@ fi
 say "python: pytest tests/e2b/test_desktop.py (e2b-desktop $E2B_DESKTOP_SDK)"
 if [ -d "$DATA/images/desktop" ]; then
     "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_desktop.py" ${PYTEST_ARGS:-} || status=1
+    say "python: pytest tests/e2b/test_computer_api.py (the Computer API and sandcell computer)"
+    "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_computer_api.py" ${PYTEST_ARGS:-} || status=1
 else
     echo "tests/e2b: desktop is not installed in $INSTALLED (make images install)" >&2
     status=1

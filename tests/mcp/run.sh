@@ -53,6 +53,8 @@ fi
 sc_bin
 sc_tmp sc-mcp
 sc_link_base
+# The computer tools' test drives a `desktop` sandbox (fails, saying so, when not installed).
+if [ -d "$INSTALLED/images/desktop" ]; then ln -s "$INSTALLED/images/desktop" "$DATA/images/desktop"; fi
 if [ -z "${SANDCELL_TEMPLATE:-}" ]; then
     if [ -d "$DATA/images/base" ]; then SANDCELL_TEMPLATE=base; else SANDCELL_TEMPLATE=minimal; fi
 fi

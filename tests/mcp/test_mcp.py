@@ -23,7 +23,8 @@ TOOLS = {
     "sandbox_create", "sandbox_list", "sandbox_info", "sandbox_kill", "sandbox_pause",
     "sandbox_resume", "sandbox_fork", "sandbox_snapshot", "sandbox_set_timeout", "exec",
     "file_read", "file_write", "file_list", "file_stat", "file_remove", "file_mkdir",
-    "port_url", "network_update",
+    "port_url", "network_update", "computer_screenshot", "computer_click", "computer_type",
+    "computer_key", "computer_scroll", "computer_launch", "computer_windows",
 }
 
 
@@ -430,3 +431,42 @@ async def test_a_client_going_away_mid_exec_leaves_no_process():
                     proc.kill()
             ps = PS.replace("313", "319")
             assert (await call(keeper, "exec", sandbox_id=sid, command=ps))["stdout"].strip() == "0"
+
+
+@pytest.mark.anyio
+async def test_the_computer_tools_see_and_drive_a_desktop():
+    """A `desktop` sandbox: the screenshot is image content a model sees (a PNG of the
+    1024x768 screen); a launched terminal shows in the window list; a click off the screen
+    and a sandbox without a desktop are tool errors that say why."""
+    import base64
+    import struct
+    async with stdio_session(KEY_A) as s:
+        sid = (await call(s, "sandbox_create", template="desktop", timeout_seconds=300))["sandbox_id"]
+        try:
+            shot = await s.call_tool("computer_screenshot", {"sandbox_id": sid})
+            assert not shot.is_error, text_of(shot)
+            image = next(c for c in shot.content if c.type == "image")
+            assert image.mimeType == "image/png"
+            png = base64.b64decode(image.data)
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+            assert struct.unpack(">II", png[16:24]) == (1024, 768)
+            assert "1024x768" in text_of(shot)
+            await call(s, "computer_launch", sandbox_id=sid, target="xfce4-terminal")
+            for _ in range(60):
+                listed = await call(s, "computer_windows", sandbox_id=sid)
+                if any("terminal" in w["class"].lower() for w in listed["windows"]):
+                    break
+                await anyio.sleep(0.5)
+            else:
+                pytest.fail(f"no terminal window: {listed}")
+            await call(s, "computer_click", sandbox_id=sid, x=500, y=300)
+            await call(s, "computer_type", sandbox_id=sid, text="echo hi")
+            await call(s, "computer_key", sandbox_id=sid, keys=["enter"])
+            off = await s.call_tool("computer_click", {"sandbox_id": sid, "x": 4000, "y": 1})
+            assert off.is_error and "off the screen" in text_of(off), text_of(off)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await s.call_tool("sandbox_kill", {"sandbox_id": sid})
+        async with sandbox(s) as plain:
+            none = await s.call_tool("computer_screenshot", {"sandbox_id": plain})
+            assert none.is_error and "has no desktop" in text_of(none), text_of(none)

@@ -23,12 +23,15 @@
 //! sandcell net rules ID [--allow-out DEST]... [--deny-out CIDR]... [--no-internet]
 //! sandcell net log ID [--json]
 //! sandcell mcp                      (an MCP server on stdio: sandboxes as tools)
+//! sandcell computer screenshot ID [-o FILE] | click ID [X Y] | type ID TEXT | key ID KEYS |
+//!                   windows ID | launch ID APP|URL|PATH | ...  (a sandbox's desktop)
 //! ```
 //! Global: `--data-dir D` (or `$SANDCELL_DATA_DIR`, default /var/lib/sandcell); the per-sandbox
 //! run dir is `$SANDCELL_RUN_DIR` (default /run/sandcell). The daemon commands find the
 //! daemon and key as `daemon.rs` says: `$SANDCELL_URL`/`$SANDCELL_API_KEY`, the config file,
 //! or the local admin key.
 
+mod computer;
 mod cp;
 mod daemon;
 mod doctor;
@@ -128,6 +131,12 @@ enum ClientCommand {
     /// An MCP server on stdin/stdout: sandboxes as tools for an agent (add this command to
     /// an MCP client's config; see docs/mcp.md)
     Mcp(mcp::McpArgs),
+    /// A sandbox's desktop: screenshot, click, type, key, windows, launch (`desktop`
+    /// template; see docs/computer-api.md)
+    Computer {
+        #[command(subcommand)]
+        command: computer::ComputerCommand,
+    },
 }
 
 #[derive(clap::Args)]
@@ -198,6 +207,7 @@ async fn client(dirs: &Dirs, command: ClientCommand) -> i32 {
         ClientCommand::Snapshot(args) => snapshots::snapshot(&target, args).await,
         ClientCommand::Net { command } => net::run(&target, command).await,
         ClientCommand::Mcp(args) => mcp::stdio(&target, args).await,
+        ClientCommand::Computer { command } => computer::run(&target, command).await,
     }
 }
 

@@ -5,9 +5,11 @@
 //! TLS-terminating proxy; no TLS here). Response bodies of envd calls stream
 //! ([`Client::envd`]); control API answers are small and read whole, bounded.
 
+mod computer;
 mod envd;
 mod models;
 
+pub use computer::{Point, ScreenSize, ScreenshotOptions, Window};
 pub use envd::{Download, Envd, InputStream, Output, ProcessStream, decode_data};
 pub use models::*;
 /// envd's port in every sandbox.

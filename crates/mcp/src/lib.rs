@@ -12,6 +12,7 @@
 //! arguments are parsed here, so a malformed call is a tool result with `isError` and a
 //! message saying what to fix, never a protocol error a model cannot read.
 
+mod computer;
 mod error;
 mod exec;
 mod files;

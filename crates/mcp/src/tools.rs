@@ -6,7 +6,7 @@
 //! protocol error is left for what is not a tool call at all.
 
 use crate::error::ToolError;
-use crate::{Sandcell, exec, files, sandboxes};
+use crate::{Sandcell, computer, exec, files, sandboxes};
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool, ToolAnnotations};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
@@ -168,6 +168,50 @@ pub fn all() -> Vec<Tool> {
              CIDRs refused; allow_internet=false refuses everything allow_out does not allow.",
             changes(),
         ),
+        tool::<computer::ScreenshotArgs>(
+            "computer_screenshot",
+            "See a sandbox's desktop: a PNG screenshot of its screen (sandboxes of the \
+             `desktop` template: create one with template=desktop). Take one before acting \
+             and after, to check what a click or key did.",
+            reads(),
+        ),
+        tool::<computer::ClickArgs>(
+            "computer_click",
+            "Click at (x, y) on a sandbox's screen, in full-size screen pixels (left button \
+             unless button says right or middle; double=true for a double click).",
+            changes(),
+        ),
+        tool::<computer::TypeArgs>(
+            "computer_type",
+            "Type text into the focused window of a sandbox's desktop, as keystrokes (click \
+             the field first).",
+            changes(),
+        ),
+        tool::<computer::KeyArgs>(
+            "computer_key",
+            "Press keys together on a sandbox's desktop: [\"ctrl\", \"s\"] to save, \
+             [\"enter\"], [\"alt\", \"f4\"]. Unknown key names are refused.",
+            changes(),
+        ),
+        tool::<computer::ScrollArgs>(
+            "computer_scroll",
+            "Turn the mouse wheel on a sandbox's desktop (down unless direction says up, left \
+             or right), at (x, y) or where the pointer is.",
+            changes(),
+        ),
+        tool::<computer::LaunchArgs>(
+            "computer_launch",
+            "Start a program on a sandbox's desktop: a desktop entry's name \
+             (xfce4-terminal, mousepad), or open an http(s) URL or a file path with its \
+             default program.",
+            changes(),
+        ),
+        tool::<computer::WindowsArgs>(
+            "computer_windows",
+            "List the windows on a sandbox's desktop: id, title, class, position, size, and \
+             which has the keyboard focus.",
+            reads(),
+        ),
     ]
 }
 
@@ -240,6 +284,13 @@ async fn dispatch(
             sandboxes::port_url(&client, &server.public_url, args(name, arguments)?).await
         }
         "network_update" => sandboxes::network_update(&client, args(name, arguments)?).await,
+        "computer_screenshot" => computer::screenshot(&client, args(name, arguments)?).await,
+        "computer_click" => computer::click(&client, args(name, arguments)?).await,
+        "computer_type" => computer::type_text(&client, args(name, arguments)?).await,
+        "computer_key" => computer::key(&client, args(name, arguments)?).await,
+        "computer_scroll" => computer::scroll(&client, args(name, arguments)?).await,
+        "computer_launch" => computer::launch(&client, args(name, arguments)?).await,
+        "computer_windows" => computer::windows(&client, args(name, arguments)?).await,
         other => Err(ToolError::UnknownTool(other.to_string())),
     }
 }
@@ -251,7 +302,7 @@ mod tests {
     #[test]
     fn every_tool_has_an_object_schema_and_a_description() {
         let tools = all();
-        assert_eq!(tools.len(), 18);
+        assert_eq!(tools.len(), 25);
         for t in &tools {
             assert_eq!(
                 t.input_schema.get("type").and_then(Value::as_str),

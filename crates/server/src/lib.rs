@@ -13,10 +13,12 @@
 //!
 //! One folder per concept: `sandboxes/` (create, kill, timeouts, re-adoption, metering),
 //! `snapshots/` (pause, resume, named snapshots, fork, restore), `templates/` (E2B template
-//! builds, tags, memory snapshots, start commands), `networks/`, `keys/`; each has its
+//! builds, tags, memory snapshots, start commands), `networks/`, `keys/`, `computer/`
+//! (screenshots, mouse, keyboard of a sandbox's desktop); each has its
 //! routes in `api.rs`. `store/` holds the tables, `http/` the router, extractors, proxy,
 //! metrics and errors. This file reads the options and wires the parts together ([`run`]).
 
+pub mod computer;
 pub mod error;
 pub mod http;
 pub mod keys;
@@ -353,6 +355,8 @@ pub struct App {
     pub secrets: secrets::service::Secrets,
     /// The keys' volumes (off without `--s3-endpoint`).
     pub volumes: Arc<volumes::service::Volumes>,
+    /// Screenshots, mouse and keyboard of sandboxes with a desktop.
+    pub computer: computer::service::ComputerService,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -539,6 +543,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         wakes: Default::default(),
         secrets,
         volumes: volumes.clone(),
+        computer: computer::service::ComputerService::new(lifecycle.clone()),
     });
     let https = match &args.domain {
         Some(domain) => Some(https_listener(&dirs, &args, domain, addr).await?),

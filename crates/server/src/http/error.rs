@@ -347,6 +347,30 @@ pub async fn request_id(req: axum::extract::Request, next: axum::middleware::Nex
     response
 }
 
+impl From<crate::computer::error::ComputerError> for ApiError {
+    fn from(e: crate::computer::error::ComputerError) -> ApiError {
+        use crate::computer::error::ComputerError;
+        match e {
+            ComputerError::SandboxNotFound(_) | ComputerError::NoWindow { .. } => {
+                ApiError::not_found(e.to_string())
+            }
+            ComputerError::NotRunning { .. } => ApiError::conflict(e.to_string()),
+            ComputerError::NoDesktop(..) | ComputerError::Invalid(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            // The sandbox's side failed: its tools, its X server, its agent.
+            ComputerError::DesktopDidNotStart { .. }
+            | ComputerError::Tool { .. }
+            | ComputerError::Timeout { .. }
+            | ComputerError::Agent { .. } => {
+                tracing::warn!("computer API: {e}");
+                ApiError::bad_gateway(e.to_string())
+            }
+            ComputerError::Host(e) => e.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

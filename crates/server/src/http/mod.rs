@@ -16,7 +16,7 @@ pub mod wake;
 use crate::App;
 use crate::http::error::ApiError;
 use crate::sandboxes::models::Health;
-use crate::{networks, sandboxes, secrets, snapshots, templates, volumes};
+use crate::{computer, networks, sandboxes, secrets, snapshots, templates, volumes};
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -123,6 +123,19 @@ pub fn routes() -> (Router<Arc<App>>, utoipa::openapi::OpenApi) {
             volumes::api::get_volume,
             volumes::api::delete_volume
         ))
+        .routes(routes!(computer::api::screenshot))
+        .routes(routes!(computer::api::screen))
+        .routes(routes!(computer::api::cursor))
+        .routes(routes!(computer::api::mouse_move))
+        .routes(routes!(computer::api::mouse_click))
+        .routes(routes!(computer::api::mouse_drag))
+        .routes(routes!(computer::api::mouse_scroll))
+        .routes(routes!(computer::api::keyboard_type))
+        .routes(routes!(computer::api::keyboard_press))
+        .routes(routes!(computer::api::windows))
+        .routes(routes!(computer::api::focus_window))
+        .routes(routes!(computer::api::close_window))
+        .routes(routes!(computer::api::launch))
         .split_for_parts()
 }
 
