@@ -19,7 +19,7 @@
 #
 # desktop = base plus E2B's desktop (images/desktop/: Xvfb, xfce4, xdotool, scrot, x11vnc,
 # noVNC, apt-installed in the tree by its install.sh), with an e2b.json of its default size.
-# Not built by `make images` (yet): `make desktop`.
+# Built by `make images`.
 #
 # The result is cached under ${SANDCELL_CACHE:-~/.cache/sandcell}/images/<hash>/ where
 # <hash> covers this script, the busybox binary (minimal) or the debootstrap stage's key

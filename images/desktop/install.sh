@@ -57,7 +57,7 @@ then
   die "apt-get install failed (its last lines above)"
 fi
 rm -f "$apt_log"
-for tool in Xvfb xdpyinfo xrandr startxfce4 xfwm4 xfdesktop scrot xdotool x11vnc websockify netstat xdg-open gtk-launch; do
+for tool in Xvfb xdpyinfo xrandr xprop xwininfo startxfce4 xfwm4 xfdesktop scrot xdotool x11vnc websockify netstat xdg-open gtk-launch chromium; do
   in_tree sh -c "command -v $tool" >/dev/null || die "$tool is missing after the install"
 done
 in_tree apt-get -q clean
@@ -70,6 +70,18 @@ in_tree gcc -shared -fPIC -O2 -Wall -Werror -o /usr/local/lib/sandcell/libcloser
 rm -f "$tree/tmp/close_range.c"
 echo /usr/local/lib/sandcell/libcloserange.so >"$tree/etc/ld.so.preload"
 chmod 0644 "$tree/etc/ld.so.preload"
+
+# Chromium without its first-run page and default-browser question (an agent's first
+# screenshot should show the page it opened); the default browser of xdg-open and xfce4.
+cat >"$tree/etc/chromium.d/sandcell" <<'SH'
+# The desktop template's Chromium flags (images/desktop/install.sh).
+export CHROMIUM_FLAGS="$CHROMIUM_FLAGS --no-first-run --no-default-browser-check --disable-features=HighEfficiencyModeAvailable,MemorySaverModeAvailable"
+SH
+chmod 0644 "$tree/etc/chromium.d/sandcell"
+in_tree update-alternatives --set x-www-browser /usr/bin/chromium >/dev/null 2>&1 || true
+mkdir -p "$tree/etc/xdg"
+printf '[Default Applications]\nx-scheme-handler/http=chromium.desktop\nx-scheme-handler/https=chromium.desktop\ntext/html=chromium.desktop\n' \
+  >"$tree/etc/xdg/mimeapps.list"
 
 # noVNC where the SDK runs it: `cd /opt/noVNC/utils && ./novnc_proxy --vnc ... --listen
 # PORT --web /opt/noVNC`. Debian's package has the web files; its launcher is websockify.

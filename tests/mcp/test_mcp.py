@@ -446,7 +446,7 @@ async def test_the_computer_tools_see_and_drive_a_desktop():
             shot = await s.call_tool("computer_screenshot", {"sandbox_id": sid})
             assert not shot.is_error, text_of(shot)
             image = next(c for c in shot.content if c.type == "image")
-            assert image.mimeType == "image/png"
+            assert image.mime_type == "image/png"
             png = base64.b64decode(image.data)
             assert png[:8] == b"\x89PNG\r\n\x1a\n"
             assert struct.unpack(">II", png[16:24]) == (1024, 768)
