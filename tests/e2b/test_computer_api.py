@@ -139,6 +139,23 @@ def test_launch_starts_an_app_by_its_desktop_entry(desk):
     refused(computer(desk, "POST", "launch", json={"app": "no-such-app"}), 400, "no application", "no-such-app")
 
 
+def test_a_url_opens_in_the_browser(desk):
+    # A page served in the sandbox itself (the test's fake internet is not needed): xdg-open
+    # of an http URL starts Debian's Chromium, whose window takes the page's title.
+    sbx = Sandbox.connect(desk)
+    sbx.files.write("/tmp/www/index.html", "<title>Sandcell page</title><h1>Hello from a sandbox</h1>")
+    sbx.commands.run("cd /tmp/www && python3 -m http.server 8765", background=True)
+    wait_for("the page server", lambda: sbx.commands.run("curl -sf http://127.0.0.1:8765/ || true").stdout, 15)
+    done(computer(desk, "POST", "launch", json={"url": "http://127.0.0.1:8765/"}))
+    win = wait_for(
+        "the browser's window with the page",
+        lambda: [w for w in windows(desk) if w["class"].lower() == "chromium" and "Sandcell page" in w["title"]],
+        60,
+    )[0]
+    assert win["width"] > 300 and win["height"] > 200, win
+    done(api("DELETE", f"/sandboxes/{desk}/computer/windows/{win['id']}"))
+
+
 def test_the_cli_takes_screenshots_and_lists_windows(desk, tmp_path):
     env = dict(os.environ, SANDCELL_URL=API, SANDCELL_API_KEY=KEY)
     out = tmp_path / "shot.png"
