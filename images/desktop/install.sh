@@ -71,6 +71,19 @@ rm -f "$tree/tmp/close_range.c"
 echo /usr/local/lib/sandcell/libcloserange.so >"$tree/etc/ld.so.preload"
 chmod 0644 "$tree/etc/ld.so.preload"
 
+# The session bus listens in /dev/shm (the sandbox's own tmpfs), not /tmp: on a sandbox
+# with a disk /tmp is reached through runsc's gofer, and runsc cannot checkpoint a socket
+# bound there (X11's and ICE's socket dirs get a tmpfs of their own: gvisor/bundle.rs).
+sed -i 's|<listen>unix:tmpdir=/tmp</listen>|<listen>unix:dir=/dev/shm</listen>|' "$tree/usr/share/dbus-1/session.conf"
+grep -q '<listen>unix:dir=/dev/shm</listen>' "$tree/usr/share/dbus-1/session.conf" ||
+  die "the session bus's listen address was not changed"
+
+# The start command (e2b.json) and the SDK's commands' wrappers for a restored started
+# desktop: session.sh, Xvfb and startxfce4 say why.
+install -m 0755 "$here/session.sh" "$tree/usr/local/lib/sandcell/desktop-session.sh"
+install -m 0755 "$here/Xvfb" "$tree/usr/local/bin/Xvfb"
+install -m 0755 "$here/startxfce4" "$tree/usr/local/bin/startxfce4"
+
 # Chromium without its first-run page and default-browser question (an agent's first
 # screenshot should show the page it opened); the default browser of xdg-open and xfce4.
 cat >"$tree/etc/chromium.d/sandcell" <<'SH'

@@ -2,8 +2,8 @@
 `sandcell computer` against a real daemon and the installed `desktop` template (run by
 tests/e2b/run.sh: E2B_API_URL, E2B_API_KEY, SANDCELL_OTHER_KEY, SANDCELL_BIN set).
 
-The sandbox is created through REST, not E2B's desktop SDK, so nothing starts its display
-before the API's first call does; every assertion reads back what the desktop did: the
+The sandbox is created through REST, not E2B's desktop SDK; its display is stopped once so
+that the API's next call starts it again; every assertion reads back what the desktop did: the
 screen's pixels, the pointer, the window list, a file an application saved after the API
 typed into it. Bad input gets a 400 that says what was wrong.
 """
@@ -67,8 +67,16 @@ def screenshot(sid, **params):
     return r.content
 
 
-def test_the_first_call_starts_the_desktop_and_the_screenshot_is_painted(desk):
-    # Nothing started X in this sandbox: the API does, then answers.
+def test_a_call_without_a_display_starts_it_and_the_screenshot_is_painted(desk):
+    # The template's start command started the desktop; stopped, the next call of the API
+    # finds no display, starts Xvfb and the session, then answers.
+    sbx = Sandbox.connect(desk)
+    sbx.commands.run("pkill -x xfce4-session; pkill -f '^/usr/bin/Xvfb :0'; true")
+    wait_for(
+        "the display gone",
+        lambda: sbx.commands.run("DISPLAY=:0 xdpyinfo >/dev/null 2>&1 || echo gone").stdout.strip() == "gone",
+        15,
+    )
     size = computer(desk, "GET", "screen")
     assert size.status_code == 200, size.text
     assert size.json() == {"width": 1024, "height": 768}

@@ -7,10 +7,12 @@ assertion reads back what the desktop really did: the screen's pixels, the point
 and the file an application saved after the SDK typed into it.
 """
 
+import os
 import struct
 import time
 import zlib
 
+import httpx
 import pytest
 from e2b import CommandExitException
 from e2b_desktop import Sandbox
@@ -66,8 +68,27 @@ def wait_for(what, probe, timeout=30):
     pytest.fail(f"{what} did not happen within {timeout}s")
 
 
+def metric(series):
+    text = httpx.get(os.environ["E2B_API_URL"] + "/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"/metrics has no {series}")
+
+
+TAKEN = 'sandcell_installed_template_snapshots_total{outcome="taken"}'
+FAILED = 'sandcell_installed_template_snapshots_total{outcome="failed"}'
+RESTORED = 'sandcell_template_creates_total{path="restored"}'
+
+
 @pytest.fixture(scope="module")
-def desktop():
+def snapshots_before():
+    """The daemon's template snapshots before this module's first desktop create."""
+    return metric(TAKEN), metric(FAILED)
+
+
+@pytest.fixture(scope="module")
+def desktop(snapshots_before):
     sbx = Sandbox.create(timeout=600)
     yield sbx
     sbx.kill()
@@ -137,3 +158,50 @@ def test_the_vnc_stream_serves_novnc(desktop):
         assert hello.startswith("RFB "), hello
     finally:
         desktop.stream.stop()
+
+
+def test_later_creates_restore_a_started_desktop(desktop, snapshots_before):
+    # The template's start command started Xvfb and xfce4 at the module's first create; the
+    # daemon then took the template's memory snapshot, and later creates restore it: the
+    # SDK's own start commands find the desktop running (the image's Xvfb and startxfce4
+    # wrappers) and the create answers without starting it again.
+    taken, failed = snapshots_before
+    wait_for("the desktop template's snapshot", lambda: metric(TAKEN) + metric(FAILED) > taken + failed, 300)
+    assert (metric(TAKEN), metric(FAILED)) == (taken + 1, failed)
+    restored = metric(RESTORED)
+    begun = time.monotonic()
+    again = Sandbox.create(timeout=120)
+    try:
+        print(f"restored desktop create: {time.monotonic() - begun:.2f} s")
+        assert metric(RESTORED) == restored + 1, "the create did not restore the snapshot"
+        assert again.get_screen_size() == (1024, 768)
+
+        def painted():
+            w, h, colours = png_size_and_colours(bytes(again.screenshot()))
+            assert (w, h) == (1024, 768)
+            return colours > 50
+        begun = time.monotonic()
+        wait_for("the restored desktop painted", painted, 30)
+        print(f"restored desktop painted after {time.monotonic() - begun:.2f} s more")
+        again.launch("xfce4-terminal")
+
+        def windows():
+            try:
+                return again.get_application_windows("xfce4-terminal")
+            except CommandExitException:
+                return []
+        wait_for("the restored desktop's terminal window", windows)
+    finally:
+        again.kill()
+
+
+def test_another_resolution_gets_a_display_of_its_own(desktop):
+    # The snapshot's display is 1024x768: a create that asks for another size gets it (the
+    # image's Xvfb wrapper stops the restored display and starts the one asked for).
+    other = Sandbox.create(timeout=120, resolution=(800, 600))
+    try:
+        assert other.get_screen_size() == (800, 600)
+        w, h, _ = png_size_and_colours(bytes(other.screenshot()))
+        assert (w, h) == (800, 600)
+    finally:
+        other.kill()

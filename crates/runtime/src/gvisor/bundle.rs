@@ -108,6 +108,23 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
     })
 }
 
+/// Where X11 and ICE programs bind their sockets (`/tmp/.X11-unix/X0`,
+/// `/tmp/.ICE-unix/PID`: xfce4-session, GTK programs). On a sandbox with a disk, `/tmp` is
+/// the disk, which runsc reaches through its gofer, and runsc cannot checkpoint a socket
+/// bound there ("Cannot save endpoint with bound host socket"): a desktop could never be
+/// paused, forked or snapshotted. A small tmpfs of the sandbox's own kernel on each keeps
+/// those sockets in its memory, where a checkpoint saves them.
+pub const SOCKET_DIRS: &[&str] = &["tmp/.X11-unix", "tmp/.ICE-unix"];
+
+/// The tmpfs mount of one of [`SOCKET_DIRS`] (sockets take no space: 1 MiB bounds a program
+/// that writes files there).
+pub(crate) fn socket_dir_mount(rel: &str) -> Value {
+    json!({
+        "destination": format!("/{rel}"), "type": "tmpfs", "source": "tmpfs",
+        "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=1m"],
+    })
+}
+
 /// The OCI mount of a volume: its host directory bound at `bind.guest` through the gofer
 /// (never a block device or image the host kernel would parse). The mount point is made in
 /// the root without following a link there: the root's layers may come from a guest.

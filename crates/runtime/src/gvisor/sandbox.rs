@@ -287,6 +287,15 @@ impl GvisorSandbox {
                 }));
             }
         }
+        // After the /tmp bind above (a later mount goes on top of an earlier one). The mount
+        // points are made in the root without following a link there (an image may hold one).
+        for rel in bundle::SOCKET_DIRS {
+            crate::nofollow::open_dir_in(&p.rootfs, Path::new(rel), true)
+                .map_err(|e| Error::io(RT, format!("creating /{rel} in the root"), e))?;
+            if let Some(mounts) = config["mounts"].as_array_mut() {
+                mounts.push(bundle::socket_dir_mount(rel));
+            }
+        }
         for bind in &spec.volumes {
             let mount = bundle::volume_mount(&p.rootfs, bind)?;
             if let Some(mounts) = config["mounts"].as_array_mut() {
