@@ -20,8 +20,11 @@ Each sandbox is killed before the next run (not timed). Prints JSON.
 import argparse
 import json
 import os
+import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from latency import ms, stats  # noqa: E402
 import httpx
 from e2b_desktop import Sandbox
 
@@ -31,22 +34,6 @@ RESTORED = 'sandcell_template_creates_total{path="restored"}'
 
 API = os.environ["E2B_API_URL"]
 KEY = os.environ["E2B_API_KEY"]
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p / 100
-    f = int(k)
-    c = min(f + 1, len(xs) - 1)
-    return round(xs[f] + (xs[c] - xs[f]) * (k - f), 1)
-
-
-def stats(xs):
-    return {"runs": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99)}
-
-
-def ms(start):
-    return (time.monotonic() - start) * 1000
 
 
 def metric(http, series):

@@ -71,6 +71,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A tool's non-zero exit, with the start of what it printed on stderr.
+fn failed(t: &Target, cmd: &[String], status: i32, stderr: &[u8]) -> ComputerError {
+    ComputerError::Tool {
+        id: t.id.clone(),
+        what: cmd.first().cloned().unwrap_or_default(),
+        status,
+        stderr: String::from_utf8_lossy(stderr)
+            .trim()
+            .chars()
+            .take(2000)
+            .collect(),
+    }
+}
+
 /// Whether a failed X tool said it found no display (xdotool, scrot, xdpyinfo, xprop).
 fn no_display(stderr: &str) -> bool {
     let s = stderr.to_ascii_lowercase();
@@ -213,16 +227,7 @@ impl ComputerService {
             } => Ok(Output {
                 stdout: String::from_utf8_lossy(&stdout).into_owned(),
             }),
-            Ran::Exited { status, stderr, .. } => Err(ComputerError::Tool {
-                id: t.id.clone(),
-                what: cmd.first().cloned().unwrap_or_default(),
-                status,
-                stderr: String::from_utf8_lossy(&stderr)
-                    .trim()
-                    .chars()
-                    .take(2000)
-                    .collect(),
-            }),
+            Ran::Exited { status, stderr, .. } => Err(failed(t, cmd, status, &stderr)),
             Ran::Running => Err(ComputerError::Timeout {
                 id: t.id.clone(),
                 what: cmd.first().cloned().unwrap_or_default(),
@@ -297,16 +302,7 @@ impl ComputerService {
     async fn spawn(&self, t: &Target, cmd: &[String]) -> Result<(), ComputerError> {
         match self.run_for(t, cmd, LAUNCH_GRACE, false).await? {
             Ran::Running | Ran::Exited { status: 0, .. } => Ok(()),
-            Ran::Exited { status, stderr, .. } => Err(ComputerError::Tool {
-                id: t.id.clone(),
-                what: cmd.first().cloned().unwrap_or_default(),
-                status,
-                stderr: String::from_utf8_lossy(&stderr)
-                    .trim()
-                    .chars()
-                    .take(2000)
-                    .collect(),
-            }),
+            Ran::Exited { status, stderr, .. } => Err(failed(t, cmd, status, &stderr)),
         }
     }
 
