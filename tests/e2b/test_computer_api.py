@@ -102,6 +102,10 @@ def test_the_pointer_goes_where_it_is_sent(desk):
     done(computer(desk, "POST", "mouse/drag", json={"from": {"x": 700, "y": 300}, "to": {"x": 800, "y": 400}}))
     assert computer(desk, "GET", "cursor").json() == {"x": 800, "y": 400}
     done(computer(desk, "POST", "mouse/scroll", json={"direction": "down", "amount": 2}))
+    # Punctuation goes by its keysym (xdotool refuses "." in a key sequence, takes "+" as a
+    # separator): pressed on the bare desktop, where it does nothing.
+    done(computer(desk, "POST", "keyboard/press", json={"keys": ["."]}))
+    done(computer(desk, "POST", "keyboard/press", json={"keys": ["shift", "+"]}))
 
 
 def windows(sid):
@@ -190,6 +194,7 @@ def test_bad_input_is_refused_with_what_to_fix(desk):
     refused(computer(desk, "POST", "mouse/click", json={"x": 1, "y": 1, "button": "fourth"}), 400)
     refused(computer(desk, "POST", "mouse/scroll", json={"amount": 0}), 400, "amount")
     refused(computer(desk, "POST", "keyboard/type", json={"text": ""}), 400)
+    refused(computer(desk, "POST", "keyboard/type", json={"text": "a" * 2000, "delayMs": 10}), 400, "over the 15 s")
     refused(computer(desk, "POST", "keyboard/type", json={"text": "a\x1b[2J"}), 400, "control characters")
     refused(computer(desk, "POST", "keyboard/type", content=b"{not json", headers={"content-type": "application/json"}), 400)
     refused(computer(desk, "GET", "screenshot", params={"x": 1000, "y": 0, "width": 100, "height": 10}), 400, "not inside")

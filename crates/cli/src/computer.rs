@@ -73,7 +73,7 @@ pub enum ComputerCommand {
         id: String,
         text: String,
     },
-    /// Press keys together: `ctrl+s`, `enter`, `alt+F4`
+    /// Press keys together: `ctrl+s`, `enter`, `alt+F4` (the `+` key itself: `ctrl+plus`)
     Key {
         #[arg(value_name = "ID")]
         id: String,
@@ -248,11 +248,16 @@ async fn command_result(
                 }
             }
         }
+        // A 404 here is as often the window as the sandbox: the daemon's message says which.
         ComputerCommand::Focus { id, window } => {
-            c.window(&id, window, false).await.map_err(with(&id))?;
+            if let Err(e) = c.window(&id, window, false).await {
+                return Ok(fail(&target.explain(&e, None), EXIT_FAILED));
+            }
         }
         ComputerCommand::Close { id, window } => {
-            c.window(&id, window, true).await.map_err(with(&id))?;
+            if let Err(e) = c.window(&id, window, true).await {
+                return Ok(fail(&target.explain(&e, None), EXIT_FAILED));
+            }
         }
         ComputerCommand::Launch { id, what } => {
             let body = if what.contains("://") {

@@ -109,11 +109,11 @@ pub(crate) fn config(spec: &BundleSpec<'_>) -> Value {
 }
 
 /// Where X11 and ICE programs bind their sockets (`/tmp/.X11-unix/X0`,
-/// `/tmp/.ICE-unix/PID`: xfce4-session, GTK programs). On a sandbox with a disk, `/tmp` is
-/// the disk, which runsc reaches through its gofer, and runsc cannot checkpoint a socket
-/// bound there ("Cannot save endpoint with bound host socket"): a desktop could never be
-/// paused, forked or snapshotted. A small tmpfs of the sandbox's own kernel on each keeps
-/// those sockets in its memory, where a checkpoint saves them.
+/// `/tmp/.ICE-unix/PID`: xfce4-session, GTK programs). On a sandbox with a disk (or a host
+/// layer), `/tmp` is bound from the host and reached through runsc's gofer, and runsc cannot
+/// checkpoint a socket bound there ("Cannot save endpoint with bound host socket"): a
+/// desktop could never be paused, forked or snapshotted. A small tmpfs of the sandbox's own
+/// kernel on each keeps those sockets in its memory, where a checkpoint saves them.
 pub const SOCKET_DIRS: &[&str] = &["tmp/.X11-unix", "tmp/.ICE-unix"];
 
 /// The tmpfs mount of one of [`SOCKET_DIRS`] (sockets take no space: 1 MiB bounds a program

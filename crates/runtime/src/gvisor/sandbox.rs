@@ -286,14 +286,17 @@ impl GvisorSandbox {
                     "options": ["rbind", "rw"],
                 }));
             }
-        }
-        // After the /tmp bind above (a later mount goes on top of an earlier one). The mount
-        // points are made in the root without following a link there (an image may hold one).
-        for rel in bundle::SOCKET_DIRS {
-            crate::nofollow::open_dir_in(&p.rootfs, Path::new(rel), true)
-                .map_err(|e| Error::io(RT, format!("creating /{rel} in the root"), e))?;
-            if let Some(mounts) = config["mounts"].as_array_mut() {
-                mounts.push(bundle::socket_dir_mount(rel));
+            // Only here: without the bind, /tmp is runsc's own tmpfs and sockets in it are
+            // saved by a checkpoint already (and mount points in it would make it non-empty,
+            // so runsc would not mount that tmpfs). After the bind: a later mount goes on
+            // top of an earlier one. The mount points are made in this sandbox's own layer
+            // without following a link there.
+            for rel in bundle::SOCKET_DIRS {
+                crate::nofollow::open_dir_in(&p.rootfs, Path::new(rel), true)
+                    .map_err(|e| Error::io(RT, format!("creating /{rel} in the root"), e))?;
+                if let Some(mounts) = config["mounts"].as_array_mut() {
+                    mounts.push(bundle::socket_dir_mount(rel));
+                }
             }
         }
         for bind in &spec.volumes {

@@ -22,6 +22,8 @@ use utoipa::ToSchema;
 /// The longest text typed in one call (characters).
 pub const MAX_TEXT: usize = 10_000;
 const MAX_DELAY_MS: u32 = 1000;
+/// The longest one `keyboard/type` may type for (the service's tool timeout is 20 s).
+const MAX_TYPING_MS: u64 = 15_000;
 const DEFAULT_DELAY_MS: u32 = 12;
 const MAX_SCROLL: u32 = 100;
 const MAX_TARGET: usize = 4096;
@@ -360,6 +362,16 @@ pub async fn keyboard_type(
     if delay > MAX_DELAY_MS {
         return Err(invalid(format!(
             "delayMs {delay} is out of range: 0 to {MAX_DELAY_MS}"
+        ))
+        .into());
+    }
+    // The typing must end within the tool's time (it would be killed half typed).
+    let typing_ms = (chars as u64) * u64::from(delay.max(1));
+    if typing_ms > MAX_TYPING_MS {
+        return Err(invalid(format!(
+            "typing {chars} characters {delay} ms apart takes {} s, over the {} s one call              may take: send less text per call, or a smaller delayMs",
+            typing_ms / 1000,
+            MAX_TYPING_MS / 1000
         ))
         .into());
     }

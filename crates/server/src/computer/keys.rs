@@ -120,6 +120,43 @@ const KEYSYMS: &[&str] = &[
     "XF86Reload",
 ];
 
+/// Punctuation by its keysym name: xdotool refuses some characters in a key sequence
+/// (`.`, `-`, brackets, `|`) and takes `+` as the separator between keys.
+const PUNCTUATION: &[(char, &str)] = &[
+    ('+', "plus"),
+    ('-', "minus"),
+    ('.', "period"),
+    (',', "comma"),
+    ('/', "slash"),
+    ('\\', "backslash"),
+    (';', "semicolon"),
+    (':', "colon"),
+    ('\'', "apostrophe"),
+    ('"', "quotedbl"),
+    ('`', "grave"),
+    ('~', "asciitilde"),
+    ('[', "bracketleft"),
+    (']', "bracketright"),
+    ('{', "braceleft"),
+    ('}', "braceright"),
+    ('(', "parenleft"),
+    (')', "parenright"),
+    ('<', "less"),
+    ('>', "greater"),
+    ('=', "equal"),
+    ('|', "bar"),
+    ('!', "exclam"),
+    ('?', "question"),
+    ('@', "at"),
+    ('#', "numbersign"),
+    ('$', "dollar"),
+    ('%', "percent"),
+    ('^', "asciicircum"),
+    ('&', "ampersand"),
+    ('*', "asterisk"),
+    ('_', "underscore"),
+];
+
 /// The most keys pressed together.
 pub const MAX_KEYS: usize = 8;
 
@@ -141,12 +178,15 @@ pub fn keysym(name: &str) -> Option<String> {
     {
         return Some(format!("F{n}"));
     }
-    // One printable ASCII character: letters and digits are their own keysym; xdotool
-    // takes the others ("+" and "-" among them) by their character too.
+    // One printable ASCII character: letters and digits are their own keysym, punctuation
+    // goes by its keysym's name.
     let mut chars = name.chars();
     match (chars.next(), chars.next()) {
         (Some(c), None) if c.is_ascii_alphanumeric() => Some(lower),
-        (Some(c), None) if c.is_ascii_graphic() => Some(c.to_string()),
+        (Some(c), None) => PUNCTUATION
+            .iter()
+            .find(|(p, _)| *p == c)
+            .map(|(_, sym)| (*sym).to_string()),
         _ => None,
     }
 }
@@ -179,7 +219,9 @@ mod tests {
         assert_eq!(keysym("f1").as_deref(), Some("F1"));
         assert_eq!(keysym("S").as_deref(), Some("s"));
         assert_eq!(keysym("7").as_deref(), Some("7"));
-        assert_eq!(keysym("+").as_deref(), Some("+"));
+        assert_eq!(keysym("+").as_deref(), Some("plus"));
+        assert_eq!(keysym(".").as_deref(), Some("period"));
+        assert_eq!(keysym("|").as_deref(), Some("bar"));
     }
 
     #[test]

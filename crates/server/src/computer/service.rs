@@ -29,8 +29,12 @@ const SESSION_START_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(250);
 /// The most output kept of a tool (the window list is the largest).
 const MAX_OUTPUT: usize = 1 << 20;
-/// The largest screenshot read back (a 4K screen's PNG is well under).
-pub const MAX_SCREENSHOT: usize = 64 << 20;
+/// The largest screenshot read back (a 4K screen's PNG is well under; the Rust client
+/// reads answers up to the same size).
+pub const MAX_SCREENSHOT: usize = 16 << 20;
+/// Any one call to the agent besides a tool's run (start, signal, file read, remove): a
+/// guest can make a file read block (a FIFO where the screenshot should be).
+const AGENT_CALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// Largest event message read from the agent.
 const MAX_ENVELOPE: usize = 2 << 20;
 /// The screen a desktop started here gets (the SDK's default).
@@ -77,10 +81,13 @@ fn failed(t: &Target, cmd: &[String], status: i32, stderr: &[u8]) -> ComputerErr
         id: t.id.clone(),
         what: cmd.first().cloned().unwrap_or_default(),
         status,
+        // The guest's words: control characters (newlines, terminal escapes) become spaces, so
+        // that they can neither forge log lines nor mislead a terminal.
         stderr: String::from_utf8_lossy(stderr)
             .trim()
             .chars()
             .take(2000)
+            .map(|c| if c.is_control() { ' ' } else { c })
             .collect(),
     }
 }
@@ -151,7 +158,13 @@ impl ComputerService {
             stdin: Some(false),
             tag: None,
         };
-        let mut stream = match client.start(&req).await {
+        let started = tokio::time::timeout(AGENT_CALL_TIMEOUT, client.start(&req)).await;
+        let started = started.map_err(|_| ComputerError::Timeout {
+            id: t.id.clone(),
+            what: format!("starting {what}"),
+            secs: AGENT_CALL_TIMEOUT.as_secs(),
+        })?;
+        let mut stream = match started {
             Ok(stream) => stream,
             Err(e) if e.code() == Some("not_found") => {
                 return Err(ComputerError::NoDesktop(t.id.clone(), program.clone()));
@@ -165,7 +178,8 @@ impl ComputerService {
                 Ok(next) => next,
                 Err(_) => {
                     if kill && let Some(pid) = pid {
-                        let _ = client.send_signal(pid, libc::SIGKILL).await;
+                        let kill = client.send_signal(pid, libc::SIGKILL);
+                        let _ = tokio::time::timeout(AGENT_CALL_TIMEOUT, kill).await;
                     }
                     if kill {
                         return Err(ComputerError::Timeout {
@@ -257,7 +271,14 @@ impl ComputerService {
             let _one = gate.lock().await;
             self.start_desktop_now(t).await
         };
-        lock(&self.starting).remove(&t.id);
+        // Forgotten once nobody else waits on it (the map's reference and ours are left):
+        // a caller queued behind this start reuses the same gate.
+        {
+            let mut starting = lock(&self.starting);
+            if Arc::strong_count(&gate) <= 2 {
+                starting.remove(&t.id);
+            }
+        }
         result
     }
 
@@ -406,9 +427,10 @@ impl ComputerService {
         let result = self.screenshot_to(t, &cmd, &path, thumb.is_some()).await;
         let client =
             agent_client(t.live.sandbox.clone()).with_access_token(t.live.access_token.clone());
-        let _ = client.remove(&path).await;
+        let _ = tokio::time::timeout(AGENT_CALL_TIMEOUT, client.remove(&path)).await;
         if thumb.is_some() {
-            let _ = client.remove(&commands::thumb_path(&path)).await;
+            let thumb = commands::thumb_path(&path);
+            let _ = tokio::time::timeout(AGENT_CALL_TIMEOUT, client.remove(&thumb)).await;
         }
         result
     }
@@ -433,13 +455,22 @@ impl ComputerService {
             what: format!("reading the screenshot {read}"),
             source: Box::new(source),
         };
-        let png = client
-            .read_file(&read)
+        let read_all = async {
+            client
+                .read_file(&read)
+                .await
+                .map_err(agent_err)?
+                .to_vec(MAX_SCREENSHOT)
+                .await
+                .map_err(agent_err)
+        };
+        let png = tokio::time::timeout(AGENT_CALL_TIMEOUT, read_all)
             .await
-            .map_err(agent_err)?
-            .to_vec(MAX_SCREENSHOT)
-            .await
-            .map_err(agent_err)?;
+            .map_err(|_| ComputerError::Timeout {
+                id: t.id.clone(),
+                what: format!("reading the screenshot {read}"),
+                secs: AGENT_CALL_TIMEOUT.as_secs(),
+            })??;
         if !png.starts_with(b"\x89PNG\r\n\x1a\n") {
             return Err(ComputerError::Tool {
                 id: t.id.clone(),
