@@ -286,12 +286,16 @@ impl GvisorSandbox {
                     "options": ["rbind", "rw"],
                 }));
             }
-            // Only here: without the bind, /tmp is runsc's own tmpfs and sockets in it are
-            // saved by a checkpoint already (and mount points in it would make it non-empty,
-            // so runsc would not mount that tmpfs). After the bind: a later mount goes on
-            // top of an earlier one. The mount points are made in this sandbox's own layer
-            // without following a link there.
-            for rel in bundle::SOCKET_DIRS {
+            // Only with a disk: without the bind, /tmp is runsc's own tmpfs and sockets in it
+            // are saved by a checkpoint already (and mount points in it would make it
+            // non-empty, so runsc would not mount that tmpfs); a template build's step
+            // (a host layer) is never checkpointed, and the mount points would end up in the
+            // layer. After the bind: a later mount goes on top of an earlier one. The mount
+            // points are made on this sandbox's own disk without following a link there.
+            for rel in bundle::SOCKET_DIRS
+                .iter()
+                .filter(|_| self.disk_mib.is_some())
+            {
                 crate::nofollow::open_dir_in(&p.rootfs, Path::new(rel), true)
                     .map_err(|e| Error::io(RT, format!("creating /{rel} in the root"), e))?;
                 if let Some(mounts) = config["mounts"].as_array_mut() {

@@ -1,7 +1,8 @@
 //! `/sandboxes/{sandboxID}/computer/...`: screenshots, mouse, keyboard, windows and
 //! launching programs in a sandbox with a desktop (our extension; E2B leaves this to its
-//! desktop SDK's commands). Each handler parses, checks that the caller owns the running
-//! sandbox, and calls the service.
+//! desktop SDK's commands). Each handler first checks that the caller owns the running
+//! sandbox (another key's is 404 whatever the request holds), then parses the request and
+//! calls the service.
 
 use crate::App;
 use crate::computer::commands::{self, Button, Direction, Point, Region, ScreenSize, Window};
@@ -120,6 +121,12 @@ pub struct WindowList {
     pub windows: Vec<Window>,
 }
 
+/// The request's body as `T`, read after the owner check: another key's sandbox is 404
+/// whatever the body, and nothing about a route's body is told before that.
+fn body<T: serde::de::DeserializeOwned>(raw: serde_json::Value) -> Result<T, ComputerError> {
+    serde_json::from_value(raw).map_err(|e| invalid(format!("invalid request body: {e}")))
+}
+
 fn invalid(m: impl Into<String>) -> ComputerError {
     ComputerError::Invalid(m.into())
 }
@@ -205,8 +212,8 @@ pub async fn screenshot(
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    let (region, pointer, scale) = screenshot_query(raw.as_deref())?;
     let t = target(&app, &caller, &id).await?;
+    let (region, pointer, scale) = screenshot_query(raw.as_deref())?;
     let png = app.computer.screenshot(&t, region, pointer, scale).await?;
     Ok(([(header::CONTENT_TYPE, "image/png")], png).into_response())
 }
@@ -249,10 +256,11 @@ pub async fn mouse_move(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<MoveRequest>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<StatusCode> {
-    let p = Point { x: req.x, y: req.y };
     let t = target(&app, &caller, &id).await?;
+    let req: MoveRequest = body(raw)?;
+    let p = Point { x: req.x, y: req.y };
     app.computer.act(&t, &[p], commands::move_to(p)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -267,10 +275,11 @@ pub async fn mouse_click(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<ClickRequest>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<StatusCode> {
-    let at = point(req.x, req.y)?;
     let t = target(&app, &caller, &id).await?;
+    let req: ClickRequest = body(raw)?;
+    let at = point(req.x, req.y)?;
     let count = if req.double { 2 } else { 1 };
     let points: Vec<Point> = at.into_iter().collect();
     app.computer
@@ -289,9 +298,10 @@ pub async fn mouse_drag(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<DragRequest>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<StatusCode> {
     let t = target(&app, &caller, &id).await?;
+    let req: DragRequest = body(raw)?;
     app.computer
         .act(
             &t,
@@ -312,8 +322,10 @@ pub async fn mouse_scroll(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<ScrollRequest>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<StatusCode> {
+    let t = target(&app, &caller, &id).await?;
+    let req: ScrollRequest = body(raw)?;
     let at = point(req.x, req.y)?;
     let amount = req.amount.unwrap_or(1);
     if !(1..=MAX_SCROLL).contains(&amount) {
@@ -322,7 +334,6 @@ pub async fn mouse_scroll(
         ))
         .into());
     }
-    let t = target(&app, &caller, &id).await?;
     let points: Vec<Point> = at.into_iter().collect();
     let direction = req.direction.unwrap_or(Direction::Down);
     app.computer
@@ -341,8 +352,10 @@ pub async fn keyboard_type(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<TypeRequest>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<StatusCode> {
+    let t = target(&app, &caller, &id).await?;
+    let req: TypeRequest = body(raw)?;
     let chars = req.text.chars().count();
     if chars == 0 || chars > MAX_TEXT {
         return Err(invalid(format!("text has {chars} characters: 1 to {MAX_TEXT}")).into());
@@ -375,7 +388,6 @@ pub async fn keyboard_type(
         ))
         .into());
     }
-    let t = target(&app, &caller, &id).await?;
     app.computer
         .act(&t, &[], commands::type_text(&req.text, delay))
         .await?;
@@ -392,8 +404,10 @@ pub async fn keyboard_press(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<PressRequest>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<StatusCode> {
+    let t = target(&app, &caller, &id).await?;
+    let req: PressRequest = body(raw)?;
     if req.keys.is_empty() || req.keys.len() > keys::MAX_KEYS {
         return Err(invalid(format!("keys: give 1 to {} key names", keys::MAX_KEYS)).into());
     }
@@ -404,7 +418,6 @@ pub async fn keyboard_press(
              character"
         ))
     })?;
-    let t = target(&app, &caller, &id).await?;
     app.computer
         .act(&t, &[], commands::press(&combination))
         .await?;
@@ -446,8 +459,8 @@ pub async fn focus_window(
     caller: Caller,
     Path((id, window)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let window = window_id(&window)?;
     let t = target(&app, &caller, &id).await?;
+    let window = window_id(&window)?;
     app.computer
         .window(&t, window, commands::focus(window))
         .await?;
@@ -465,8 +478,8 @@ pub async fn close_window(
     caller: Caller,
     Path((id, window)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let window = window_id(&window)?;
     let t = target(&app, &caller, &id).await?;
+    let window = window_id(&window)?;
     app.computer
         .window(&t, window, commands::close(window))
         .await?;
@@ -534,10 +547,11 @@ pub async fn launch(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<LaunchRequest>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<StatusCode> {
-    let cmd = launch_command(&req)?;
     let t = target(&app, &caller, &id).await?;
+    let req: LaunchRequest = body(raw)?;
+    let cmd = launch_command(&req)?;
     app.computer.launch(&t, cmd).await?;
     Ok(StatusCode::NO_CONTENT)
 }
