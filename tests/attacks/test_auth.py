@@ -24,7 +24,7 @@ def every_route(env):
         if path in PUBLIC:
             continue
         concrete = path
-        for name in ("sandboxID", "templateID", "snapshotID", "buildID", "secretID", "volumeID", "name", "alias", "hash"):
+        for name in ("sandboxID", "templateID", "snapshotID", "buildID", "secretID", "volumeID", "name", "alias", "hash", "windowID"):
             concrete = concrete.replace("{" + name + "}", "x1")
         assert "{" not in concrete, f"a path parameter the attack does not fill: {path}"
         routes += [(m.upper(), concrete) for m in ops if m in ("get", "post", "put", "patch", "delete")]
