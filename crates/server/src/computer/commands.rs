@@ -123,19 +123,20 @@ pub fn move_to(p: Point) -> Vec<String> {
     argv(&["xdotool", "mousemove", &x, &y])
 }
 
-/// A click (`count` 1 or 2) of `button`, at `at` when given, else where the pointer is.
-pub fn click(at: Option<Point>, button: Button, count: u8) -> Vec<String> {
+/// `xdotool [mousemove X Y] click --repeat N BUTTON`: the pointer moved to `at` first when
+/// given, then `repeat` presses of X's button `button` (a click, or wheel steps).
+fn presses_at(at: Option<Point>, repeat: &str, button: &str) -> Vec<String> {
     let mut cmd = vec!["xdotool".to_string()];
     if let Some(p) = at {
         cmd.extend(argv(&["mousemove", &p.x.to_string(), &p.y.to_string()]));
     }
-    cmd.extend(argv(&[
-        "click",
-        "--repeat",
-        &count.to_string(),
-        button.number(),
-    ]));
+    cmd.extend(argv(&["click", "--repeat", repeat, button]));
     cmd
+}
+
+/// A click (`count` 1 or 2) of `button`, at `at` when given, else where the pointer is.
+pub fn click(at: Option<Point>, button: Button, count: u8) -> Vec<String> {
+    presses_at(at, &count.to_string(), button.number())
 }
 
 /// Press at `from`, move to `to`, release (one xdotool run, so nothing comes between).
@@ -157,17 +158,7 @@ pub fn drag(from: Point, to: Point, button: Button) -> Vec<String> {
 }
 
 pub fn scroll(at: Option<Point>, direction: Direction, amount: u32) -> Vec<String> {
-    let mut cmd = vec!["xdotool".to_string()];
-    if let Some(p) = at {
-        cmd.extend(argv(&["mousemove", &p.x.to_string(), &p.y.to_string()]));
-    }
-    cmd.extend(argv(&[
-        "click",
-        "--repeat",
-        &amount.to_string(),
-        direction.button(),
-    ]));
-    cmd
+    presses_at(at, &amount.to_string(), direction.button())
 }
 
 /// Types `text` as keystrokes, `delay_ms` between them.
