@@ -38,20 +38,26 @@ grep -q "trust $CA\$" "$TMP/serve.err" || die "the daemon did not say where its 
 [ "$(stat -c %a "$DATA/tls/ca.key")" = 600 ] || die "the CA key is not 0600"
 
 status=0
+[ -d "$DATA/images/desktop" ] || {
+    echo "tests/e2b/port_urls: desktop is not installed in $INSTALLED (make images install)" >&2
+    status=1
+}
 # One process per test: the SDK's resolver (pyqwest's, not the system's) reads /etc/hosts
 # once, when its first request resolves a name, so a process sees the lines of its first
-# sandbox only.
-for t in $(sed -n 's/^def \(test_[a-z_]*\)(.*/\1/p' "$HERE/test_port_urls.py"); do
-    say "python: pytest tests/e2b/test_port_urls.py::$t (e2b $PY_SDK, https://*.$DOMAIN on $SC_LISTEN_IP:443)"
-    # shellcheck disable=SC2086
-    env -u E2B_SANDBOX_URL E2B_API_URL="$URL" E2B_DOMAIN="$DOMAIN" \
-        E2B_API_KEY="$(cat "$DATA/admin.key")" SSL_CERT_FILE="$CA" SANDCELL_CA="$CA" \
-        SANDCELL_HTTPS_IP="$SC_LISTEN_IP" "$CACHE/venv/bin/python" -m pytest -q \
-        -p no:cacheprovider "$HERE/test_port_urls.py::$t" ${PYTEST_ARGS:-} || {
-        # 5: PYTEST_ARGS (-k ...) selected none of this file
-        rc=$?
-        [ "$rc" = 5 ] || status=1
-    }
+# sandbox only. test_novnc_browser.py: the desktop's stream in headless Chromium.
+for file in test_port_urls.py test_novnc_browser.py; do
+    for t in $(sed -n 's/^def \(test_[a-z_]*\)(.*/\1/p' "$HERE/$file"); do
+        say "python: pytest tests/e2b/$file::$t (e2b $PY_SDK, https://*.$DOMAIN on $SC_LISTEN_IP:443)"
+        # shellcheck disable=SC2086
+        env -u E2B_SANDBOX_URL E2B_API_URL="$URL" E2B_DOMAIN="$DOMAIN" \
+            E2B_API_KEY="$(cat "$DATA/admin.key")" SSL_CERT_FILE="$CA" SANDCELL_CA="$CA" \
+            SANDCELL_HTTPS_IP="$SC_LISTEN_IP" "$CACHE/venv/bin/python" -m pytest -q \
+            -p no:cacheprovider "$HERE/$file::$t" ${PYTEST_ARGS:-} || {
+            # 5: PYTEST_ARGS (-k ...) selected none of this file
+            rc=$?
+            [ "$rc" = 5 ] || status=1
+        }
+    done
 done
 if [ "$status" != 0 ]; then sc_daemon_log; fi
 exit "$status"

@@ -18,13 +18,12 @@ import httpx
 import pytest
 
 from e2b import Sandbox
+from hosts import hosts_add, hosts_clear
 
 TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
 DOMAIN = os.environ["E2B_DOMAIN"]
 IP = os.environ["SANDCELL_HTTPS_IP"]
 CA = os.environ["SANDCELL_CA"]
-HOSTS = "/etc/hosts"
-MARK = f"# sandcell tests/e2b port URLs {os.getpid()}"
 PORT = 8000
 
 # One HTTP exchange on stdin/stdout (busybox nc -e, in any template): `/stream` writes a
@@ -53,18 +52,6 @@ if [ "$path" = /stream ]; then
     echo second
 fi
 """
-
-
-def hosts_add(names):
-    with open(HOSTS, "a") as f:
-        f.write(f"{IP} {' '.join(names)} {MARK}\n")
-
-
-def hosts_clear():
-    with open(HOSTS) as f:
-        kept = [line for line in f if not line.rstrip("\n").endswith(MARK)]
-    with open(HOSTS, "w") as f:
-        f.writelines(kept)
 
 
 def trusted():

@@ -53,7 +53,11 @@ sc_cleanup() {
     local hook
     if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
         kill -TERM "$DAEMON_PID" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+        # A minute, as a service manager would give: the daemon's kills wait for a snapshot
+        # under way (a template's first snapshot, taken in the background after its first
+        # create, can take tens of seconds on a loaded host); killed before, it leaves that
+        # sandbox's mounts for its next start to sweep, and this tree could not be removed.
+        for _ in $(seq 600); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$DAEMON_PID" 2>/dev/null || true
     fi
     for hook in "${SC_CLEANUP_HOOKS[@]}"; do "$hook" || true; done
