@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # E2B SDK compatibility: the registry `e2b` packages (Python 2.63.0, npm 2.51.0) and
-# `e2b-code-interpreter` (Python 2.11.5, against the code-interpreter-v1 image) and `e2b-desktop`
+# `e2b-code-interpreter` (Python 2.11.5 and npm `@e2b/code-interpreter` 2.8.0, against the
+# code-interpreter-v1 image) and `e2b-desktop`
 # (Python 2.7.2, against the desktop image), unmodified,
 # against a real `sandcell serve` on loopback (gvisor runtime, temp data and run dirs).
 #
@@ -26,6 +27,7 @@ HERE="$ROOT/tests/e2b"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/sandcell/e2b-test"
 PY_SDK=2.63.0
 NPM_SDK=2.51.0
+NPM_CODE_INTERPRETER_SDK=2.8.0
 
 say() { echo "==> $*" >&2; }
 die() { echo "tests/e2b: $*" >&2; exit 1; }
@@ -39,13 +41,15 @@ sc_volume_tools
 
 # --- the SDKs, cached ---
 sc_e2b_venv "$CACHE/venv" "$PY_SDK"
-if [ "$(cat "$CACHE/node/.sandcell-pins" 2>/dev/null)" != "e2b@$NPM_SDK" ]; then
-    say "node_modules with e2b@$NPM_SDK ($CACHE/node)"
+NPM_PINS="e2b@$NPM_SDK @e2b/code-interpreter@$NPM_CODE_INTERPRETER_SDK"
+if [ "$(cat "$CACHE/node/.sandcell-pins" 2>/dev/null)" != "$NPM_PINS" ]; then
+    say "node_modules with $NPM_PINS ($CACHE/node)"
     rm -rf "$CACHE/node"
     mkdir -p "$CACHE/node"
+    # shellcheck disable=SC2086
     (cd "$CACHE/node" && echo '{"private":true}' >package.json &&
-        npm install --silent --no-audit --no-fund "e2b@$NPM_SDK" >/dev/null)
-    echo "e2b@$NPM_SDK" >"$CACHE/node/.sandcell-pins"
+        npm install --silent --no-audit --no-fund $NPM_PINS >/dev/null)
+    echo "$NPM_PINS" >"$CACHE/node/.sandcell-pins"
 fi
 
 # --- the daemon ---
@@ -108,6 +112,13 @@ say "node: tests/e2b/secrets.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/secrets.cjs" || status=1
 say "node: tests/e2b/template.cjs (e2b $NPM_SDK)"
 NODE_PATH="$CACHE/node/node_modules" node "$HERE/template.cjs" || status=1
+say "node: tests/e2b/code_interpreter.cjs (@e2b/code-interpreter $NPM_CODE_INTERPRETER_SDK)"
+if [ -d "$DATA/images/code-interpreter-v1" ]; then
+    NODE_PATH="$CACHE/node/node_modules" node "$HERE/code_interpreter.cjs" || status=1
+else
+    echo "tests/e2b: code-interpreter-v1 is not installed in $INSTALLED (make images install)" >&2
+    status=1
+fi
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 say "port URLs: tests/e2b/port_urls.sh (a daemon of its own, with --domain)"
