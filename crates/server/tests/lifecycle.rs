@@ -136,6 +136,52 @@ async fn a_graceful_stop_keeps_sandboxes_running() {
 }
 
 #[tokio::test]
+async fn a_daemon_stopped_during_creates_leaves_nothing_behind() {
+    // --kill-on-exit stopped while creates are under way: they end (a sandbox, or 503 once the
+    // daemon stops taking creates) and nothing of theirs stays on the host. Before the daemon
+    // waited for them, an unrecorded sandbox's mounts and run dir outlived it.
+    let env = common::Env::new();
+    let daemon = env.start(&[]);
+    let creates: Vec<_> = (0..3)
+        .map(|_| {
+            let c = daemon.client.clone();
+            tokio::spawn(async move { c.create_sandbox(&minimal(Some(300))).await })
+        })
+        .collect();
+    // A run dir is the first thing a boot makes: a create is under way.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while env.leftovers().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no create began");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::task::spawn_blocking(move || daemon.stop())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for create in creates {
+        match create.await.unwrap() {
+            Ok(sbx) => ids.push(sbx.sandbox_id),
+            // refused (503) or cut off by the stop: either way no sandbox was promised
+            Err(e) => eprintln!("create during the stop: {e}"),
+        }
+    }
+    assert!(env.leftovers().is_empty(), "left: {:?}", env.leftovers());
+    for id in &ids {
+        assert!(
+            env.traces_of(id).is_empty(),
+            "{id}: {:?}",
+            env.traces_of(id)
+        );
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let run_dir = env.run_dir().to_string_lossy().into_owned();
+    assert!(
+        !mounts.lines().any(|l| l.contains(&run_dir)),
+        "mounts left under {run_dir}"
+    );
+}
+
+#[tokio::test]
 async fn delete_leaves_no_process_container_cgroup_mount_or_file() {
     let env = common::Env::new();
     let daemon = env.start(&[]);

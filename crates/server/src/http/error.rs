@@ -175,6 +175,7 @@ impl From<crate::sandboxes::error::SandboxError> for ApiError {
             SandboxError::Agent(e) => e.into(),
             SandboxError::Template(e) => e.into(),
             SandboxError::Volume(e) => e.into(),
+            SandboxError::Stopping => ApiError::unavailable(e.to_string()),
             SandboxError::Snapshot(_) => ApiError::internal(e.to_string()),
             SandboxError::TemplateUnreadable(m) | SandboxError::Restore(m) => ApiError::internal(m),
         }

@@ -88,6 +88,8 @@ impl SandboxService {
         secure_by_default: bool,
     ) -> Result<SandboxRow, SandboxError> {
         let begun = Instant::now();
+        // Held to the end, whatever the path: a stopping daemon waits for it.
+        let _under_way = self.creates.enter().ok_or(SandboxError::Stopping)?;
         // Volumes first: a name that is not the key's is 404 whatever else is asked.
         let mounts = self
             .volumes

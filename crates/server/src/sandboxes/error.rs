@@ -42,6 +42,9 @@ pub enum SandboxError {
     /// The create's `volumeMounts` (volumes/).
     #[error(transparent)]
     Volume(#[from] crate::volumes::service::VolumeError),
+    /// The daemon is stopping (sandboxes/stopping.rs).
+    #[error("the daemon is stopping: create the sandbox again once it has restarted")]
+    Stopping,
 }
 
 /// What giving a sandbox's agent its identity (envd's `POST /init`) fails with.
@@ -88,7 +91,8 @@ impl SandboxError {
             | SandboxError::Admission(_)
             | SandboxError::Network(_)
             | SandboxError::Template(_)
-            | SandboxError::Volume(_) => false,
+            | SandboxError::Volume(_)
+            | SandboxError::Stopping => false,
         }
     }
 }

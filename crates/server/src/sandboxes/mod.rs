@@ -2,7 +2,7 @@
 //! times out and re-adopts them ([`service`]), their states ([`state`]), their JSON
 //! ([`models`]), what they consumed ([`metering`]), their CPU, memory and disk over time
 //! ([`metrics`], [`metrics_api`]) and whether a new one fits its key's quotas and the host
-//! ([`admission`]).
+//! ([`admission`]), and the creates a stopping daemon waits for ([`stopping`]).
 
 pub mod admission;
 pub mod api;
@@ -17,4 +17,5 @@ pub mod reaper;
 pub mod reconcile;
 pub mod service;
 pub mod state;
+pub mod stopping;
 pub mod warm;

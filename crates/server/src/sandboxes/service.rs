@@ -40,6 +40,10 @@ pub const FALLBACK_ENVD_VERSION: &str = "0.1.0";
 pub const DEFAULT_VCPUS: u8 = 2;
 pub const DEFAULT_MEMORY_MIB: u32 = 512;
 pub(crate) const DESTROY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a stopping daemon waits for the creates under way (sandboxes/stopping.rs): a
+/// boot and `/init`, or a template's first snapshot; the start command of a create whose
+/// sandbox the shutdown killed ends at once.
+const SHUTDOWN_CREATE_GRACE: Duration = Duration::from_secs(30);
 pub(crate) const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The smallest memory a sandbox may ask for.
 pub const MIN_MEMORY_MIB: u32 = 128;
@@ -111,6 +115,8 @@ pub struct SandboxService {
     pub warm: super::warm::WarmPool,
     /// Installed templates' memory snapshots being taken (templates/installed_snapshot.rs).
     pub(crate) installed_snapshots: crate::templates::installed_snapshot::Takes,
+    /// The creates under way, which a stopping daemon refuses more of and waits for.
+    pub(crate) creates: super::stopping::Creates,
 }
 
 pub(crate) use sandcell_proto::sync::lock;
@@ -177,6 +183,7 @@ impl SandboxService {
             samples: Default::default(),
             warm: Default::default(),
             installed_snapshots: Default::default(),
+            creates: Default::default(),
         }
     }
 
@@ -344,14 +351,42 @@ impl SandboxService {
     /// On daemon shutdown: with `kill_on_exit`, kills every sandbox; else leaves them
     /// running for the next daemon (their metering is flushed).
     pub async fn shutdown(self: &Arc<Self>) {
+        // No create begins from here on (sandboxes/stopping.rs).
+        self.creates.stop();
         // Idle pooled sandboxes are no one's: they go with the daemon either way.
         self.drain_warm().await;
         if !self.config.kill_on_exit {
+            // The creates under way finish and are recorded, for the next daemon to adopt.
+            self.settle_creates().await;
             if let Err(e) = self.db.flush_usage(now_ms()).await {
                 tracing::warn!("metering: {e}");
             }
             return;
         }
+        // Twice: the first kills make the creates running a template's start command end
+        // (their sandbox is live already); the second takes the ones that became live since.
+        self.kill_live().await;
+        self.settle_creates().await;
+        self.kill_live().await;
+    }
+
+    /// Waits for the creates under way, at most [`SHUTDOWN_CREATE_GRACE`].
+    async fn settle_creates(&self) {
+        let under_way = self.creates.under_way();
+        if under_way == 0 {
+            return;
+        }
+        tracing::info!("waiting for {under_way} create(s) under way");
+        if !self.creates.settled(SHUTDOWN_CREATE_GRACE).await {
+            tracing::warn!(
+                "{} create(s) still under way after {SHUTDOWN_CREATE_GRACE:?}: their sandboxes' \
+                 files are swept at the next start",
+                self.creates.under_way()
+            );
+        }
+    }
+
+    async fn kill_live(self: &Arc<Self>) {
         let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
         let mut kills = tokio::task::JoinSet::new();
         for id in ids {

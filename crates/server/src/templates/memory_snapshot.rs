@@ -95,17 +95,20 @@ pub async fn take(
         .create(&key, req, false)
         .await
         .map_err(|e| TakeError::Template(e.to_string()))?;
-    let taken = lifecycle
-        .checkpoint(&row, SnapshotPurpose::Template, None)
-        .await;
+    // A daemon stopping meanwhile waits for no checkpoint (its kills would, for the op lock).
+    let taken = if lifecycle.creates.is_stopping() {
+        Err(TakeError::NoSnapshot("the daemon is stopping".into()))
+    } else {
+        lifecycle
+            .checkpoint(&row, SnapshotPurpose::Template, None)
+            .await
+            .map_err(|e| TakeError::NoSnapshot(e.to_string()))
+    };
     // The build sandbox is done either way; the snapshot does not need it.
     if let Err(e) = lifecycle.kill(&row.id, "template snapshot taken").await {
         tracing::warn!("template {template}: killing build sandbox {}: {e}", row.id);
     }
-    match taken {
-        Ok((snap, _)) => Ok(snap.id),
-        Err(e) => Err(TakeError::NoSnapshot(e.to_string())),
-    }
+    taken.map(|(snap, _)| snap.id)
 }
 
 /// The template snapshot a create restores: that of `rec`, the `e2b.json` of the
