@@ -27,6 +27,8 @@ mkdir -p "$site"
   --no-compile --target "$site" "${platform[@]}" -r "$here/requirements.txt"
 # The console scripts pip wrote name the host's python; the server needs none of them.
 rm -rf "$site/bin"
+# The kernels' extension for chart data (server.py starts every kernel with --ext=sandcell_charts).
+install -D -m 0644 "$here/sandcell_charts.py" "$site/sandcell_charts.py"
 # Bytecode, so that a sandbox's first `import pandas` does not compile it: hash-based and
 # unchecked, because build-image.sh resets every mtime afterwards (a timestamp pyc would be
 # stale then). Only a host Python of the image's version (3.11) writes pycs the image's reads.

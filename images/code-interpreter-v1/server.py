@@ -60,7 +60,11 @@ MIME_FIELDS = {
     "text/latex": "latex",
     "application/json": "json",
     "application/javascript": "javascript",
+    # a matplotlib figure's chart data (sandcell_charts.py, the kernels' extension)
+    "application/vnd.sandcell.chart+json": "chart",
 }
+# Every kernel loads it: figures a cell displays carry their chart data.
+KERNEL_ARGS = ["--ext=sandcell_charts"]
 
 
 def log(msg):
@@ -132,7 +136,7 @@ class Context:
         self.cwd = cwd
         self.lock = threading.Lock()
         self.km = KernelManager(kernel_name=kernel)
-        self.km.start_kernel(cwd=cwd)
+        self.km.start_kernel(cwd=cwd, extra_arguments=KERNEL_ARGS)
         # The sandbox env vars put into this kernel's os.environ so far.
         self.applied_env = {}
         self.kc = self._client()

@@ -42,6 +42,10 @@ async function main() {
       assert.ok(png, JSON.stringify(fig.results.map((r) => r.formats())))
       assert.ok(Buffer.from(png.png, 'base64').subarray(0, 4).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47])))
       assert.ok(results.some((r) => r.png), 'onResult saw the figure')
+      // E2B's chart data, beside the PNG
+      assert.equal(png.chart.type, 'line')
+      assert.deepEqual(png.chart.elements.map((e) => e.points), [[[1, 1], [2, 4], [3, 9]]])
+      assert.equal(png.chart.title, null)
       const df = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
       assert.ok(df.results.at(-1).isMainResult)
       assert.match(df.results.at(-1).html, /<table/)

@@ -66,6 +66,36 @@ def test_streaming_callbacks_and_rich_results(sbx):
     assert "<table" in (ex.results[-1].html or "")
 
 
+def test_figures_carry_their_chart_data(sbx):
+    # E2B's `result.chart`, beside the PNG: read from the figure's artists by the kernels'
+    # extension (images/code-interpreter-v1/sandcell_charts.py)
+    ex = sbx.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [1, 4, 9], label='squares')\n"
+        "plt.title('Squares'); plt.xlabel('n'); plt.ylabel('n^2'); plt.show()"
+    )
+    fig = next(r for r in ex.results if r.chart)
+    assert fig.png and "chart" in fig.formats()
+    chart = fig.chart
+    assert (chart.type.value, chart.title, chart.x_label, chart.y_label) == ("line", "Squares", "n", "n^2")
+    assert chart.x_scale.value == "linear" and chart.x_ticks and len(chart.x_tick_labels) == len(chart.x_ticks)
+    assert [(e.label, e.points) for e in chart.elements] == [("squares", [(1, 1), (2, 4), (3, 9)])]
+    bars = next(r.chart for r in sbx.run_code(
+        "plt.bar(['red', 'blue'], [3, 5], label='votes'); plt.show()").results if r.chart)
+    assert bars.type.value == "bar" and bars.x_label is None
+    assert [(e.label, e.group, e.value) for e in bars.elements] == [("red", "votes", 3), ("blue", "votes", 5)]
+    pie = next(r.chart for r in sbx.run_code(
+        "plt.pie([1, 3], labels=['one', 'three']); plt.show()").results if r.chart)
+    assert pie.type.value == "pie"
+    assert [(e.label, round(e.angle)) for e in pie.elements] == [("one", 90), ("three", 270)]
+    both = next(r.chart for r in sbx.run_code(
+        "fig, (a, b) = plt.subplots(1, 2); a.scatter([1, 2], [3, 4]); b.plot([0, 1])\n"
+        "fig.suptitle('Two'); plt.show()").results if r.chart)
+    assert (both.type.value, both.title) == ("superchart", "Two")
+    assert [c.type.value for c in both.elements] == ["scatter", "line"]
+    assert both.elements[0].elements[0].points == [(1.0, 3.0), (2.0, 4.0)]
+
+
 def test_env_vars_apply_to_one_execution(sbx):
     assert sbx.run_code("import os; os.environ.get('ONLY_HERE')", envs={"ONLY_HERE": "yes"}).text == "'yes'"
     assert sbx.run_code("import os; os.environ.get('ONLY_HERE')").text is None

@@ -1,0 +1,190 @@
+"""Chart data for matplotlib figures: an IPython extension the code interpreter's kernels load
+(`--ext=sandcell_charts`, server.py), so that a figure a cell displays carries, beside its PNG,
+what E2B's SDKs read as `result.chart`: the chart's type, title, axes and elements (the lines'
+points, the bars' values, the pie's wedges). server.py moves it from its MIME type to the
+result's `chart` field.
+
+Read from matplotlib's artists, never from the pixels: line charts from `Line2D`s, scatter
+charts from `PathCollection` offsets, bar charts from `BarContainer`s, pie charts from
+`Wedge`s. A figure of several axes is a `superchart` of their charts; an axes with none of
+these is `unknown`. A figure that cannot be read gets no chart data (the PNG still comes):
+chart data is a convenience and never fails a cell.
+"""
+
+import datetime
+import math
+
+MIME = "application/vnd.sandcell.chart+json"
+# Bounds: a chart of a million points is a PNG's job, not a JSON one's.
+MAX_POINTS = 10_000
+MAX_ELEMENTS = 1_000
+
+
+def _num(v):
+    """A JSON-safe scalar from a numpy or Python value (NaN and infinities as None)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, (datetime.datetime, datetime.date)):
+        return v.isoformat()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (int, float, str)) or v is None:
+        return v
+    return str(v)
+
+
+def _ticks(axis):
+    # 12 significant digits: 1.2, not 1.2000000000000002 from the locator's arithmetic
+    ticks = [float(f"{t:.12g}") for t in axis.get_ticklocs()]
+    try:
+        labels = [str(s) for s in axis.get_major_formatter().format_ticks(ticks)]
+    except Exception:
+        labels = [t.get_text() for t in axis.get_ticklabels()]
+    return ticks, labels
+
+
+def _axes_2d(ax):
+    out = {"title": ax.get_title() or None}
+    for name, axis, scale in (("x", ax.xaxis, ax.get_xscale()), ("y", ax.yaxis, ax.get_yscale())):
+        ticks, labels = _ticks(axis)
+        out[f"{name}_label"] = axis.get_label_text() or None
+        out[f"{name}_unit"] = None
+        out[f"{name}_ticks"] = ticks
+        out[f"{name}_tick_labels"] = labels
+        out[f"{name}_scale"] = _scale(axis, scale)
+    return out
+
+
+def _scale(axis, scale):
+    # A date or category axis is linear to matplotlib; its converter says what it holds.
+    get = getattr(axis, "get_converter", None)
+    conv = type(get() if get else getattr(axis, "converter", None)).__name__
+    if "Date" in conv:
+        return "datetime"
+    if "StrCategory" in conv:
+        return "categorical"
+    return scale if scale in ("linear", "log", "symlog", "logit", "function", "functionlog", "asinh") else "unknown"
+
+
+def _label(artist, i):
+    label = artist.get_label() or ""
+    # matplotlib names unlabelled artists `_child0`, `_container1`...
+    return f"series {i}" if not label or label.startswith("_") else label
+
+
+def _line_chart(ax, lines):
+    elements = []
+    for i, line in enumerate(lines[:MAX_ELEMENTS]):
+        xs, ys = line.get_xdata(), line.get_ydata()
+        points = [[_num(x), _num(y)] for x, y in list(zip(xs, ys))[:MAX_POINTS]]
+        elements.append({"label": _label(line, i), "points": points})
+    return {"type": "line", **_axes_2d(ax), "elements": elements}
+
+
+def _scatter_chart(ax, collections):
+    elements = []
+    for i, coll in enumerate(collections[:MAX_ELEMENTS]):
+        points = [[_num(x), _num(y)] for x, y in coll.get_offsets()[:MAX_POINTS]]
+        elements.append({"label": _label(coll, i), "points": points})
+    return {"type": "scatter", **_axes_2d(ax), "elements": elements}
+
+
+def _bar_chart(ax, containers):
+    from matplotlib.patches import Rectangle
+
+    base = _axes_2d(ax)
+    horizontal = any(getattr(c, "orientation", "vertical") == "horizontal" for c in containers)
+    axis_ticks = base["y_ticks"] if horizontal else base["x_ticks"]
+    axis_labels = base["y_tick_labels"] if horizontal else base["x_tick_labels"]
+    by_position = dict(zip(axis_ticks, axis_labels))
+    elements = []
+    for i, container in enumerate(containers):
+        group = _label(container, i)
+        for bar in container.patches:
+            if not isinstance(bar, Rectangle) or len(elements) >= MAX_ELEMENTS:
+                continue
+            if horizontal:
+                where, value = bar.get_y() + bar.get_height() / 2, bar.get_width()
+            else:
+                where, value = bar.get_x() + bar.get_width() / 2, bar.get_height()
+            label = by_position.get(float(where))
+            if label is None:
+                label = str(_num(round(where, 6)))
+            elements.append({"label": label, "group": group, "value": _num(value)})
+    return {"type": "bar", **base, "elements": elements}
+
+
+def _pie_chart(ax, wedges):
+    elements = []
+    texts = [t for t in ax.texts if t.get_text()]
+    for i, w in enumerate(wedges[:MAX_ELEMENTS]):
+        label = w.get_label()
+        if not label or label.startswith("_"):
+            # pie() puts the labels in texts, in wedge order (then the autopct ones)
+            label = texts[i].get_text() if i < len(texts) else f"slice {i}"
+        elements.append({"label": label, "angle": _num(abs(w.theta2 - w.theta1)), "radius": _num(w.r)})
+    return {"type": "pie", "title": ax.get_title() or None, "elements": elements}
+
+
+def chart_of_axes(ax):
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import BarContainer
+    from matplotlib.patches import Wedge
+
+    wedges = [p for p in ax.patches if isinstance(p, Wedge)]
+    if wedges:
+        return _pie_chart(ax, wedges)
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    if bars:
+        return _bar_chart(ax, bars)
+    scatters = [c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets())]
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata())]
+    if scatters and not lines:
+        return _scatter_chart(ax, scatters)
+    if lines and not scatters:
+        return _line_chart(ax, lines)
+    return {"type": "unknown", "title": ax.get_title() or None, "elements": []}
+
+
+def chart_of_figure(fig):
+    axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+    if not axes:
+        return None
+    if len(axes) == 1:
+        return chart_of_axes(axes[0])
+    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) else None
+    return {"type": "superchart", "title": title or None, "elements": [chart_of_axes(ax) for ax in axes]}
+
+
+def _format(fig):
+    try:
+        return chart_of_figure(fig)
+    except Exception:
+        return None
+
+
+def _is_figure(obj):
+    return any(
+        c.__module__ == "matplotlib.figure" and c.__name__ == "Figure" for c in type(obj).__mro__
+    )
+
+
+def load_ipython_extension(ip):
+    from IPython.core.formatters import JSONFormatter
+
+    class ChartFormatter(JSONFormatter):
+        """Figures only, matched by class name: matplotlib is imported by a cell, not here
+        (a kernel that never plots never pays for it), and the kernel's start-up resets the
+        printers a formatter registers by name before any cell runs."""
+
+        format_type = MIME
+
+        def __call__(self, obj):
+            if not self.enabled or not _is_figure(obj):
+                return None
+            return _format(obj)
+
+    ip.display_formatter.formatters[MIME] = ChartFormatter(parent=ip.display_formatter)
+    # display() computes only the active types (those known at start-up by default)
+    if MIME not in ip.display_formatter.active_types:
+        ip.display_formatter.active_types.append(MIME)
