@@ -4,14 +4,17 @@
 //! CA because `/init` installs it into their system store (`sandcellCaBundle`).
 //!
 //! The Host/SNI proxy ([`crate::hostcheck`]) hands over a TLS connection on port 443 whose
-//! SNI is a domain with a transform in the sandbox's rules. It is terminated here with a leaf
-//! certificate for exactly that name from the daemon's egress CA ([`crate::tls_ca`]), ALPN
-//! `http/1.1` only (a client that offers only `h2` fails the handshake: HTTP/2 is not
-//! rewritten, so it is never relayed). The decrypted requests go through
-//! [`inject::relay`] unchanged (every request's `Host` must be the domain; 403 and 502 as
-//! for plain HTTP), to a new TLS connection to the real host, verified against the host's
-//! CA bundle plus the operator's extra CAs (`--egress-extra-ca`). An upstream that fails
-//! to connect or to verify gets the sandbox a 502 and is sent nothing.
+//! SNI is a domain with a transform in the sandbox's rules. The real host is connected first
+//! (TLS verified against the host's CA bundle plus the operator's extra CAs,
+//! `--egress-extra-ca`, offering `h2` and `http/1.1`); then the sandbox's TLS is terminated
+//! here with a leaf certificate for exactly that name from the daemon's egress CA
+//! ([`crate::tls_ca`]), offering what the upstream took: `h2` (and `http/1.1`) when it took
+//! `h2`, else `http/1.1` only, so the two sides always speak the same version. HTTP/1.1
+//! requests go through [`inject::relay`] unchanged (every request's `Host` must be the
+//! domain; 403 and 502 as for plain HTTP), HTTP/2 streams through [`crate::h2relay`] (the
+//! same checks per stream). A sandbox that picks `http/1.1` from an `h2` offer gets a new
+//! upstream connection that speaks it. An upstream that fails to connect or to verify gets
+//! the sandbox a 502 and is sent nothing.
 //!
 //! Domains without a transform are never intercepted: their TLS passes through the SNI
 //! check untouched. Nothing here puts the egress CA into a sandbox's trust store: a sandbox
@@ -32,8 +35,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-/// The only application protocol offered on either side: what [`inject::relay`] parses.
-const ALPN: &[u8] = b"http/1.1";
+/// What [`inject::relay`] parses.
+const HTTP1: &[u8] = b"http/1.1";
+/// What [`crate::h2relay`] relays.
+const H2: &[u8] = b"h2";
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a 502, what is read (and dropped) of the sandbox's request before closing, so that
@@ -93,7 +98,10 @@ pub enum InterceptError {
 pub struct Interceptor {
     ca: EgressCa,
     provider: Arc<rustls::crypto::CryptoProvider>,
+    /// Offers `h2` and `http/1.1`.
     upstream: Arc<rustls::ClientConfig>,
+    /// Offers `http/1.1` only.
+    upstream_http1: Arc<rustls::ClientConfig>,
 }
 
 /// The certificates of a PEM bundle (`--egress-extra-ca`): at least one, all parsed.
@@ -150,11 +158,14 @@ impl Interceptor {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        upstream.alpn_protocols = vec![ALPN.to_vec()];
+        let mut upstream_http1 = upstream.clone();
+        upstream.alpn_protocols = vec![H2.to_vec(), HTTP1.to_vec()];
+        upstream_http1.alpn_protocols = vec![HTTP1.to_vec()];
         Ok(Interceptor {
             ca,
             provider,
             upstream: Arc::new(upstream),
+            upstream_http1: Arc::new(upstream_http1),
         })
     }
 
@@ -163,11 +174,13 @@ impl Interceptor {
         &self.ca
     }
 
-    /// Terminates the sandbox's TLS for `domain` with the CA's leaf for that name.
+    /// Terminates the sandbox's TLS for `domain` with the CA's leaf for that name, offering
+    /// `h2` first when `h2` is true, and `http/1.1`.
     pub async fn accept<S>(
         &self,
         sandbox: S,
         domain: &str,
+        h2: bool,
     ) -> Result<tokio_rustls::server::TlsStream<S>, InterceptError>
     where
         S: AsyncRead + AsyncWrite + Unpin,
@@ -183,7 +196,11 @@ impl Interceptor {
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_single_cert(chain, key.clone_key())?;
-        config.alpn_protocols = vec![ALPN.to_vec()];
+        config.alpn_protocols = if h2 {
+            vec![H2.to_vec(), HTTP1.to_vec()]
+        } else {
+            vec![HTTP1.to_vec()]
+        };
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sandbox)).await {
             Ok(Ok(s)) => Ok(s),
@@ -197,11 +214,13 @@ impl Interceptor {
         }
     }
 
-    /// A TLS connection to `domain` at `addr`, its certificate verified for `domain`.
+    /// A TLS connection to `domain` at `addr`, its certificate verified for `domain`,
+    /// offering `h2` when `h2` is true, and `http/1.1`.
     pub async fn connect(
         &self,
         addr: SocketAddr,
         domain: &str,
+        h2: bool,
     ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, InterceptError> {
         let name = ServerName::try_from(domain.to_string())
             .map_err(|_| InterceptError::Name(domain.to_string()))?;
@@ -221,7 +240,12 @@ impl Interceptor {
                 });
             }
         };
-        let connector = tokio_rustls::TlsConnector::from(self.upstream.clone());
+        let config = if h2 {
+            &self.upstream
+        } else {
+            &self.upstream_http1
+        };
+        let connector = tokio_rustls::TlsConnector::from(config.clone());
         let handshake = connector.connect(name, tcp);
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
             Ok(Ok(s)) => Ok(s),
@@ -237,9 +261,10 @@ impl Interceptor {
         }
     }
 
-    /// One intercepted connection: the sandbox's TLS is terminated for `domain`, the
-    /// upstream at `addr` is connected and verified, and the requests are relayed with
-    /// the headers `headers_for` gives each (as [`inject::relay`]). An upstream that cannot
+    /// One intercepted connection: the upstream at `addr` is connected and verified, the
+    /// sandbox's TLS is terminated for `domain` offering the version the upstream took, and
+    /// the requests are relayed with the headers `headers_for` gives each (as
+    /// [`inject::relay`], or [`crate::h2relay::relay`] per stream). An upstream that cannot
     /// be reached or verified gets the sandbox a 502, and nothing is sent to it.
     pub async fn relay<S, F, Fut>(
         &self,
@@ -249,22 +274,46 @@ impl Interceptor {
         headers_for: F,
     ) -> Result<(), InterceptError>
     where
-        S: AsyncRead + AsyncWrite + Unpin,
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Vec<InjectedHeader>, String>>,
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+        F: Fn() -> Fut + Sync,
+        Fut: Future<Output = Result<Vec<InjectedHeader>, String>> + Send,
     {
-        let mut sandbox = self.accept(sandbox, domain).await?;
-        let upstream = match self.connect(addr, domain).await {
+        let upstream = match self.connect(addr, domain, true).await {
             Ok(u) => u,
             Err(e) => {
                 tracing::warn!("egress proxy: {e}; answered 502");
+                let mut sandbox = self.accept(sandbox, domain, false).await?;
                 bad_gateway(&mut sandbox).await;
                 return Err(e);
             }
         };
-        tracing::debug!("egress proxy: intercepting TLS to {domain} ({addr})");
+        let upstream_h2 = upstream.get_ref().1.alpn_protocol() == Some(H2);
+        let sandbox = self.accept(sandbox, domain, upstream_h2).await?;
+        let sandbox_h2 = sandbox.get_ref().1.alpn_protocol() == Some(H2);
+        tracing::debug!(
+            "egress proxy: intercepting TLS to {domain} ({addr}), {}",
+            if sandbox_h2 { "HTTP/2" } else { "HTTP/1.1" }
+        );
+        if sandbox_h2 {
+            return Ok(crate::h2relay::relay(sandbox, upstream, domain, &headers_for).await?);
+        }
+        let upstream = if upstream_h2 {
+            // The sandbox took HTTP/1.1 from an offer of both: an upstream that speaks it.
+            drop(upstream);
+            match self.connect(addr, domain, false).await {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::warn!("egress proxy: {e}; answered 502");
+                    let mut sandbox = sandbox;
+                    bad_gateway(&mut sandbox).await;
+                    return Err(e);
+                }
+            }
+        } else {
+            upstream
+        };
         let (r, mut w) = tokio::io::split(sandbox);
-        let outcome = inject::relay(r, &mut w, upstream, domain, headers_for).await;
+        let outcome = inject::relay(r, &mut w, upstream, domain, &headers_for).await;
         // close_notify: the sandbox's client can tell the end from a cut.
         let _ = w.shutdown().await;
         Ok(outcome?)

@@ -25,6 +25,7 @@ pub mod cmd;
 pub mod conntrack;
 pub mod dns;
 mod error;
+pub mod h2relay;
 pub mod hostcheck;
 pub mod inject;
 pub mod intercept;

