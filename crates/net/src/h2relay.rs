@@ -28,6 +28,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Streams one sandbox connection may have open at once.
+const MAX_STREAMS: u32 = 100;
 type Task<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// An executor whose tasks run in the relay's task (see the module's comment).
@@ -85,7 +88,11 @@ where
         let sender = sender.clone();
         async move { Ok::<_, Infallible>(one_request(req, sender, domain, headers_for).await) }
     });
+    // Bounded as the HTTP/1.1 relay is: a request's headers at most its head limit, and a
+    // sandbox opens at most this many streams at once.
     let served = hyper::server::conn::http2::Builder::new(exec)
+        .max_header_list_size(crate::inject::MAX_HEAD as u32)
+        .max_concurrent_streams(MAX_STREAMS)
         .serve_connection(TokioIo::new(sandbox), service);
     tokio::pin!(served);
     loop {
