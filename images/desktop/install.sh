@@ -79,9 +79,11 @@ grep -q '<listen>unix:dir=/dev/shm</listen>' "$tree/usr/share/dbus-1/session.con
   die "the session bus's listen address was not changed"
 
 # The start command (e2b.json) and the SDK's commands' wrappers for a restored started
-# desktop: session.sh, Xvfb and startxfce4 say why.
+# desktop: session.sh, Xvfb, xvfb-swap.sh, xdpyinfo and startxfce4 say why.
 install -m 0755 "$here/session.sh" "$tree/usr/local/lib/sandcell/desktop-session.sh"
+install -m 0644 "$here/xvfb-swap.sh" "$tree/usr/local/lib/sandcell/xvfb-swap.sh"
 install -m 0755 "$here/Xvfb" "$tree/usr/local/bin/Xvfb"
+install -m 0755 "$here/xdpyinfo" "$tree/usr/local/bin/xdpyinfo"
 install -m 0755 "$here/startxfce4" "$tree/usr/local/bin/startxfce4"
 
 # Chromium without its first-run page and default-browser question (an agent's first

@@ -7,7 +7,7 @@
 export DISPLAY=:0 NO_AT_BRIDGE=1
 /usr/bin/Xvfb :0 -ac -screen 0 1024x768x24 -retro -dpi 96 -nolisten tcp -nolisten unix &
 i=0
-until xdpyinfo >/dev/null 2>&1; do
+until /usr/bin/xdpyinfo >/dev/null 2>&1; do
   i=$((i + 1))
   [ "$i" -lt 200 ] || { echo "session.sh: Xvfb did not answer" >&2; exit 1; }
   sleep 0.05

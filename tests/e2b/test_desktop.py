@@ -200,7 +200,10 @@ def test_another_resolution_gets_a_display_of_its_own(desktop):
     # image's Xvfb wrapper stops the restored display and starts the one asked for).
     other = Sandbox.create(timeout=120, resolution=(800, 600))
     try:
-        assert other.get_screen_size() == (800, 600)
+        size = other.get_screen_size()
+        # what the wrappers did, for a failure's message
+        log = other.commands.run("cat /tmp/sandcell-desktop.log; ps -eo pid,etimes,args | grep -i xvfb").stdout
+        assert size == (800, 600), log
         w, h, _ = png_size_and_colours(bytes(other.screenshot()))
         assert (w, h) == (800, 600)
     finally:
