@@ -5,15 +5,7 @@
 const assert = require('node:assert/strict')
 const { Sandbox } = require('@e2b/code-interpreter')
 
-async function check(name, fn) {
-  try {
-    await fn()
-    console.log(`ok   ${name}`)
-  } catch (e) {
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`)
-    process.exitCode = 1
-  }
-}
+const { check } = require('./check.cjs')
 
 async function main() {
   // The SDK's default template: code-interpreter-v1.

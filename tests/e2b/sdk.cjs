@@ -6,15 +6,7 @@ const { Sandbox, AuthenticationError, CommandExitError, NotFoundError, TimeoutEr
 
 const template = process.env.SANDCELL_TEMPLATE
 
-async function check(name, fn) {
-  try {
-    await fn()
-    console.log(`ok   ${name}`)
-  } catch (e) {
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`)
-    process.exitCode = 1
-  }
-}
+const { check } = require('./check.cjs')
 
 async function main() {
   let sbx

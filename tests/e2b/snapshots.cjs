@@ -6,15 +6,7 @@ const { Sandbox } = require('e2b')
 
 const template = process.env.SANDCELL_TEMPLATE
 
-async function check(name, fn) {
-  try {
-    await fn()
-    console.log(`ok   ${name}`)
-  } catch (e) {
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`)
-    process.exitCode = 1
-  }
-}
+const { check } = require('./check.cjs')
 
 async function main() {
   const sbx = await Sandbox.create(template, { timeoutMs: 120_000 })

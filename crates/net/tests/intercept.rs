@@ -39,19 +39,14 @@ fn test_ca(name: &str) -> (Issuer<'static, KeyPair>, CertificateDer<'static>) {
     (Issuer::new(p, key), cert.der().clone())
 }
 
-/// An HTTPS server for `name` with a leaf of `issuer`, serving one connection: it reads
-/// until the client closes (or after one request head), answers 200 "ok", and returns
-/// what it read (empty if the handshake failed).
-async fn upstream(
-    issuer: &Issuer<'static, KeyPair>,
-    name: &str,
-) -> (SocketAddr, JoinHandle<Vec<u8>>) {
+/// A TLS server's configuration with a new leaf for `name` from `issuer`.
+fn server_config(issuer: &Issuer<'static, KeyPair>, name: &str) -> rustls::ServerConfig {
     let key = KeyPair::generate().unwrap();
     let leaf = CertificateParams::new(vec![name.to_string()])
         .unwrap()
         .signed_by(&key, issuer)
         .unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(provider())
+    rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
@@ -59,8 +54,17 @@ async fn upstream(
             vec![leaf.der().clone()],
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
         )
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        .unwrap()
+}
+
+/// An HTTPS server for `name` with a leaf of `issuer`, serving one connection: it reads
+/// until the client closes (or after one request head), answers 200 "ok", and returns
+/// what it read (empty if the handshake failed).
+async fn upstream(
+    issuer: &Issuer<'static, KeyPair>,
+    name: &str,
+) -> (SocketAddr, JoinHandle<Vec<u8>>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(issuer, name)));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -122,14 +126,12 @@ async fn proxy(
     (addr, task)
 }
 
-/// The sandbox: TLS to `proxy` for DOMAIN trusting only `root`, offering `alpn`; sends
-/// `request` and reads the answer to its end.
-async fn sandbox(
+/// TLS to `proxy` for DOMAIN trusting only `root`, offering `alpn`.
+async fn connect_sandbox(
     proxy: SocketAddr,
     root: &CertificateDer<'static>,
     alpn: &[&[u8]],
-    request: &str,
-) -> std::io::Result<(Option<Vec<u8>>, String)> {
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut store = rustls::RootCertStore::empty();
     store.add(root.clone()).unwrap();
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
@@ -139,9 +141,20 @@ async fn sandbox(
         .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let tcp = TcpStream::connect(proxy).await?;
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
-        .await?;
+        .await
+}
+
+/// The sandbox: TLS to `proxy` for DOMAIN trusting only `root`, offering `alpn`; sends
+/// `request` and reads the answer to its end.
+async fn sandbox(
+    proxy: SocketAddr,
+    root: &CertificateDer<'static>,
+    alpn: &[&[u8]],
+    request: &str,
+) -> std::io::Result<(Option<Vec<u8>>, String)> {
+    let mut tls = connect_sandbox(proxy, root, alpn).await?;
     let alpn = tls.get_ref().1.alpn_protocol().map(|p| p.to_vec());
     tls.write_all(request.as_bytes()).await?;
     let mut answer = Vec::new();
@@ -291,20 +304,7 @@ async fn upstream_h2(
     issuer: &Issuer<'static, KeyPair>,
 ) -> (SocketAddr, Arc<std::sync::Mutex<Vec<Seen>>>) {
     use http_body_util::{BodyExt, Full};
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec![DOMAIN.to_string()])
-        .unwrap()
-        .signed_by(&key, issuer)
-        .unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
+    let mut config = server_config(issuer, DOMAIN);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -374,17 +374,7 @@ async fn h2_sandbox(
     Option<Vec<u8>>,
     hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
 ) {
-    let mut store = rustls::RootCertStore::empty();
-    store.add(root.clone()).unwrap();
-    let mut config = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(store)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let tcp = TcpStream::connect(proxy).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from(DOMAIN).unwrap(), tcp)
+    let tls = connect_sandbox(proxy, root, &[b"h2", b"http/1.1"])
         .await
         .unwrap();
     let alpn = tls.get_ref().1.alpn_protocol().map(|p| p.to_vec());
