@@ -14,7 +14,8 @@ export SANDCELL_DATA_DIR := $(DATA_DIR)
         kernel images install bench fmt lint clean
 
 ## make run: set everything up on a fresh machine, run a demo command in a sandbox, then
-## serve the E2B-compatible API on 127.0.0.1:3000 (Ctrl-C stops it).
+## serve the E2B-compatible API on 127.0.0.1:3000 with port URLs under sandcell.localhost
+## (this host resolves and trusts them while it runs: scripts/serve-local.sh; Ctrl-C stops it).
 run: deps build-release install
 	@echo "==> sandcell doctor"
 	@target/release/sandcell doctor
@@ -22,13 +23,7 @@ run: deps build-release install
 	@target/release/sandcell run --verbose -- sh -c 'echo hello from a sandbox; uname -a; id'
 	@echo "==> sandcell serve --data-dir $(DATA_DIR): E2B API and envd proxy on http://127.0.0.1:3000 (Ctrl-C stops it)"
 	@echo "    API key: $(DATA_DIR)/admin.key (written at the first start, mode 0600; sandcell keys create makes more)"
-	@echo "    E2B Python SDK (pip install e2b), from another shell:"
-	@echo "      export E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3000 E2B_API_KEY=\$$(sudo cat $(DATA_DIR)/admin.key)"
-	@echo "      then in python3:  from e2b import Sandbox"
-	@echo "                        sbx = Sandbox.create()"
-	@echo "                        print(sbx.commands.run(\"uname -a\").stdout)"
-	@echo "    CLI (as root on this host): target/release/sandcell create, ls, exec ID -- uname -a, shell ID, cp, kill"
-	@target/release/sandcell serve --data-dir $(DATA_DIR)
+	@scripts/serve-local.sh target/release/sandcell $(DATA_DIR)
 
 ## make test: every test: unit, payloads on /dev/kvm, the gvisor suite, images, the nested-KVM harness.
 test: build agent install

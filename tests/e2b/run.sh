@@ -123,6 +123,8 @@ say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 say "port URLs: tests/e2b/port_urls.sh (a daemon of its own, with --domain)"
 PY_SDK=$PY_SDK bash "$HERE/port_urls.sh" || status=1
+say "make run's port URLs: tests/e2b/local_domain.sh (a daemon of its own, in a mount namespace)"
+PY_SDK=$PY_SDK bash "$HERE/local_domain.sh" || status=1
 
 # The secrets suites' values all start so: none may reach the daemon's log.
 if grep -qE 'sk-(py|js)-' "$TMP/serve.err"; then
