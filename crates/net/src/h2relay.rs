@@ -79,11 +79,16 @@ where
     let (sender, conn) = handshake
         .await
         .map_err(|e| io_error("handshake with the upstream", e))?;
-    running.push(Box::pin(async move {
+    // Driven beside the sandbox's connection: when it ends (the upstream's GOAWAY, its idle
+    // timeout), the sandbox's connection is ended gracefully too, so that its client opens a
+    // new one instead of getting a 502 for every stream after.
+    let upstream_conn = async move {
         if let Err(e) = conn.await {
             tracing::debug!("egress proxy: HTTP/2 upstream connection: {e}");
         }
-    }));
+    };
+    tokio::pin!(upstream_conn);
+    let mut upstream_open = true;
     let service = hyper::service::service_fn(|req: Request<Incoming>| {
         let sender = sender.clone();
         async move { Ok::<_, Infallible>(one_request(req, sender, domain, headers_for).await) }
@@ -99,6 +104,11 @@ where
         tokio::select! {
             r = &mut served => {
                 return r.map_err(|e| io_error("connection of the sandbox", e));
+            }
+            () = &mut upstream_conn, if upstream_open => {
+                upstream_open = false;
+                tracing::debug!("egress proxy: the HTTP/2 upstream for {domain} closed: GOAWAY to the sandbox");
+                served.as_mut().graceful_shutdown();
             }
             Some(task) = rx.recv() => running.push(task),
             Some(()) = running.next(), if !running.is_empty() => {}
@@ -127,8 +137,10 @@ where
     match authority_host(&req) {
         Some(host) if host.eq_ignore_ascii_case(domain) => {}
         other => {
+            // the sandbox chose it: at most 80 characters of it in the log
+            let named: Option<String> = other.map(|h| h.chars().take(80).collect());
             tracing::info!(
-                "egress proxy: refused an HTTP/2 request to {domain} naming host {other:?}"
+                "egress proxy: refused an HTTP/2 request to {domain} naming host {named:?}"
             );
             return answer(
                 StatusCode::FORBIDDEN,
@@ -147,7 +159,7 @@ where
         }
     };
     for h in &headers {
-        let (Ok(name), Ok(value)) = (
+        let (Ok(name), Ok(mut value)) = (
             HeaderName::from_bytes(h.name.as_bytes()),
             HeaderValue::from_str(&h.value),
         ) else {
@@ -160,6 +172,8 @@ where
                 "refused by the sandbox's egress rules: a rule header is not valid HTTP\n",
             );
         };
+        // never indexed by HPACK: the value stays out of the connection's header tables
+        value.set_sensitive(true);
         // insert replaces every value the sandbox sent under the name
         req.headers_mut().insert(name, value);
     }
@@ -199,7 +213,8 @@ fn authority_host(req: &Request<Incoming>) -> Option<String> {
         None => req.headers().get(HOST)?.to_str().ok()?.parse().ok()?,
     };
     match authority.port_u16() {
-        None | Some(443) => Some(authority.host().to_string()),
+        // `api.example.com.` is `api.example.com`
+        None | Some(443) => Some(authority.host().trim_end_matches('.').to_string()),
         Some(_) => None,
     }
 }

@@ -299,9 +299,11 @@ struct Seen {
 
 /// An HTTPS server for DOMAIN (a leaf of `issuer`) offering `h2` and `http/1.1`, serving
 /// every connection with hyper in the protocol ALPN chose: it answers each request 200 with
-/// "seen <path>" and records it.
+/// "seen <path>" and records it. With `one_per_connection`, an HTTP/2 connection is shut
+/// down (GOAWAY) after its first answer, as a server with a request limit does.
 async fn upstream_h2(
     issuer: &Issuer<'static, KeyPair>,
+    one_per_connection: bool,
 ) -> (SocketAddr, Arc<std::sync::Mutex<Vec<Seen>>>) {
     use http_body_util::{BodyExt, Full};
     let mut config = server_config(issuer, DOMAIN);
@@ -321,9 +323,12 @@ async fn upstream_h2(
                     return;
                 };
                 let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let answered = Arc::new(tokio::sync::Notify::new());
+                let answered_tx = answered.clone();
                 let service = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
                         let record = record.clone();
+                        let answered = answered_tx.clone();
                         async move {
                             let version = req.version();
                             let path = req.uri().path().to_string();
@@ -341,6 +346,7 @@ async fn upstream_h2(
                                 authorization,
                                 body,
                             });
+                            answered.notify_one();
                             Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
                                 bytes::Bytes::from(answer),
                             )))
@@ -349,11 +355,18 @@ async fn upstream_h2(
                 );
                 let io = hyper_util::rt::TokioIo::new(tls);
                 if h2 {
-                    let _ = hyper::server::conn::http2::Builder::new(
+                    let conn = hyper::server::conn::http2::Builder::new(
                         hyper_util::rt::TokioExecutor::new(),
                     )
-                    .serve_connection(io, service)
-                    .await;
+                    .serve_connection(io, service);
+                    tokio::pin!(conn);
+                    if one_per_connection {
+                        tokio::select! {
+                            _ = &mut conn => return,
+                            () = answered.notified() => conn.as_mut().graceful_shutdown(),
+                        }
+                    }
+                    let _ = conn.await;
                 } else {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(io, service)
@@ -373,6 +386,7 @@ async fn h2_sandbox(
 ) -> (
     Option<Vec<u8>>,
     hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    JoinHandle<Result<(), hyper::Error>>,
 ) {
     let tls = connect_sandbox(proxy, root, &[b"h2", b"http/1.1"])
         .await
@@ -384,8 +398,7 @@ async fn h2_sandbox(
     )
     .await
     .unwrap();
-    tokio::spawn(conn);
-    (alpn, send)
+    (alpn, send, tokio::spawn(conn))
 }
 
 async fn h2_get(
@@ -410,9 +423,9 @@ async fn h2_get(
 #[tokio::test]
 async fn http2_gets_every_stream_filled_and_other_hosts_refused_per_stream() {
     let f = fixture();
-    let (up, seen) = upstream_h2(&f.upstream_ca).await;
+    let (up, seen) = upstream_h2(&f.upstream_ca, false).await;
     let (px, relayed) = proxy(f.interceptor.clone(), up).await;
-    let (alpn, mut send) = h2_sandbox(px, &f.egress_ca).await;
+    let (alpn, mut send, _conn) = h2_sandbox(px, &f.egress_ca).await;
     // The upstream took h2, so the sandbox was offered it.
     assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
     let mut a = send.clone();
@@ -451,7 +464,7 @@ async fn http2_gets_every_stream_filled_and_other_hosts_refused_per_stream() {
 #[tokio::test]
 async fn a_sandbox_that_takes_http1_from_an_h2_offer_gets_an_http1_upstream() {
     let f = fixture();
-    let (up, seen) = upstream_h2(&f.upstream_ca).await;
+    let (up, seen) = upstream_h2(&f.upstream_ca, false).await;
     let (px, relayed) = proxy(f.interceptor.clone(), up).await;
     let (alpn, answer) = sandbox(px, &f.egress_ca, &[b"http/1.1"], &request(DOMAIN))
         .await
@@ -464,6 +477,38 @@ async fn a_sandbox_that_takes_http1_from_an_h2_offer_gets_an_http1_upstream() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].version, hyper::Version::HTTP_11);
     assert_eq!(seen[0].authorization, vec![VALUE.to_string()]);
+}
+
+#[tokio::test]
+async fn an_upstream_that_closes_its_http2_connection_closes_the_sandboxs() {
+    // A server's GOAWAY (a request limit, an idle timeout) reaches the sandbox's client as a
+    // GOAWAY of its own, so that it opens a new connection; before, it kept its connection
+    // and got 502 for every stream after.
+    let f = fixture();
+    let (up, seen) = upstream_h2(&f.upstream_ca, true).await;
+    let (px, relayed) = proxy(f.interceptor.clone(), up).await;
+    let (_, mut send, conn) = h2_sandbox(px, &f.egress_ca).await;
+    assert_eq!(
+        h2_get(&mut send, DOMAIN, "/only", "").await,
+        (hyper::StatusCode::OK, "seen /only".into())
+    );
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
+    assert!(
+        ended.is_ok(),
+        "the sandbox's connection stayed open after the upstream's closed"
+    );
+    assert!(
+        send.ready().await.is_err(),
+        "the sandbox's sender is still usable"
+    );
+    // The relay ended with both connections (the client's close after the GOAWAY may read
+    // as a connection error on its side: either way nothing is left running).
+    tokio::time::timeout(std::time::Duration::from_secs(10), relayed)
+        .await
+        .expect("the relay ended")
+        .unwrap()
+        .ok();
+    assert_eq!(seen.lock().unwrap().len(), 1);
 }
 
 #[test]
