@@ -12,16 +12,38 @@ chart data is a convenience and never fails a cell.
 """
 
 import datetime
+import itertools
 import math
 
 MIME = "application/vnd.sandcell.chart+json"
-# Bounds: a chart of a million points is a PNG's job, not a JSON one's.
+# Bounds: a chart of a million points is a PNG's job, not a JSON one's. Per line, and for
+# the whole figure (its lines and axes together).
 MAX_POINTS = 10_000
 MAX_ELEMENTS = 1_000
+MAX_FIGURE_POINTS = 100_000
+MAX_AXES = 64
+
+
+class _Budget:
+    """What is left of the figure's point budget."""
+
+    def __init__(self):
+        self.left = MAX_FIGURE_POINTS
+
+    def take(self, pairs):
+        """At most MAX_POINTS of the (x, y) pairs, within what is left; never materialises
+        more than it keeps."""
+        n = min(MAX_POINTS, self.left)
+        kept = [[_num(x), _num(y)] for x, y in itertools.islice(pairs, n)]
+        self.left -= len(kept)
+        return kept
 
 
 def _num(v):
     """A JSON-safe scalar from a numpy or Python value (NaN and infinities as None)."""
+    if type(v).__name__ == "datetime64":
+        # .item() of a nanosecond datetime64 is an int of nanoseconds: its ISO text instead
+        return str(v)
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, (datetime.datetime, datetime.date)):
@@ -72,19 +94,18 @@ def _label(artist, i):
     return f"series {i}" if not label or label.startswith("_") else label
 
 
-def _line_chart(ax, lines):
+def _line_chart(ax, lines, budget):
     elements = []
     for i, line in enumerate(lines[:MAX_ELEMENTS]):
-        xs, ys = line.get_xdata(), line.get_ydata()
-        points = [[_num(x), _num(y)] for x, y in list(zip(xs, ys))[:MAX_POINTS]]
+        points = budget.take(zip(line.get_xdata(), line.get_ydata()))
         elements.append({"label": _label(line, i), "points": points})
     return {"type": "line", **_axes_2d(ax), "elements": elements}
 
 
-def _scatter_chart(ax, collections):
+def _scatter_chart(ax, collections, budget):
     elements = []
     for i, coll in enumerate(collections[:MAX_ELEMENTS]):
-        points = [[_num(x), _num(y)] for x, y in coll.get_offsets()[:MAX_POINTS]]
+        points = budget.take(iter(coll.get_offsets()))
         elements.append({"label": _label(coll, i), "points": points})
     return {"type": "scatter", **_axes_2d(ax), "elements": elements}
 
@@ -126,11 +147,12 @@ def _pie_chart(ax, wedges):
     return {"type": "pie", "title": ax.get_title() or None, "elements": elements}
 
 
-def chart_of_axes(ax):
+def chart_of_axes(ax, budget=None):
     from matplotlib.collections import PathCollection
     from matplotlib.container import BarContainer
     from matplotlib.patches import Wedge
 
+    budget = budget or _Budget()
     wedges = [p for p in ax.patches if isinstance(p, Wedge)]
     if wedges:
         return _pie_chart(ax, wedges)
@@ -140,20 +162,22 @@ def chart_of_axes(ax):
     scatters = [c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets())]
     lines = [ln for ln in ax.get_lines() if len(ln.get_xdata())]
     if scatters and not lines:
-        return _scatter_chart(ax, scatters)
+        return _scatter_chart(ax, scatters, budget)
     if lines and not scatters:
-        return _line_chart(ax, lines)
+        return _line_chart(ax, lines, budget)
     return {"type": "unknown", "title": ax.get_title() or None, "elements": []}
 
 
 def chart_of_figure(fig):
-    axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+    axes = [ax for ax in fig.get_axes() if ax.get_visible()][:MAX_AXES]
     if not axes:
         return None
+    budget = _Budget()
     if len(axes) == 1:
-        return chart_of_axes(axes[0])
+        return chart_of_axes(axes[0], budget)
     title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) else None
-    return {"type": "superchart", "title": title or None, "elements": [chart_of_axes(ax) for ax in axes]}
+    elements = [chart_of_axes(ax, budget) for ax in axes]
+    return {"type": "superchart", "title": title or None, "elements": elements}
 
 
 def _format(fig):
