@@ -36,9 +36,12 @@ dns_up() {
   local domain=$1 ip=$2 dir=$STATE/$1
   mkdir -p "$dir"
   # The resolvers before this script: the upstreams dnsmasq forwards to.
+  # Without this script's own lines: a file still edited by an `up` whose state is gone (a
+  # reboot empties /run) must not be restored with them.
   local backup=$dir/resolv.conf.before
   if [ ! -e "$backup" ]; then
-    cp "$RESOLV" "$backup"
+    grep -v -e '^# sandcell local-domain: ' -e "^nameserver[[:space:]]*$LISTEN[[:space:]]*\$" \
+      "$RESOLV" >"$backup" || true
   fi
   local upstreams
   upstreams=$(sed -n 's/^[[:space:]]*nameserver[[:space:]]\+\([^[:space:]]*\).*/\1/p' "$backup" | grep -vx "$LISTEN" || true)
@@ -72,7 +75,7 @@ dns_up() {
   {
     echo "# sandcell local-domain: $domain via dnsmasq on $LISTEN (scripts/local-domain.sh down $domain undoes it)"
     echo "nameserver $LISTEN"
-    grep -v '^[[:space:]]*#' "$backup" | grep -vx "nameserver[[:space:]]*$LISTEN" || true
+    grep -v '^[[:space:]]*#' "$backup" || true
   } >"$dir/resolv.conf.new"
   write_resolv "$dir/resolv.conf.new"
 }
@@ -103,7 +106,7 @@ ca_up() {
 ca_down() {
   if [ -e "$CERTS/sandcell-$1.crt" ]; then
     rm -f "$CERTS/sandcell-$1.crt"
-    update-ca-certificates --fresh >/dev/null 2>&1 || say "update-ca-certificates failed"
+    update-ca-certificates >/dev/null 2>&1 || say "update-ca-certificates failed"
   fi
 }
 

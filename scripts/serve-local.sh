@@ -32,7 +32,7 @@ stop() {
   wait "$serve" 2>/dev/null || true
   if [ -n "$set_up" ]; then "$here/local-domain.sh" down "$domain" || true; fi
 }
-trap 'stop; exit 130' INT TERM
+trap 'stop; exit 130' INT TERM HUP
 # Listening once port 3000 answers (the CA is written before the listeners start).
 for _ in $(seq 300); do
   kill -0 "$serve" 2>/dev/null || { wait "$serve"; exit $?; }
@@ -42,8 +42,9 @@ done
 
 key="\$(sudo cat $data/admin.key)"
 if [ -n "$domain" ]; then
+  # Undone at the stop even when `up` fails halfway (`down` undoes what there is).
+  set_up=1
   if "$here/local-domain.sh" up "$domain" 127.0.0.1 "$data/tls/ca.pem"; then
-    set_up=1
     say "port URLs: https://<port>-<sandboxID>.$domain (this host resolves and trusts them until Ctrl-C)"
     echo "    E2B SDKs (Python, npm), from another shell:"
     echo "      export E2B_API_URL=http://127.0.0.1:3000 E2B_DOMAIN=$domain E2B_API_KEY=$key"

@@ -52,9 +52,18 @@ class Desktop(e2b_desktop.Sandbox, _Named):
     pass
 
 
+def _create_desktop():
+    # The desktop SDK kills its sandbox when its own setup fails; the names go too.
+    try:
+        return Desktop.create(timeout=180)
+    except Exception:
+        hosts_clear()
+        raise
+
+
 @pytest.fixture
 def desktop():
-    sbx = Desktop.create(timeout=180)
+    sbx = _create_desktop()
     try:
         yield sbx
     finally:
