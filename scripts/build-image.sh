@@ -137,6 +137,15 @@ if [ -n "$on_base" ]; then
   cp -R "$recipe/files/." "$tree/"
   chmod 0644 "$tree/etc/hostname" "$tree/etc/hosts" "$tree/etc/resolv.conf" "$tree/etc/pip.conf"
   chmod 0440 "$tree/etc/sudoers.d/user"
+  # Every command the SDKs run is `bash -l -c CMD`, so the login scripts run each time.
+  # Debian's ask `$(id -u)` (/etc/profile) and run `mesg n` (root's ~/.profile): a fork and
+  # an exec each, which cost 20-45 ms per command under gVisor (bash -l -c 'echo hi' as
+  # `user`: 101 ms before, 57 ms after). bash knows its EUID; mesg only matters on a tty.
+  sed -i 's/"$(id -u)"/"${EUID:-$(id -u)}"/g' "$tree/etc/profile"
+  sed -i 's|^mesg n 2> /dev/null \|\| true$|if [ -t 0 ]; then mesg n 2> /dev/null \|\| true; fi|' \
+    "$tree/root/.profile"
+  grep -q 'EUID:-' "$tree/etc/profile" && ! grep -q '^mesg n' "$tree/root/.profile" \
+    || die "$name: Debian's /etc/profile or /root/.profile changed: revisit the login-shell edits"
   install -m 0755 "$agent" "$tree/sbin/sandcell-agent"
   [ -e "$tree/sbin/init" ] || ln -s sandcell-agent "$tree/sbin/init"
   # sudo for `user` on gVisor (setuid cannot elevate there): the agent by the name `sudo`

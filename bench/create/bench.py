@@ -5,6 +5,9 @@ Measured (p50/p90/p99 over --runs each, interleaved run by run so that load hits
   - pool_create_ms: POST /sandboxes until 201, the pool full before each create (steady
     state: `serve --warm N` with N idle), plain body;
   - pool_create_env_egress_ms: the same with env vars and egress rules (allowOut/denyOut);
+  - pool_create_nft_program_ms, pool_create_env_egress_nft_program_ms: both again against a
+    daemon with SANDCELL_NFT=process (every nftables change an `nft` process, as before
+    libnftables in-process): the reference for that change;
   - boot_create_ms: the same plain create against a daemon with `--warm 0` (every create
     boots a runsc sandbox);
   - runsc_true_ms: `runsc run` of /bin/true on the image tree (the raw start and stop of a
@@ -25,20 +28,15 @@ import sys
 import tempfile
 import time
 
-
-def pct(xs, p):
-    xs = sorted(xs)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * p / 100
-    f = int(k)
-    c = min(f + 1, len(xs) - 1)
-    return round(xs[f] + (xs[c] - xs[f]) * (k - f), 1)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import latency  # noqa: E402
 
 
 def stats(xs):
-    return {"runs": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99),
-            "min": round(min(xs), 1) if xs else None, "max": round(max(xs), 1) if xs else None}
+    """bench/lib/latency.py's p50/p90/p99, with the extremes (none for no runs)."""
+    if not xs:
+        return {"runs": 0}
+    return {**latency.stats(xs), "min": round(min(xs), 1), "max": round(max(xs), 1)}
 
 
 def load1():
@@ -46,18 +44,25 @@ def load1():
 
 
 class Daemon:
-    def __init__(self, binary, data, port, pool, warm):
-        self.port, self.data = port, data
+    def __init__(self, binary, data, port, pool, warm, extra_env=None, extra_args=()):
+        # A data dir of its own (the installed images linked in): daemons sharing one would
+        # share its network prefix, and each one's start-up sweep would remove the others'
+        # pooled networks.
+        self.port, self.data = port, tempfile.mkdtemp(prefix="sc-bcreate-data")
+        os.makedirs(os.path.join(self.data, "images"))
+        for name in os.listdir(os.path.join(data, "images")):
+            os.symlink(os.path.join(data, "images", name), os.path.join(self.data, "images", name))
         self.run_dir = tempfile.mkdtemp(prefix="sc-bcreate-run")
-        env = dict(os.environ, SANDCELL_RUN_DIR=self.run_dir)
-        args = [binary, "--data-dir", data, "--listen", f"127.0.0.1:{port}",
-                "--runtime", "gvisor", "--net-pool", pool, "--kill-on-exit", "--warm", str(warm)]
+        env = dict(os.environ, SANDCELL_RUN_DIR=self.run_dir, **(extra_env or {}))
+        args = [binary, "--data-dir", self.data, "--listen", f"127.0.0.1:{port}",
+                "--runtime", "gvisor", "--net-pool", pool, "--kill-on-exit", "--warm", str(warm),
+                *extra_args]
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                      stderr=open(f"/tmp/bench-create-{port}.log", "w"))
         line = self.proc.stdout.readline().decode()
         if "listening on" not in line:
             raise SystemExit(f"daemon did not start: {line!r}")
-        self.key = open(os.path.join(data, "admin.key")).read().strip()
+        self.key = open(os.path.join(self.data, "admin.key")).read().strip()
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         self.warm = warm
 
@@ -109,6 +114,7 @@ class Daemon:
         self.proc.terminate()
         self.proc.wait(timeout=60)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        shutil.rmtree(self.data, ignore_errors=True)
 
 
 def runsc_true(tree, work):
@@ -160,14 +166,21 @@ def main():
             "network": {"allowOut": ["198.51.100.7", "*.example.com"], "denyOut": ["0.0.0.0/0"]}}
     pool = Daemon(args.serve, args.data_dir, args.port, "10.223.0.0/17", args.warm)
     boot = Daemon(args.serve, args.data_dir, args.port + 1, "10.223.128.0/17", 0)
-    res = {k: [] for k in ("pool_create_ms", "pool_create_env_egress_ms", "boot_create_ms",
-                           "runsc_true_ms", "tti_pool_ms", "tti_boot_ms")}
+    # The same pooled creates with every nftables change run as an `nft` process, as before
+    # libnftables in-process (crates/net/src/nftlib.rs): the reference for that change.
+    nft_program = Daemon(args.serve, args.data_dir, args.port + 2, "10.224.0.0/17", args.warm,
+                         {"SANDCELL_NFT": "process"})
+    res = {k: [] for k in ("pool_create_ms", "pool_create_env_egress_ms",
+                           "pool_create_nft_program_ms", "pool_create_env_egress_nft_program_ms",
+                           "boot_create_ms", "runsc_true_ms", "tti_pool_ms", "tti_boot_ms")}
     loads = [load1()]
     try:
         floor()  # first run warms the page cache
         for _ in range(args.runs):
             res["pool_create_ms"].append(pool.create(plain))
             res["pool_create_env_egress_ms"].append(pool.create(rich))
+            res["pool_create_nft_program_ms"].append(nft_program.create(plain))
+            res["pool_create_env_egress_nft_program_ms"].append(nft_program.create(rich))
             res["boot_create_ms"].append(boot.create(plain))
             res["runsc_true_ms"].append(floor())
             if sdk:
@@ -179,6 +192,7 @@ def main():
     finally:
         pool.stop()
         boot.stop()
+        nft_program.stop()
         shutil.rmtree(work, ignore_errors=True)
     version = subprocess.run(["runsc", "--version"], capture_output=True, text=True).stdout
     out = {
@@ -194,7 +208,9 @@ def main():
         "results": {k: stats(v) for k, v in res.items() if v},
         "notes": "POST /sandboxes until 201 on loopback (client-timed, one keep-alive "
                  "connection), `base` at the default size (2 vCPUs, 512 MiB), networks on; "
-                 "pool: the pool full before each create; boot: --warm 0; runsc_true: runsc "
+                 "pool: the pool full before each create; nft_program: the same with "
+                 "SANDCELL_NFT=process (every nftables change an nft process, as before "
+                 "libnftables in-process); boot: --warm 0; runsc_true: runsc "
                  "run of /bin/true on the same tree, --network none, root overlay in memory. "
                  "Interleaved run by run; load1 sampled before and after each run.",
     }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Adds the code interpreter to a copy of the base tree: the pinned Python packages
 # (requirements.txt, wheels for CPython 3.11 on manylinux x86_64, installed by the host's pip
-# into /usr/local/lib/python3.11/dist-packages, which Debian's python3 reads) and the server
-# (server.py) at /opt/sandcell/code-interpreter/. Wheels are cached in
+# into /usr/local/lib/python3.11/dist-packages, which Debian's python3 reads), the server
+# (server.py) and the JavaScript kernel (js_kernel.py, js_driver.js) at
+# /opt/sandcell/code-interpreter/. Wheels are cached in
 # ${SANDCELL_CACHE:-~/.cache/sandcell}/downloads/code-interpreter-wheels.
 #
 #   images/code-interpreter-v1/install.sh TREE
@@ -38,4 +39,19 @@ if "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
 else
   echo "code-interpreter: $py is not Python 3.11: no bytecode compiled (first imports are slower)" >&2
 fi
-install -D -m 0644 "$here/server.py" "$tree/opt/sandcell/code-interpreter/server.py"
+# The bash kernel's spec, where jupyter_client looks (what `python3 -m bash_kernel.install
+# --sys-prefix` would write, without running the image's Python on the host).
+install -d "$tree/usr/local/share/jupyter/kernels/bash"
+cat >"$tree/usr/local/share/jupyter/kernels/bash/kernel.json" <<'JSON'
+{"argv": ["/usr/bin/python3", "-m", "bash_kernel", "-f", "{connection_file}"], "display_name": "Bash", "language": "bash", "env": {"PS1": "$"}}
+JSON
+# The JavaScript kernel (js_kernel.py, a Python kernel driving the base image's node through
+# js_driver.js) and its spec.
+install -d "$tree/usr/local/share/jupyter/kernels/javascript"
+cat >"$tree/usr/local/share/jupyter/kernels/javascript/kernel.json" <<'JSON'
+{"argv": ["/usr/bin/python3", "/opt/sandcell/code-interpreter/js_kernel.py", "-f", "{connection_file}"], "display_name": "JavaScript (Node.js)", "language": "javascript"}
+JSON
+[ -x "$tree/usr/local/bin/node" ] || { echo "install.sh: $tree has no /usr/local/bin/node (base's node.sh)" >&2; exit 1; }
+for f in server.py js_kernel.py js_driver.js; do
+  install -D -m 0644 "$here/$f" "$tree/opt/sandcell/code-interpreter/$f"
+done

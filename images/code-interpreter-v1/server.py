@@ -15,8 +15,10 @@ The stock `e2b-code-interpreter` SDKs talk to this (through the daemon's port pr
   POST /contexts/{id}/restart        restarts its kernel (its state is gone)
 
 Executions in one context run one at a time, as in a notebook; a client that goes away
-(the SDK's timeout closes the stream) interrupts the kernel. Only Python kernels are installed:
-another language is a 400 that says so.
+(the SDK's timeout closes the stream) interrupts the kernel. Python (ipykernel), bash
+(bash_kernel) and JavaScript (js_kernel.py: node) are installed; another language is a 400
+that says so. Each language has a default context, the Python one started with the server,
+the others at their first use.
 
 Runs as the template's start command (e2b.json), as `user`, in /home/user.
 """
@@ -24,6 +26,8 @@ Runs as the template's start command (e2b.json), as `user`, in /home/user.
 import json
 import os
 import queue
+import re
+import shlex
 import select
 import sys
 import threading
@@ -42,7 +46,15 @@ MAX_CONTEXTS = 32
 # How long an interrupted execution gets to go idle before the kernel is restarted.
 INTERRUPT_GRACE = 10.0
 KERNEL_READY_TIMEOUT = 120
-KERNELS = {"python": "python3", "python3": "python3"}
+# language (as the SDKs name it, lowercased) -> (its canonical name, the kernel spec)
+KERNELS = {
+    "python": ("python", "python3"),
+    "python3": ("python", "python3"),
+    "bash": ("bash", "bash"),
+    "javascript": ("javascript", "javascript"),
+    "js": ("javascript", "javascript"),
+}
+AVAILABLE = "python, bash, javascript"
 # The sandbox's default environment, rewritten by the agent at each /init
 # (sandcell_proto::agent::ENV_FILE_PATH): a server restored from the template's memory
 # snapshot serves creates whose env vars it was not started with.
@@ -63,8 +75,27 @@ MIME_FIELDS = {
     # a matplotlib figure's chart data (sandcell_charts.py, the kernels' extension)
     "application/vnd.sandcell.chart+json": "chart",
 }
-# Every kernel loads it: figures a cell displays carry their chart data.
-KERNEL_ARGS = ["--ext=sandcell_charts"]
+# Every Python kernel loads it: figures a cell displays carry their chart data.
+KERNEL_ARGS = {"python": ["--ext=sandcell_charts"], "bash": [], "javascript": []}
+# What a bash kernel takes as a variable's name (anything else cannot be exported).
+BASH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# What bash_kernel's prompt marker depends on: set, the kernel would wait for a prompt that
+# never comes (the context hangs).
+BASH_RESERVED = {"PS1", "PS2", "PROMPT_COMMAND"}
+# Control characters reach bash through a terminal's line editing (^C, ^U, CR cut or
+# rewrite the line): only tab and newline go through as themselves.
+BASH_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def bash_settable(name, value):
+    """Why bash_kernel's shell cannot take `name`=`value`, or None."""
+    if not BASH_NAME.match(name):
+        return f"env var name {name!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)"
+    if name in BASH_RESERVED:
+        return f"env var {name} is the bash kernel's own (its prompt)"
+    if BASH_CONTROL.search(value):
+        return f"env var {name}'s value has control characters the bash kernel's terminal would act on"
+    return None
 
 
 def log(msg):
@@ -120,23 +151,131 @@ class NotFound(Exception):
     """A context that does not exist (404)."""
 
 
+class PythonEnv:
+    """Env var changes as Python code for an ipykernel (its os.environ)."""
+
+    @staticmethod
+    def set_saving(env_vars):
+        return (
+            "import os as _sc_os\n"
+            f"_sc_env_saved = {{k: _sc_os.environ.get(k) for k in {list(env_vars)!r}}}\n"
+            f"_sc_os.environ.update({dict(env_vars)!r})\n"
+        )
+
+    @staticmethod
+    def put_back(env_vars):
+        return (
+            "for _sc_k, _sc_v in _sc_env_saved.items():\n"
+            "    if _sc_v is None: _sc_os.environ.pop(_sc_k, None)\n"
+            "    else: _sc_os.environ[_sc_k] = _sc_v\n"
+        )
+
+    @staticmethod
+    def replace(env, gone):
+        return (
+            "import os as _sc_os\n"
+            f"_sc_os.environ.update({dict(env)!r})\n"
+            f"for _sc_k in {gone!r}: _sc_os.environ.pop(_sc_k, None)\n"
+        )
+
+
+class BashEnv:
+    """Env var changes as shell code for bash_kernel's bash (exported variables). What
+    bash_settable refuses is skipped here (the sandbox's) or refused with a 400 (an
+    execution's: bash_names). Every snippet ends with `true`: a silent cell that fails still
+    sends an error."""
+
+    @staticmethod
+    def set_saving(env_vars):
+        lines = []
+        for k, v in env_vars.items():
+            lines.append(
+                f'if [ -n "${{{k}+x}}" ]; then _sc_had_{k}=1; _sc_old_{k}="${k}"; '
+                f"else _sc_had_{k}=0; fi; export {k}={shlex.quote(v)}"
+            )
+        return "\n".join(lines + ["true"])
+
+    @staticmethod
+    def put_back(env_vars):
+        lines = []
+        for k in env_vars:
+            lines.append(
+                f'if [ "$_sc_had_{k}" = 1 ]; then export {k}="$_sc_old_{k}"; else unset {k}; fi; '
+                f"unset _sc_had_{k} _sc_old_{k}"
+            )
+        return "\n".join(lines + ["true"])
+
+    @staticmethod
+    def replace(env, gone):
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items() if bash_settable(k, v) is None]
+        lines += [f"unset {k}" for k in gone if bash_settable(k, "") is None]
+        return "\n".join(lines + ["true"])
+
+
+class JsEnv:
+    """Env var changes as JavaScript for the JavaScript kernel's node (its process.env). What
+    an execution's change saves is kept under a symbol, apart from the cells' names."""
+
+    SAVED = "globalThis[Symbol.for('sandcell.env')]"
+
+    @staticmethod
+    def set_saving(env_vars):
+        return (
+            f"{JsEnv.SAVED} = Object.fromEntries({json.dumps(list(env_vars))}.map((k) => [k, process.env[k]]));\n"
+            f"Object.assign(process.env, {json.dumps(dict(env_vars))});\n"
+        )
+
+    @staticmethod
+    def put_back(env_vars):
+        return (
+            f"for (const [k, v] of Object.entries({JsEnv.SAVED})) "
+            "if (v === undefined) delete process.env[k]; else process.env[k] = v;\n"
+            f"delete {JsEnv.SAVED};\n"
+        )
+
+    @staticmethod
+    def replace(env, gone):
+        return (
+            f"Object.assign(process.env, {json.dumps(dict(env))});\n"
+            f"for (const k of {json.dumps(list(gone))}) delete process.env[k];\n"
+        )
+
+
+ENV_CODE = {"python": PythonEnv, "bash": BashEnv, "javascript": JsEnv}
+
+
+def canonical(language):
+    """The language's canonical name and kernel spec; a 400 for one not installed."""
+    if not isinstance(language, str):
+        raise BadRequest("language must be a string")
+    spec = KERNELS.get(language.strip().lower())
+    if spec is None:
+        raise BadRequest(f"language {language!r} is not installed in this template (available: {AVAILABLE})")
+    return spec
+
+
+def bash_names(env_vars):
+    """Refuses an execution's env var that bash_kernel's shell cannot take (400)."""
+    for k, v in (env_vars or {}).items():
+        why = bash_settable(k, v)
+        if why is not None:
+            raise BadRequest(why)
+
+
 class Context:
     """One kernel, and the lock that runs its executions one at a time."""
 
     def __init__(self, language, cwd):
-        kernel = KERNELS.get(language)
-        if kernel is None:
-            raise BadRequest(
-                f"language {language!r} is not installed in this template (available: python)"
-            )
+        language, kernel = canonical(language)
         if not os.path.isdir(cwd):
             raise BadRequest(f"cwd {cwd!r} is not a directory")
         self.id = str(uuid.uuid4())
-        self.language = "python"
+        self.language = language
+        self.env_code = ENV_CODE[language]
         self.cwd = cwd
         self.lock = threading.Lock()
         self.km = KernelManager(kernel_name=kernel)
-        self.km.start_kernel(cwd=cwd, extra_arguments=KERNEL_ARGS)
+        self.km.start_kernel(cwd=cwd, extra_arguments=KERNEL_ARGS[language])
         # The sandbox env vars put into this kernel's os.environ so far.
         self.applied_env = {}
         self.kc = self._client()
@@ -171,13 +310,7 @@ class Context:
             self._apply_sandbox_env()
             if env_vars:
                 # For this execution only: set, then put back what was there.
-                self.kc.execute(
-                    "import os as _sc_os\n"
-                    f"_sc_env_saved = {{k: _sc_os.environ.get(k) for k in {list(env_vars)!r}}}\n"
-                    f"_sc_os.environ.update({dict(env_vars)!r})\n",
-                    silent=True,
-                    store_history=False,
-                )
+                self.kc.execute(self.env_code.set_saving(env_vars), silent=True, store_history=False)
             msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
             interrupted_at = None
             while True:
@@ -207,13 +340,7 @@ class Context:
                     self.km.interrupt_kernel()
                     interrupted_at = time.monotonic()
             if env_vars:
-                self.kc.execute(
-                    "for _sc_k, _sc_v in _sc_env_saved.items():\n"
-                    "    if _sc_v is None: _sc_os.environ.pop(_sc_k, None)\n"
-                    "    else: _sc_os.environ[_sc_k] = _sc_v\n",
-                    silent=True,
-                    store_history=False,
-                )
+                self.kc.execute(self.env_code.put_back(env_vars), silent=True, store_history=False)
             emit({"type": "end_of_execution"})
 
     def _apply_sandbox_env(self):
@@ -223,12 +350,8 @@ class Context:
         if env == self.applied_env:
             return
         gone = [k for k in self.applied_env if k not in env]
-        code = (
-            "import os as _sc_os\n"
-            f"_sc_os.environ.update({dict(env)!r})\n"
-            f"for _sc_k in {gone!r}: _sc_os.environ.pop(_sc_k, None)\n"
-        )
-        if env.get("E2B_SANDBOX_ID") != self.applied_env.get("E2B_SANDBOX_ID"):
+        code = self.env_code.replace(env, gone)
+        if self.language == "python" and env.get("E2B_SANDBOX_ID") != self.applied_env.get("E2B_SANDBOX_ID"):
             # Another sandbox (restored from the snapshot every create of the template
             # restores): the kernel's pseudo-random generators were seeded in the snapshot and
             # would repeat in every sandbox; seeded again from the entropy /init gave this one.
@@ -290,6 +413,9 @@ class Contexts:
         # concurrent creates cannot pass the cap together.
         self.starting = 0
         self.default_removed = False
+        # The default contexts of the other languages (language_default).
+        self.defaults = {}
+        self.defaults_starting = threading.Lock()
 
     def start_default(self):
         try:
@@ -328,10 +454,8 @@ class Contexts:
             if language:
                 raise BadRequest("give context_id or language, not both")
             return self.get(context_id)
-        if language and KERNELS.get(language) is None:
-            raise BadRequest(
-                f"language {language!r} is not installed in this template (available: python)"
-            )
+        if language and canonical(language)[0] != "python":
+            return self.language_default(canonical(language)[0])
         if self.default is None:
             if self.default_removed:
                 raise NotFound(
@@ -341,12 +465,27 @@ class Contexts:
             raise NotFound("the default context is not ready yet")
         return self.default
 
+    def language_default(self, language):
+        """The default context of a language other than Python, started at its first use
+        (one at a time: a second caller waits for the first's kernel)."""
+        with self.defaults_starting:
+            with self.lock:
+                ctx = self.defaults.get(language)
+            if ctx is None:
+                ctx = self.create(language, DEFAULT_CWD)
+                with self.lock:
+                    self.defaults[language] = ctx
+            return ctx
+
     def remove(self, context_id):
         with self.lock:
             ctx = self.by_id.pop(context_id, None)
             if ctx is not None and ctx is self.default:
                 self.default = None
                 self.default_removed = True
+            for language, default in list(self.defaults.items()):
+                if default is ctx:
+                    del self.defaults[language]
         if ctx is None:
             raise NotFound(f"context {context_id!r} not found")
         ctx.shutdown()
@@ -436,6 +575,8 @@ class Handler(BaseHTTPRequestHandler):
         ):
             raise BadRequest("env_vars must be an object of strings")
         ctx = CONTEXTS.for_execute(body.get("context_id"), body.get("language"))
+        if ctx.language == "bash":
+            bash_names(env_vars)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-ndjson")
         self.send_header("Transfer-Encoding", "chunked")

@@ -141,7 +141,7 @@ curl -fsS --max-time 2 --cacert "$TMP/upstream-ca.pem" --resolve api.bars.test:4
 
 # --- the daemon ---
 sc_link_base
-sc_serve --disk-mib 1024 --net-dns 203.0.113.53 --net-pool 10.213.0.0/16 \
+sc_serve --disk-mib 1024 --build-disk-mib 512 --net-dns 203.0.113.53 --net-pool 10.213.0.0/16 \
     --egress-extra-ca "$TMP/upstream-ca.pem"
 
 ADMIN_KEY=$(cat "$DATA/admin.key")

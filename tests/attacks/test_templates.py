@@ -5,8 +5,9 @@ tries to rebuild, delete, tag, publish, list, create from, build on (`fromTempla
 tagless `fromImage`) and learn about it. Each must answer as if the template did not exist
 (404, or 409 "not available" for taking the name) and leave A's template as A built it.
 Then: a 409 from DELETE does not name other keys' sandboxes; a failed build's reason and
-log name no host path; B's endless RUN does not hold up A's build; an oversized upload is
-refused before it is read.
+log name no host path; B's endless RUN does not hold up A's build; B's RUN cannot fill the
+host's disk (run.sh bounds a build's RUN writes: `serve --build-disk-mib 512`); an oversized
+upload is refused before it is read.
 
 Builds are one RUN step on the suite's template, as tests/e2b/test_template.py's are, to
 stay fast.
@@ -248,6 +249,45 @@ def test_b_endless_build_does_not_block_a_build(api, env):
     r = b.get(f"/templates/{slow}/builds/{slow_id}/status")
     assert r.json()["status"] == "building", "B's build was to be still running"
     assert wait_build(b, slow, slow_id, timeout=180)["status"] == "ready"
+
+
+def _blocks_under(path):
+    """Bytes the files under `path` take on the host (allocated blocks, links not followed)."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def test_b_build_cannot_fill_the_host_disk(api, env):
+    """B's RUN writes 2 GiB (`dd`) where the daemon bounds a build's RUN writes at 512 MiB:
+    ENOSPC inside, the build fails with a reason naming the limit and its flag, and nothing
+    it wrote is left on the host: no step disk or mount under the data dir, the layer cache
+    no larger than before (give or take a few MiB). Unbounded, the dd succeeded and its 2 GiB
+    stayed in the layer cache."""
+    b = api(env["key_b"])
+    cache = os.path.join(env["data_dir"], "cache")
+    before = _blocks_under(cache)
+    _, last = build(b, _name("atk-fill"), [run_step("dd if=/dev/zero of=/fill bs=1M count=2048")])
+    assert last["status"] == "error", last
+    reason = str(last.get("reason", last))
+    assert "--build-disk-mib" in reason and "512 MiB" in reason, reason
+    assert "No space left on device" in str(last), last
+    grown = _blocks_under(cache) - before
+    assert grown < 32 << 20, f"the layer cache grew by {grown} bytes"
+    left = [os.path.join(r, n) for r, ds, fs in os.walk(env["data_dir"]) for n in ds + fs
+            if n in ("disk.ext4",) or (n == "disk" and "/cache/layers/" in r)]
+    assert not left, left
+    with open("/proc/self/mountinfo") as f:
+        mounts = [l for l in f if os.path.join(env["data_dir"], "cache") in l]
+    assert not mounts, mounts
+    # B still builds under the limit.
+    _, ok = build(b, _name("atk-fits"), [run_step("dd if=/dev/zero of=/fits bs=1M count=16")])
+    assert ok["status"] == "ready", ok
 
 
 def test_oversized_upload_is_refused_before_it_is_read(api, env):

@@ -77,6 +77,9 @@ class Browser:
         self._buf = b""
         self._next = 0
         self.session = None
+        # what the page said: console messages, uncaught exceptions, failed loads (for the
+        # failure messages of the tests)
+        self.events = []
 
     def close(self):
         try:
@@ -122,10 +125,48 @@ class Browser:
         while True:
             answer = self._read(deadline)
             if answer.get("id") != self._next:
-                continue  # an event, or an answer nobody waits for
+                self._keep(answer)  # an event, or an answer nobody waits for
+                continue
             if "error" in answer:
                 raise BrowserError(f"{method}: {answer['error']}")
             return answer.get("result", {})
+
+    def _keep(self, event):
+        method, params = event.get("method"), event.get("params", {})
+        if method == "Runtime.consoleAPICalled":
+            text = " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+            self.events.append(f"console.{params.get('type')}: {text}")
+        elif method == "Runtime.exceptionThrown":
+            details = params.get("exceptionDetails", {})
+            self.events.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
+        elif method == "Network.loadingFailed":
+            self.events.append(f"load failed: {params.get('errorText')} {params.get('blockedReason') or ''}")
+        elif method == "Network.responseReceived":
+            response = params.get("response", {})
+            if response.get("status", 200) >= 400:
+                self.events.append(f"HTTP {response.get('status')}: {response.get('url')}")
+        elif method == "Network.webSocketClosed":
+            self.events.append("websocket closed")
+        elif method == "Network.webSocketFrameError":
+            self.events.append(f"websocket error: {params.get('errorMessage')}")
+        del self.events[:-40]
+
+    def page_said(self):
+        """The page's last console messages, exceptions and failed requests."""
+        return "\n".join(self.events) or "(nothing)"
+
+    def reload_if_network_changed(self):
+        """Reloads the page when a load of it failed with ERR_NETWORK_CHANGED, and says so.
+
+        Chromium aborts the loads under way whenever an address appears or goes in its network
+        namespace, and on a Sandcell host the host ends of sandboxes' networks come and go all
+        the time (the network pool refills after a create). A user reloads; so does the test."""
+        if not any("ERR_NETWORK_CHANGED" in e for e in self.events):
+            return False
+        self.events.append("(reloaded after ERR_NETWORK_CHANGED)")
+        self.events = [e for e in self.events if "ERR_NETWORK_CHANGED" not in e]
+        self.call("Page.reload", {"ignoreCache": True})
+        return True
 
     def open(self, url):
         """A new page at `url`, the session later calls go to."""
@@ -134,7 +175,15 @@ class Browser:
             "Target.attachToTarget", {"targetId": target, "flatten": True}, session=False
         )["sessionId"]
         self.call("Page.enable")
-        answer = self.call("Page.navigate", {"url": url})
+        self.call("Runtime.enable")
+        self.call("Network.enable")
+        for _ in range(5):
+            answer = self.call("Page.navigate", {"url": url})
+            # aborted because an address came or went on the host (reload_if_network_changed)
+            if answer.get("errorText") != "net::ERR_NETWORK_CHANGED":
+                break
+            self.events.append("(navigated again after ERR_NETWORK_CHANGED)")
+            time.sleep(0.5)
         if answer.get("errorText"):
             raise BrowserError(f"{url}: {answer['errorText']}")
 

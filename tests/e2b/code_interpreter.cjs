@@ -73,6 +73,46 @@ async function main() {
       assert.equal((await sbx.runCode("'done' in globals()", { timeoutMs: 20_000 })).text, 'False')
       assert.equal((await sbx.runCode('n', { timeoutMs: 20_000 })).text, '6')
     })
+    await check('runCode: bash in a kernel of its own, with its state and envs', async () => {
+      const ex = await sbx.runCode('X=7; echo $((X * 6))', { language: 'bash' })
+      assert.equal(ex.error, undefined)
+      assert.equal(ex.logs.stdout.join(''), '42\n')
+      const again = await sbx.runCode('echo "$X $FROM"', { language: 'bash', envs: { FROM: 'node' } })
+      assert.equal(again.logs.stdout.join(''), '7 node\n')
+      assert.equal((await sbx.runCode('echo ${FROM-gone}', { language: 'bash' })).logs.stdout.join(''), 'gone\n')
+    })
+    await check('runCode: JavaScript in a node kernel: state, streamed console, result, error', async () => {
+      const seen = []
+      const ex = await sbx.runCode(
+        "const m = 6\nfor (const w of ['a', 'b', 'c']) { console.log(w); await new Promise((r) => setTimeout(r, 200)) }\nm * 7",
+        { language: 'javascript', onStdout: (o) => seen.push(o) })
+      assert.equal(ex.error, undefined)
+      assert.equal(ex.text, '42')
+      assert.equal(seen.map((o) => o.line).join(''), 'a\nb\nc\n')
+      // streamed while the cell ran, not at its end: this SDK stamps each line when it gets it
+      // (Date.now() * 1000, microseconds)
+      assert.ok(seen.at(-1).timestamp - seen[0].timestamp >= 300e3, JSON.stringify(seen))
+      // the language's default context ("js" too) keeps its state
+      assert.equal((await sbx.runCode('m + 1', { language: 'js' })).text, '7')
+      const errors = []
+      const failed = await sbx.runCode('const o = null\no.field', { language: 'javascript', onError: (e) => errors.push(e) })
+      assert.equal(failed.error.name, 'TypeError')
+      assert.match(failed.error.value, /Cannot read properties of null/)
+      assert.match(failed.error.traceback, /TypeError/)
+      assert.equal(errors.length, 1)
+    })
+    await check('runCode: JavaScript envs, a context with its cwd, a timeout', async () => {
+      const code = "process.env.FROM ?? 'unset'"
+      assert.equal((await sbx.runCode(code, { language: 'javascript', envs: { FROM: 'node' } })).text, "'node'")
+      assert.equal((await sbx.runCode(code, { language: 'javascript' })).text, "'unset'")
+      const ctx = await sbx.createCodeContext({ language: 'javascript', cwd: '/tmp' })
+      assert.equal(ctx.language, 'javascript')
+      assert.equal((await sbx.runCode('process.cwd()', { context: ctx })).text, "'/tmp'")
+      assert.equal((await sbx.runCode('typeof m', { context: ctx })).text, "'undefined'")
+      await sbx.removeCodeContext(ctx)
+      await assert.rejects(sbx.runCode("while (true) {}\nm = 'lost'", { language: 'javascript', timeoutMs: 2000 }))
+      assert.equal((await sbx.runCode('m', { language: 'javascript', timeoutMs: 20_000 })).text, '6')
+    })
     await check('runCode: a language the template lacks is refused', async () => {
       // A 400 (the server's message says which languages there are; this SDK shows a 400's
       // body only with its diagnostics on, tests/e2b/test_code_interpreter.py reads it)

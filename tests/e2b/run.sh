@@ -2,7 +2,7 @@
 # E2B SDK compatibility: the registry `e2b` packages (Python 2.63.0, npm 2.51.0) and
 # `e2b-code-interpreter` (Python 2.11.5 and npm `@e2b/code-interpreter` 2.8.0, against the
 # code-interpreter-v1 image) and `e2b-desktop`
-# (Python 2.7.2, against the desktop image), unmodified,
+# (Python 2.7.2 and npm `@e2b/desktop` 2.4.0, against the desktop image), unmodified,
 # against a real `sandcell serve` on loopback (gvisor runtime, temp data and run dirs).
 #
 # Needs root and runsc (as every gvisor test), the installed images (`make images install`,
@@ -28,6 +28,7 @@ CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/sandcell/e2b-test"
 PY_SDK=2.63.0
 NPM_SDK=2.51.0
 NPM_CODE_INTERPRETER_SDK=2.8.0
+NPM_DESKTOP_SDK=2.4.0
 
 say() { echo "==> $*" >&2; }
 die() { echo "tests/e2b: $*" >&2; exit 1; }
@@ -41,7 +42,7 @@ sc_volume_tools
 
 # --- the SDKs, cached ---
 sc_e2b_venv "$CACHE/venv" "$PY_SDK"
-NPM_PINS="e2b@$NPM_SDK @e2b/code-interpreter@$NPM_CODE_INTERPRETER_SDK"
+NPM_PINS="e2b@$NPM_SDK @e2b/code-interpreter@$NPM_CODE_INTERPRETER_SDK @e2b/desktop@$NPM_DESKTOP_SDK"
 if [ "$(cat "$CACHE/node/.sandcell-pins" 2>/dev/null)" != "$NPM_PINS" ]; then
     say "node_modules with $NPM_PINS ($CACHE/node)"
     rm -rf "$CACHE/node"
@@ -89,7 +90,10 @@ say "python: pytest tests/e2b/test_template.py (e2b $PY_SDK)"
 "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_template.py" ${PYTEST_ARGS:-} || status=1
 say "python: pytest tests/e2b/test_code_interpreter.py (e2b-code-interpreter $E2B_CODE_INTERPRETER_SDK)"
 if [ -d "$DATA/images/code-interpreter-v1" ]; then
-    "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider "$HERE/test_code_interpreter.py" ${PYTEST_ARGS:-} || status=1
+    # It restores the template's memory snapshot (twice): the same runsc restore defect as
+    # the snapshot suites' (a restored kernel's stream cut once in a pre-stop run under load).
+    retry_once test_code_interpreter.py "$CACHE/venv/bin/python" -m pytest -q -p no:cacheprovider \
+        "$HERE/test_code_interpreter.py" ${PYTEST_ARGS:-} || status=1
 else
     echo "tests/e2b: code-interpreter-v1 is not installed in $INSTALLED (make images install)" >&2
     status=1
@@ -119,6 +123,13 @@ else
     echo "tests/e2b: code-interpreter-v1 is not installed in $INSTALLED (make images install)" >&2
     status=1
 fi
+say "node: tests/e2b/desktop.cjs (@e2b/desktop $NPM_DESKTOP_SDK)"
+if [ -d "$DATA/images/desktop" ]; then
+    NODE_PATH="$CACHE/node/node_modules" node "$HERE/desktop.cjs" || status=1
+else
+    echo "tests/e2b: desktop is not installed in $INSTALLED (make images install)" >&2
+    status=1
+fi
 say "node: tests/e2b/snapshots.cjs (e2b $NPM_SDK)"
 retry_once snapshots.cjs env NODE_PATH="$CACHE/node/node_modules" node "$HERE/snapshots.cjs" || status=1
 say "port URLs: tests/e2b/port_urls.sh (a daemon of its own, with --domain)"
@@ -141,4 +152,11 @@ if grep -q " $DATA/volumes/" /proc/mounts; then
     status=1
 fi
 if [ "$status" != 0 ]; then sc_daemon_log; fi
+# Volumes across two daemons, through an S3 outage and a kill -9 of the daemon: a SeaweedFS of its own on the same
+# fixed ports, so this one goes first.
+sc_s3_stop
+say "volumes across daemons, an S3 outage and kill -9: tests/e2b/volumes_nodes.sh"
+PY_SDK=$PY_SDK bash "$HERE/volumes_nodes.sh" || status=1
+say "volumes in a key's own bucket: tests/e2b/volumes_own_bucket.sh"
+PY_SDK=$PY_SDK bash "$HERE/volumes_own_bucket.sh" || status=1
 exit "$status"

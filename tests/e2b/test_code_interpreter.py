@@ -115,6 +115,105 @@ def test_contexts_are_separate_kernels(sbx):
     assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
 
 
+def test_bash_runs_in_a_kernel_of_its_own_with_state_and_envs(sbx):
+    ex = sbx.run_code("N=6; echo from bash; echo $((N * 7))", language="bash")
+    assert ex.error is None, ex.error
+    assert ex.logs.stdout == ["from bash\n", "42\n"] or "".join(ex.logs.stdout) == "from bash\n42\n"
+    # the language's default context keeps its shell's state, apart from Python's
+    assert "".join(sbx.run_code("echo $N", language="bash").logs.stdout) == "6\n"
+    assert sbx.run_code("N").error.name == "NameError"
+    # an execution's env vars, for that execution only; the sandbox's own stay
+    seen = sbx.run_code('echo "$ONLY_HERE|$E2B_SANDBOX_ID"', language="bash", envs={"ONLY_HERE": "it's here"})
+    assert "".join(seen.logs.stdout) == f"it's here|{sbx.sandbox_id}\n"
+    assert "".join(sbx.run_code('echo "${ONLY_HERE-unset}"', language="bash").logs.stdout) == "unset\n"
+    # a failing command is the execution's error (its exit status)
+    failed = sbx.run_code("false", language="bash")
+    assert failed.error is not None and failed.error.value == "1"
+    for envs, why in (
+        ({"NOT-A-NAME": "x"}, "shell variable name"),
+        ({"PS1": "$ "}, "prompt"),  # the kernel would wait for its prompt forever
+        ({"LINE": "a\x15b"}, "control characters"),  # ^U would rewrite the line
+    ):
+        with pytest.raises(Exception) as exc:
+            sbx.run_code("true", language="bash", envs=envs)
+        assert why in str(exc.value)
+    assert "".join(sbx.run_code("echo still here", language="bash").logs.stdout) == "still here\n"
+    ctx = sbx.create_code_context(language="bash", cwd="/tmp")
+    assert ctx.language == "bash"
+    assert "".join(sbx.run_code("pwd; echo ${N-none}", context=ctx).logs.stdout) == "/tmp\nnone\n"
+    sbx.remove_code_context(ctx)
+
+
+def test_javascript_runs_in_a_node_kernel_with_state_streams_and_errors(sbx):
+    seen = []
+    ex = sbx.run_code(
+        "const n = 6\n"
+        "for (let i = 0; i < 3; i++) { console.log('tick', i); await new Promise((r) => setTimeout(r, 200)) }\n"
+        "n * 7",
+        language="javascript",
+        on_stdout=seen.append,
+    )
+    assert ex.error is None, ex.error
+    assert ex.text == "42"
+    assert "".join(m.line for m in seen) == "tick 0\ntick 1\ntick 2\n"
+    assert ex.logs.stdout == [m.line for m in seen]
+    # streamed while the cell ran (the server stamps each when it reads it), not at its end
+    assert seen[-1].timestamp - seen[0].timestamp >= 300_000_000, [m.timestamp for m in seen]
+    # the language's default context ("js" names it too) keeps its state, apart from Python's
+    assert sbx.run_code("n + 1", language="js").text == "7"
+    assert sbx.run_code("n").error.name == "NameError"
+    # the last expression as util.inspect shows it (an object literal as node's REPL reads it)
+    ex = sbx.run_code("console.error('to stderr'); ({a: [1, 'two']})", language="javascript")
+    assert (ex.text, ex.logs.stderr) == ("{ a: [ 1, 'two' ] }", ["to stderr\n"])
+    assert sbx.run_code("{b: 2}", language="javascript").text == "{ b: 2 }"
+    assert sbx.run_code("let nothing", language="javascript").results == []
+    failed = sbx.run_code("function far() { throw new RangeError('too far') }\nfar()", language="javascript")
+    assert (failed.error.name, failed.error.value) == ("RangeError", "too far")
+    assert "RangeError: too far" in failed.error.traceback and "at far (" in failed.error.traceback
+    assert sbx.run_code("n", language="javascript").text == "6"
+    # output larger than a pipe holds comes whole, before the cell's end (node queues what a
+    # full pipe does not take, and writes it after the cell's code returned)
+    flood = sbx.run_code(
+        "console.log('x'.repeat(3e6))\nfor (let i = 0; i < 50000; i++) console.log(i)\n'done'", language="javascript"
+    )
+    assert flood.text == "'done'"
+    assert "".join(flood.logs.stdout) == "x" * 3_000_000 + "\n" + "".join(f"{i}\n" for i in range(50000))
+
+
+def test_javascript_envs_and_contexts_with_their_cwd(sbx):
+    code = "process.env.ONLY_HERE ?? 'unset'"
+    assert sbx.run_code(code, language="javascript", envs={"ONLY_HERE": "it's here"}).text == '"it\'s here"'
+    assert sbx.run_code(code, language="javascript").text == "'unset'"
+    # the sandbox's own env vars are there
+    assert sbx.run_code("process.env.E2B_SANDBOX_ID", language="javascript").text == repr(sbx.sandbox_id)
+    ctx = sbx.create_code_context(language="javascript", cwd="/tmp")
+    assert (ctx.language, ctx.cwd) == ("javascript", "/tmp")
+    assert sbx.run_code("process.cwd()", context=ctx).text == "'/tmp'"
+    assert sbx.run_code("require('node:fs').writeFileSync('js-was-here', 'x'); typeof n", context=ctx).text == "'undefined'"
+    assert sbx.files.exists("/tmp/js-was-here")
+    assert sbx.run_code("process.cwd()", language="javascript").text == "'/home/user'"
+    sbx.remove_code_context(ctx)
+
+
+def test_a_timed_out_javascript_cell_is_interrupted(sbx):
+    sbx.run_code("let kept = 'kept'", language="javascript")
+    # a loop (stopped by SIGINT in node) and a pending await, each past its timeout
+    for code in ("while (true) {}\nkept = 'lost'", "await new Promise(() => {})\nkept = 'lost'"):
+        with pytest.raises(TimeoutException):
+            sbx.run_code(code, language="javascript", timeout=2)
+        # interrupted: the context is usable at once, its state kept
+        assert sbx.run_code("kept", language="javascript", timeout=20).text == "'kept'"
+    # A loop after an await is out of SIGINT's reach (node's event loop never gets to it):
+    # the kernel kills that node and starts another, so the context is usable, its state gone.
+    with pytest.raises(TimeoutException):
+        sbx.run_code("await null\nwhile (true) {}", language="javascript", timeout=2)
+    assert sbx.run_code("typeof kept", language="javascript", timeout=20).text == "'undefined'"
+    # No node left behind, by that restart or by the removed contexts' kernels (killed with
+    # SIGKILL: their node goes with them by PR_SET_PDEATHSIG): the default JS context's only.
+    ps = sbx.commands.run("ps -eo args").stdout.splitlines()
+    assert len([p for p in ps if "js_driver.js" in p and "ps -eo" not in p]) == 1, ps
+
+
 def test_other_languages_are_refused_with_a_reason(sbx):
     with pytest.raises(Exception) as exc:
         sbx.run_code("1", language="r")

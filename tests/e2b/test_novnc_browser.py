@@ -79,15 +79,26 @@ def test_the_stream_url_opens_in_a_real_browser_and_shows_the_desktop(desktop):
     try:
         browser.open(url)
         seen = None
+        reloads = 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             seen = browser.evaluate(CANVAS)
+            if reloads < 5 and browser.reload_if_network_changed():
+                reloads += 1
+                continue
             # the remote screen's size, and more than a blank or single-colour frame
             if seen and (seen["w"], seen["h"]) == (1024, 768) and seen["colours"] > 50:
                 break
             time.sleep(0.5)
         else:
-            raise AssertionError(f"noVNC never showed the desktop: {seen}\n{browser.stderr_tail()}")
+            page = browser.evaluate(
+                "location.href + ' | ' + document.title + ' | '"
+                " + (document.body ? document.body.innerText.slice(0, 300) : '')"
+            )
+            raise AssertionError(
+                f"noVNC never showed the desktop: {seen}\npage: {page}\n"
+                f"the page said:\n{browser.page_said()}\nchromium:\n{browser.stderr_tail()}"
+            )
         shot = browser.screenshot()
         assert shot.startswith(b"\x89PNG\r\n\x1a\n")
         out = os.environ.get("SANDCELL_SCREENSHOTS")

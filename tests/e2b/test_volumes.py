@@ -230,3 +230,16 @@ def test_misuse_is_refused_with_the_right_status(vol):
     assert r.status_code == 400, r.text
     # None of those left a sandbox holding the volume.
     assert api("DELETE", f"/volumes/{vol.volume_id}").status_code == 204
+
+
+def test_own_storage_on_loopback_is_refused_without_the_operator_flag():
+    """A key may not point the daemon at the host's loopback (or private) services: this
+    daemon runs without --volume-storage-allow-private (tests/e2b/volumes_own_bucket.sh
+    runs one with it)."""
+    for endpoint in ("http://127.0.0.1:8333", "http://localhost:8333", "http://[::1]:8333", "http://169.254.169.254"):
+        r = api("POST", "/volumes", json={"name": unique("own"), "storage": {
+            "endpoint": endpoint, "bucket": "sandcell", "accessKeyId": "a",
+            "secretAccessKey": "never-logged-1", "pathStyle": True}})
+        assert r.status_code == 400, (endpoint, r.text)
+        assert "--volume-storage-allow-private" in r.json()["message"], r.text
+        assert "never-logged-1" not in r.text

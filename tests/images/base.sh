@@ -97,6 +97,23 @@ check "python3 stdlib modules import" "stdlib ok" "${lines[4]:-}"
 check "the hostname resolves" "1" "${lines[5]:-}"
 check "PID 1 is the agent" "sandcell-agent" "${lines[6]:-}"
 
+# Login shells (every command the SDKs run is `bash -l -c`) start no process of their own:
+# each is a fork and an exec, 20-45 ms under gVisor (scripts/build-image.sh edits Debian's
+# login scripts for it), and PATH comes out as Debian sets it.
+login_script=$(cat <<'EOF'
+bash -l -x -c true 2>&1 | grep -cE '^\++ (id|mesg|tty)( |$)'
+bash -l -c 'echo $PATH'
+sudo -u user bash -l -x -c true 2>&1 | grep -cE '^\++ (id|mesg|tty)( |$)'
+sudo -u user bash -l -c 'echo $PATH'
+EOF
+)
+run bash -c "$login_script"
+mapfile -t lines <<<"$out"
+check "root's login shell runs no id, mesg or tty" "0" "${lines[0]:-}"
+check "root's login PATH" "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "${lines[1]:-}"
+check "user's login shell runs no id, mesg or tty" "0" "${lines[2]:-}"
+check_re "user's login PATH" '(/home/user/[^:]*:)*/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games' "${lines[3]:-}"
+
 # What E2B's template has and agents reach for: `python` is Python 3, a C and a C++
 # compiler and make, usable by `user` in its home.
 build_script=$(cat <<'EOF'

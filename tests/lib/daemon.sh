@@ -91,6 +91,9 @@ sc_link_base() {
 # $TMP/serve.{out,err}.
 sc_serve() {
     say "sandcell serve (gvisor, data dir $DATA${SANDCELL_SERVE_ARGS:+, $SANDCELL_SERVE_ARGS})"
+    # made here: the daemon's shell opens them after `&`, maybe after the first read below
+    : >"$TMP/serve.out"
+    : >"$TMP/serve.err"
     # shellcheck disable=SC2086
     "$SANDCELL_BIN" serve --data-dir "$DATA" --listen "${SC_LISTEN_IP:-127.0.0.1}:0" \
         --runtime gvisor --kill-on-exit \

@@ -2,7 +2,7 @@
 # Assembles the L1 initramfs of the nested-KVM harness (an uncompressed newc cpio: under TCG,
 # decompressing in L1 would cost more than QEMU copying the bytes in), without root:
 #
-#   /init, /nested/{tests,snapshot,net,template,attacks}.sh tests/nested/l1/
+#   /init, /nested/{tests,snapshot,net,template,jail,attacks}.sh tests/nested/l1/
 #   /bin/busybox + applet links       Debian's busybox-static
 #   /lib/modules/*.ko                 irqbypass, kvm, kvm-amd, tun from the L1 kernel package
 #   /usr/bin/{sandcell-vmm,sandcell,nested-probe}
@@ -72,6 +72,7 @@ install -m 0644 "$here/l1/snapshot.sh" "$stage/nested/snapshot.sh"
 install -m 0644 "$here/l1/net.sh" "$stage/nested/net.sh"
 install -m 0644 "$here/l1/template.sh" "$stage/nested/template.sh"
 install -m 0644 "$here/l1/attacks.sh" "$stage/nested/attacks.sh"
+install -m 0644 "$here/l1/jail.sh" "$stage/nested/jail.sh"
 install -m 0755 "$busybox" "$stage/bin/busybox"
 while IFS= read -r applet; do
   [ -e "$stage/$applet" ] || { mkdir -p "$stage/$(dirname "$applet")"; ln -s /bin/busybox "$stage/$applet"; }

@@ -432,8 +432,14 @@ async fn init(state: &State, req: Request<Incoming>) -> Reply {
                 (Some(pem), Some(root)) if pem.is_empty() => {
                     crate::trust_store::uninstall(root);
                     d.trust_env.clear();
+                    d.trusted_ca = None;
                 }
-                (Some(pem), Some(root)) => d.trust_env = crate::trust_store::install(root, pem),
+                (Some(pem), Some(_)) if d.trusted_ca.as_ref() == Some(pem) => {}
+                (Some(pem), Some(root)) => {
+                    d.trust_env = crate::trust_store::install(root, pem);
+                    // Only a store that took it is remembered: a failed write is tried again.
+                    d.trusted_ca = (!d.trust_env.is_empty()).then(|| pem.clone());
+                }
                 (Some(pem), None) if pem.is_empty() => {}
                 (Some(_), None) => crate::log!(
                     "/init: sandcellCaBundle ignored: this agent does not own a trust store \

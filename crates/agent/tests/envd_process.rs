@@ -504,6 +504,20 @@ async fn sandcell_net_is_refused_where_the_agent_does_not_own_the_network() {
     );
 }
 
+/// What `script` printed, run by `sh -c` with the access token `token`.
+async fn stdout_with_token(envd: &Envd, token: &str, script: &str) -> String {
+    let mut s = stream(
+        envd.sock(),
+        START,
+        &[("x-access-token".into(), token.into())],
+        sh_request(script, json!({})),
+    )
+    .await;
+    start_pid(&mut s).await;
+    let out = collect(&mut s, Collected::default()).await;
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\nU0FORENFTEw=\n-----END CERTIFICATE-----\n";
 
 /// `sandcellCaBundle` (the daemon's egress CA) goes into the trust store under
@@ -533,20 +547,13 @@ async fn a_ca_bundle_goes_into_the_trust_store_under_the_trust_root() {
         TEST_CA
     );
 
-    let mut s = stream(
-        envd.sock(),
-        START,
-        &[("x-access-token".into(), "tok".into())],
-        sh_request(
-            "echo $NODE_EXTRA_CA_CERTS $REQUESTS_CA_BUNDLE $SSL_CERT_FILE",
-            json!({}),
-        ),
-    )
-    .await;
-    start_pid(&mut s).await;
-    let out = collect(&mut s, Collected::default()).await;
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
+        stdout_with_token(
+            &envd,
+            "tok",
+            "echo $NODE_EXTRA_CA_CERTS $REQUESTS_CA_BUNDLE $SSL_CERT_FILE"
+        )
+        .await,
         "/usr/local/share/ca-certificates/sandcell-egress.crt \
          /etc/ssl/certs/ca-certificates.crt /mine.pem\n"
     );
@@ -572,14 +579,19 @@ async fn a_ca_bundle_goes_into_the_trust_store_under_the_trust_root() {
         std::fs::read_to_string(&bundle).expect("the bundle"),
         "# the image's own\n"
     );
-    let mut s = stream(
-        envd.sock(),
-        START,
-        &[("x-access-token".into(), "tok".into())],
-        sh_request("echo \"[$NODE_EXTRA_CA_CERTS]\"", json!({})),
-    )
-    .await;
-    start_pid(&mut s).await;
-    let out = collect(&mut s, Collected::default()).await;
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n");
+    let anchor_env = "echo \"[$NODE_EXTRA_CA_CERTS]\"";
+    assert_eq!(stdout_with_token(&envd, "tok", anchor_env).await, "[]\n");
+
+    // Taken out, the same CA goes in again; sent once more (every create sends it), it
+    // stays in once and the default env vars still point at it.
+    for _ in 0..2 {
+        let body = json!({"accessToken": "tok", "sandcellCaBundle": TEST_CA});
+        assert_eq!(post_init(&sock, body, Some("tok")).await.0, 204);
+        let now = std::fs::read_to_string(&bundle).expect("the bundle");
+        assert_eq!(now.matches(TEST_CA).count(), 1, "{now}");
+    }
+    assert_eq!(
+        stdout_with_token(&envd, "tok", anchor_env).await,
+        "[/usr/local/share/ca-certificates/sandcell-egress.crt]\n"
+    );
 }

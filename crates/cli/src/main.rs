@@ -212,7 +212,13 @@ async fn client(dirs: &Dirs, command: ClientCommand) -> i32 {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // `sandcell run`'s stderr is the guest's: only warnings of ours there, unless asked.
+    if matches!(cli.command, Command::Run(_))
+        && cli.log.log_level == sandcell_server::logging::DEFAULT_FILTER
+    {
+        cli.log.log_level = "warn".into();
+    }
     sandcell_server::logging::init(&cli.log);
     let dirs = Dirs::from_env(cli.data_dir);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -5,7 +5,7 @@
 //! ```text
 //! sandcell template build -t NAME [-f Dockerfile] [--build-arg K=V]... [--no-cache]
 //!                         [--memory MiB] [--vcpus N] [--insecure-registry HOST]...
-//!                         [--network default|none] [--json] [CONTEXT]
+//!                         [--network default|none] [--disk-mib MiB] [--json] [CONTEXT]
 //! sandcell template ls [--json]
 //! sandcell template inspect NAME
 //! sandcell template rm NAME... [--json]
@@ -22,6 +22,7 @@
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild, TemplateRecord};
 use sandcell_image::{Limits, store};
+use sandcell_runtime::build_disk::BuildDisk;
 use sandcell_runtime::build_steps::GvisorRunner;
 use sandcell_runtime::gvisor::GvisorRuntime;
 use sandcell_runtime::net::EgressSpec;
@@ -72,6 +73,10 @@ pub struct BuildArgs {
     /// A registry (`host` or `host:port`) to pull FROM images from over plain HTTP
     #[arg(long = "insecure-registry", value_name = "HOST")]
     pub insecure_registries: Vec<String>,
+    /// What the RUN steps may write on the host, in all: each step's writes go to a disk of
+    /// what is left (ENOSPC inside past it, and the build fails saying so); 0: no limit
+    #[arg(long, default_value_t = 10240, value_name = "MiB")]
+    pub disk_mib: u32,
     /// The network of RUN steps: `default` (open egress) or `none` (loopback only)
     #[arg(long, value_enum, default_value_t = BuildNetwork::Default)]
     pub network: BuildNetwork,
@@ -217,6 +222,7 @@ async fn build(dirs: &Dirs, args: BuildArgs) -> i32 {
             ..PullOptions::default()
         },
         deadlines: Default::default(),
+        disk: (args.disk_mib > 0).then(|| BuildDisk::new(args.disk_mib, 0)),
     };
     let request = TemplateBuild {
         data_dir: dirs.data.clone(),

@@ -13,70 +13,28 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "common/mod.rs"]
+mod cli_common;
 #[path = "../../image/tests/common/mod.rs"]
 mod common;
 #[path = "template_build/sources.rs"]
 mod sources;
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use cli_common::{LocalDirs, text};
 
-/// The installed `minimal` image (`make install`): under `$SANDCELL_DATA_DIR` or
-/// /var/lib/sandcell.
-fn installed_minimal() -> PathBuf {
-    std::env::var_os("SANDCELL_DATA_DIR")
-        .map_or_else(|| PathBuf::from("/var/lib/sandcell"), PathBuf::from)
-        .join("images/minimal")
-}
+/// The test's own dirs ([`LocalDirs`]), with this file's helpers.
+struct Setup(LocalDirs);
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-struct Setup {
-    tmp: tempfile::TempDir,
+impl std::ops::Deref for Setup {
+    type Target = LocalDirs;
+    fn deref(&self) -> &LocalDirs {
+        &self.0
+    }
 }
 
 impl Setup {
     fn new() -> Setup {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        assert_eq!(euid, 0, "these tests need root (runsc, overlayfs)");
-        assert!(
-            Command::new("runsc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "runsc is needed on $PATH (apt install runsc)"
-        );
-        let minimal = installed_minimal();
-        assert!(
-            minimal.join("rootfs/sbin/sandcell-agent").is_file(),
-            "{} with the agent is missing: run `make install`",
-            minimal.display()
-        );
-        let tmp = tempfile::Builder::new()
-            .prefix("sc-tpl")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let images = tmp.path().join("data/images");
-        std::fs::create_dir_all(&images).unwrap();
-        std::os::unix::fs::symlink(&minimal, images.join("minimal")).unwrap();
-        Setup { tmp }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.tmp.path().join(rel)
-    }
-
-    fn sandcell(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_sandcell"))
-            .env("SANDCELL_DATA_DIR", self.path("data"))
-            .env("SANDCELL_RUN_DIR", self.path("run"))
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+        Setup(LocalDirs::new("sc-tpl"))
     }
 
     fn ok(&self, args: &[&str]) -> (String, String) {

@@ -18,6 +18,8 @@ pub mod cache;
 pub mod diff;
 pub mod digest;
 pub mod dockerfile;
+mod documents;
+mod guard;
 pub mod import;
 pub mod progress;
 pub mod registry;
@@ -46,12 +48,50 @@ pub enum Error {
     },
     #[error("invalid image reference {reference:?}: {problem}")]
     Reference { reference: String, problem: String },
-    #[error("registry, {reference}: {source}")]
+    /// oci-client's message, bounded and printable: it may carry a registry's error body.
+    /// No longer made by a pull (the token exchange is ours: [`Error::Token`]); kept for
+    /// the callers that match on it.
+    #[error("registry, {reference}{}", documents::excerpt(source.to_string().as_bytes()))]
     Registry {
         reference: String,
         #[source]
         source: Box<oci_client::errors::OciDistributionError>,
     },
+    /// A registry's error status for a manifest; `excerpt` is a short printable part of
+    /// its body (`: ...`) or empty.
+    #[error("registry, {url}: {status}{excerpt}")]
+    RegistryStatus {
+        url: String,
+        status: reqwest::StatusCode,
+        excerpt: String,
+    },
+    #[error("{what}: {source}")]
+    Http {
+        what: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The bearer-token exchange with a registry's token realm failed: what went wrong, with
+    /// at most a short printable excerpt of what the realm said.
+    #[error("registry {registry}: bearer token: {problem}")]
+    Token { registry: String, problem: String },
+    /// A token realm's answer past the cap: a token is a few KiB.
+    #[error(
+        "registry {registry}: bearer token: the answer of the token realm {realm} is larger \
+         than {limit} bytes, refused (a token is a few KiB)"
+    )]
+    TokenTooLarge {
+        registry: String,
+        realm: String,
+        limit: u64,
+    },
+    /// A manifest, index or image config past the cap: a registry's documents are small.
+    #[error("{what}: larger than {limit} bytes, refused (a manifest or image config is a few KiB)")]
+    DocumentTooLarge { what: String, limit: u64 },
+    /// The pull's guard refused a connection (a redirect or token realm at an internal
+    /// address, or plain HTTP to a registry the operator did not list).
+    #[error("pulling {reference}: {why}")]
+    PullRefused { reference: String, why: String },
     #[error("invalid digest {0:?} (expected sha256:<64 hex digits>)")]
     BadDigest(String),
     #[error("{what}: content has digest {actual}, expected {expected}")]

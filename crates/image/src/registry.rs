@@ -1,17 +1,20 @@
-//! Pulls an image from an OCI registry (oci-client): anonymous, basic or bearer auth, an
-//! index resolved to linux/amd64, plain HTTP only for the hosts the caller lists. The
+//! Pulls an image from an OCI registry (the token exchange, manifests and blobs by
+//! documents.rs): anonymous, basic or bearer auth, an index resolved to linux/amd64, plain
+//! HTTP only for the hosts the caller lists. The
 //! config and layers land in the [`BlobCache`] verified; cached layers are not fetched again.
+//! Every connection goes through a guard proxy (guard.rs: no internal addresses, redirects
+//! included); token answers, manifests and the config are read with a size cap
+//! (documents.rs).
 
 use crate::cache::BlobCache;
 use crate::digest::{Digest, Hasher};
+use crate::documents::{MAX_DOCUMENT_BYTES, Session};
+use crate::guard::{Guard, Policy};
 use crate::progress::{Event, Progress};
 use crate::spec::{ImageConfigFile, ResolvedImage};
 use crate::{Error, Limits, Result};
 use futures_util::{StreamExt, TryStreamExt};
-use oci_client::client::{ClientConfig, ClientProtocol, linux_amd64_resolver};
-use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::Reference;
 use std::io::Write;
 
 /// How to authenticate to the registry.
@@ -46,7 +49,7 @@ pub struct PullOptions {
     pub concurrency: usize,
     /// Registries at internal addresses are pulled from (the CLI: its user is the host's
     /// operator); otherwise only those in `insecure_registries` are (the daemon, whose
-    /// pulls a tenant asks for).
+    /// pulls a tenant asks for). The same holds for every hop of the pull (guard.rs).
     pub allow_internal: bool,
 }
 
@@ -75,8 +78,9 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
 /// Refuses a registry whose host is, or resolves to, a loopback, link-local, private or
 /// otherwise internal address, unless the caller lists it as an insecure registry (the
 /// operator named it): a pull runs on the host, and a tenant's `fromImage` must not make it
-/// reach the host's own services or the cloud metadata address. (Redirects the registry
-/// answers are followed by oci-client's HTTP client, which has no hook to check them.)
+/// reach the host's own services or the cloud metadata address. This says so early and
+/// clearly; the pull's guard proxy (guard.rs) holds every connection, redirects included,
+/// to the same rule.
 async fn refuse_internal_registry(image: &Reference, options: &PullOptions) -> Result<()> {
     let host = image.resolve_registry();
     if options.allow_internal || options.insecure_registries.iter().any(|r| r == host) {
@@ -109,34 +113,11 @@ async fn refuse_internal_registry(image: &Reference, options: &PullOptions) -> R
     Ok(())
 }
 
-/// Loopback, link-local, private (RFC 1918, ULA), CGNAT, unspecified, multicast or
-/// broadcast: never a public registry.
+/// Loopback, link-local, private (RFC 1918, ULA), CGNAT, unspecified, multicast,
+/// broadcast, NAT64 or discard-only: never a public registry (the egress rules' own list,
+/// sandcell_net::reserved).
 pub fn internal_address(ip: std::net::IpAddr) -> bool {
-    use std::net::IpAddr;
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_multicast()
-                || v4.is_broadcast()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b))
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return internal_address(IpAddr::V4(v4));
-            }
-            let first = v6.segments()[0];
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
-        }
-    }
+    sandcell_net::reserved::not_public(ip).is_some()
 }
 
 /// Pulls `reference` (by tag or `@sha256:` digest) into `cache`.
@@ -151,50 +132,93 @@ pub async fn pull(
     let _ = rustls::crypto::ring::default_provider().install_default();
     let image = parse_reference(reference)?;
     refuse_internal_registry(&image, options).await?;
-    let registry_error = |e| Error::Registry {
-        reference: reference.into(),
-        source: Box::new(e),
-    };
-    let protocol = if options.insecure_registries.is_empty() {
-        ClientProtocol::Https
+    // Every connection of this pull, redirects and token realms included, goes through the
+    // guard (guard.rs says why a proxy).
+    let guard = Guard::start(Policy {
+        allow_internal: options.allow_internal,
+        insecure: options.insecure_registries.clone(),
+    })
+    .await
+    .map_err(Error::io("starting the pull's guard proxy", "127.0.0.1"))?;
+    let result = pull_through(&image, reference, cache, options, progress, &guard).await;
+    // A refused connection shows up as a proxy or 403 error of whichever client made it:
+    // the guard's reason says what happened.
+    match (result, guard.refusal()) {
+        (Err(_), Some(why)) => Err(Error::PullRefused {
+            reference: reference.into(),
+            why,
+        }),
+        (result, _) => result,
+    }
+}
+
+async fn pull_through(
+    image: &Reference,
+    reference: &str,
+    cache: &BlobCache,
+    options: &PullOptions,
+    progress: &dyn Progress,
+    guard: &Guard,
+) -> Result<ResolvedImage> {
+    let connect_timeout = std::time::Duration::from_secs(30);
+    let read_timeout = std::time::Duration::from_secs(120);
+    let http = reqwest::Client::builder()
+        .proxy(
+            reqwest::Proxy::all(guard.url()).map_err(|source| Error::Http {
+                what: "the pull's guard proxy".into(),
+                source,
+            })?,
+        )
+        .connect_timeout(connect_timeout)
+        .read_timeout(read_timeout)
+        .redirect(reqwest::redirect::Policy::limited(5))
+        .build()
+        .map_err(|source| Error::Http {
+            what: "an HTTP client for the pull".into(),
+            source,
+        })?;
+    let registry = image.resolve_registry();
+    let scheme = if options.insecure_registries.iter().any(|r| r == registry) {
+        "http"
     } else {
-        ClientProtocol::HttpsExcept(options.insecure_registries.clone())
+        "https"
     };
-    let client = Client::new(ClientConfig {
-        protocol,
-        platform_resolver: Some(Box::new(linux_amd64_resolver)),
-        connect_timeout: Some(std::time::Duration::from_secs(30)),
-        read_timeout: Some(std::time::Duration::from_secs(120)),
-        ..ClientConfig::default()
-    });
-    let auth = match &options.auth {
-        Auth::Anonymous => RegistryAuth::Anonymous,
-        Auth::Basic { username, password } => {
-            RegistryAuth::Basic(username.clone(), password.clone())
-        }
-        Auth::Bearer(token) => RegistryAuth::Bearer(token.clone()),
+    let session = Session {
+        http,
+        image,
+        auth: &options.auth,
+        root: format!("{scheme}://{registry}/v2/"),
+        base: format!("{scheme}://{registry}/v2/{}/", image.repository()),
+        authorization: std::sync::Mutex::new(None),
     };
     // Ask for the token (or find out it is basic auth) up front, so that bad credentials
     // say so rather than show up as a 401 on the manifest.
-    client
-        .auth(&image, &auth, oci_client::RegistryOperation::Pull)
-        .await
-        .map_err(registry_error)?;
-    let (manifest, manifest_digest, config, list_digest) = client
-        .pull_manifest_and_config_and_list_digest(&image, &auth)
-        .await
-        .map_err(registry_error)?;
-    let manifest_digest = Digest::parse(&manifest_digest)?;
+    session.authorize().await?;
+    let (manifest, manifest_digest, list_digest) = crate::documents::manifest(
+        &session,
+        MAX_DOCUMENT_BYTES.min(options.limits.max_document_bytes),
+    )
+    .await?;
     if let Some(wanted) = image.digest() {
         // By digest: the registry's answer must be that document (the index's, when it is
         // an index).
         let got = list_digest
             .clone()
-            .unwrap_or_else(|| manifest_digest.to_string());
-        Digest::parse(wanted)?.verify(&Digest::parse(&got)?, format!("manifest of {reference}"))?;
+            .unwrap_or_else(|| manifest_digest.clone());
+        Digest::parse(wanted)?.verify(&got, format!("manifest of {reference}"))?;
     }
-
     let config_digest = Digest::parse(&manifest.config.digest)?;
+    let config = crate::documents::fetch(
+        &session,
+        &format!("blobs/{config_digest}"),
+        options.limits.max_document_bytes,
+    )
+    .await?;
+    let config = String::from_utf8(config).map_err(|_| Error::Manifest {
+        what: format!("config of {reference}"),
+        problem: "not UTF-8".into(),
+    })?;
+
     let limit = options.limits.max_document_bytes;
     let (got, _) = cache.insert_from_reader(
         config.as_bytes(),
@@ -225,29 +249,11 @@ pub async fn pull(
         layers: listed.iter().map(|(d, s)| (d.to_string(), *s)).collect(),
     });
 
-    futures_util::stream::iter(manifest.layers.iter().zip(&listed))
-        .map(|(descriptor, (digest, size))| {
-            fetch_layer(
-                &client,
-                &image,
-                descriptor,
-                digest,
-                *size,
-                cache,
-                options.limits,
-                progress,
-            )
-        })
+    futures_util::stream::iter(&listed)
+        .map(|(digest, size)| fetch_layer(&session, digest, *size, cache, options.limits, progress))
         .buffer_unordered(options.concurrency.max(1))
         .try_collect::<Vec<()>>()
-        .await
-        .map_err(|e| match e {
-            Error::Registry { source, .. } => Error::Registry {
-                reference: reference.into(),
-                source,
-            },
-            other => other,
-        })?;
+        .await?;
 
     Ok(ResolvedImage {
         source: reference.to_string(),
@@ -257,11 +263,8 @@ pub async fn pull(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn fetch_layer(
-    client: &Client,
-    image: &Reference,
-    descriptor: &OciDescriptor,
+    session: &Session<'_>,
     digest: &Digest,
     size: u64,
     cache: &BlobCache,
@@ -284,25 +287,16 @@ async fn fetch_layer(
         size,
         cached: false,
     });
-    let mut stream = client
-        .pull_blob_stream(image, descriptor)
-        .await
-        .map_err(|e| Error::Registry {
-            reference: digest.to_string(),
-            source: Box::new(e),
-        })?
-        .stream;
+    let mut response = session.get(&format!("blobs/{digest}"), None).await?;
     let (mut file, tmp) = cache.temp_file()?;
     let result: Result<Digest> = async {
         let mut hasher = Hasher::default();
         let mut bytes = 0u64;
         let limit = limits.max_blob_bytes;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| Error::Io {
-                what: "downloading layer",
-                path: digest.to_string().into(),
-                source: e,
-            })?;
+        while let Some(chunk) = response.chunk().await.map_err(|source| Error::Http {
+            what: format!("downloading layer {digest}"),
+            source,
+        })? {
             bytes += chunk.len() as u64;
             if bytes > limit || (size > 0 && bytes > size) {
                 return Err(Error::TooLarge {
@@ -357,6 +351,7 @@ mod tests {
             "fe80::1",
             "fd00::1",
             "::ffff:127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
         ] {
             assert!(internal_address(ip.parse().unwrap()), "{ip}");
         }

@@ -80,11 +80,55 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     sandcell_net::reconcile(&|id| !id.starts_with("benchpool") && !id.starts_with("bench"))
         .expect("reconcile");
+    let (in_process, program) = nft_apply(runs, &rules);
     let out = serde_json::json!({
+        "nftables": if sandcell_net::nftlib::in_process() { "libnftables" } else { "nft program" },
+        "nft_apply_in_process_ms": stats(in_process),
+        "nft_apply_program_ms": stats(program),
         "create_ms": stats(create),
         "teardown_ms": stats(teardown),
         "pooled_take_ms": stats(take),
         "pooled_take_with_rules_ms": stats(take_rules),
     });
     println!("{}", serde_json::to_string_pretty(&out).unwrap());
+}
+
+/// One policy change, timed both ways on a table of its own (removed at the end).
+fn nft_apply(runs: usize, rules: &EgressSpec) -> (Vec<f64>, Vec<f64>) {
+    use sandcell_net::nft;
+    use std::io::Write;
+    let spec = nft::TableSpec {
+        slot: 65000,
+        host_if: "schbench".into(),
+        gateway: "10.252.0.1".parse().unwrap(),
+        guest: "10.252.0.2".parse().unwrap(),
+        pool: "10.252.0.0/16".parse().unwrap(),
+        gateway6: "fd5c:5c5c:0:fde8::1".parse().unwrap(),
+        guest6: "fd5c:5c5c:0:fde8::2".parse().unwrap(),
+    };
+    let policy = sandcell_net::policy::Policy::from_spec(rules).expect("rules");
+    nft::apply(&nft::create_script(&spec, &policy, &[])).expect("the bench table");
+    let script = nft::policy_script(&spec, &policy, &[]);
+    let (mut lib, mut prog) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t = Instant::now();
+        nft::apply(&script).expect("in process");
+        lib.push(ms(t.elapsed()));
+        let t = Instant::now();
+        let mut child = std::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("nft");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(script.as_bytes())
+            .expect("script");
+        assert!(child.wait().expect("nft").success());
+        prog.push(ms(t.elapsed()));
+    }
+    nft::delete_table(spec.slot).expect("removing the bench table");
+    (lib, prog)
 }

@@ -1,5 +1,7 @@
 //! Running `ip` and `nft`: simple and debuggable (every step can be replayed by hand). These
-//! are blocking calls: async callers run them with `spawn_blocking`.
+//! are blocking calls: async callers run them with `spawn_blocking`. nftables changes go
+//! through libnftables in-process when it loads (nftlib.rs: the same scripts, without a
+//! process each); the `nft` program otherwise.
 
 use crate::{Error, Result};
 use std::io::Write;
@@ -12,12 +14,44 @@ pub(crate) fn ip(args: &[&str]) -> Result<String> {
 
 /// `nft -f -` with `script` on stdin: one atomic transaction (all or nothing).
 pub(crate) fn nft_script(script: &str) -> Result<()> {
-    run("nft", &["-f", "-"], Some(script)).map(|_| ())
+    match crate::nftlib::run(script, false) {
+        Some(outcome) => in_process("nft -f -", outcome, Some(script)).map(|_| ()),
+        None => run("nft", &["-f", "-"], Some(script)).map(|_| ()),
+    }
 }
 
-/// `nft ARGS`, failing with its stderr.
+/// `nft ARGS` (a leading `-j` asks for JSON, as the program takes it), failing with its
+/// stderr.
 pub(crate) fn nft(args: &[&str]) -> Result<String> {
-    run("nft", args, None)
+    let (json, words) = match args {
+        ["-j", rest @ ..] => (true, rest),
+        _ => (false, args),
+    };
+    match crate::nftlib::run(&words.join(" "), json) {
+        Some(outcome) => in_process(&format!("nft {}", args.join(" ")), outcome, None),
+        None => run("nft", args, None),
+    }
+}
+
+/// A libnftables outcome as the program's would have been: the same error, with the
+/// script appended as `run` does.
+fn in_process(
+    shown: &str,
+    outcome: crate::nftlib::Outcome,
+    script: Option<&str>,
+) -> Result<String> {
+    outcome.map_err(|mut stderr| {
+        stderr = stderr.trim().to_string();
+        if let Some(script) = script {
+            stderr.push_str("\nscript:\n");
+            stderr.push_str(script);
+        }
+        Error::Command {
+            command: format!("{shown} (libnftables)"),
+            status: "failed".into(),
+            stderr,
+        }
+    })
 }
 
 /// `conntrack ARGS` (conntrack-tools), failing with its stderr.

@@ -18,6 +18,9 @@ pub enum Error {
     },
     #[error("bad egress policy: {0}")]
     Policy(#[from] PolicyError),
+    /// A refused `egressProxy` (tunnel.rs).
+    #[error("{0}")]
+    Proxy(#[from] crate::tunnel::ProxyError),
     #[error("no free address block left in the sandbox pool {0}")]
     PoolExhausted(String),
     #[error("bad network configuration: {0}")]

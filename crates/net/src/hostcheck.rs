@@ -18,11 +18,18 @@
 //! goes through the header-filling relay ([`inject`]), and so does its TLS on port 443 once
 //! decrypted, when the daemon intercepts TLS ([`intercept`], off by default).
 //!
+//! With an egress proxy (E2B's `egressProxy`, [`crate::tunnel`]) every TCP connection the
+//! rules let out comes here, not only domain-rule ones: what the rules allow by address is
+//! passed through the user's SOCKS5 proxy unread, the rest is checked as above and its
+//! upstream reached through that proxy by name; a proxy that fails closes the connection.
+//!
 //! Everything read from the sandbox is bounded: [`MAX_HEAD`] bytes within [`HEAD_TIMEOUT`].
 //! Refusals are logged with the DNS refusals (qtype 0: a Host/SNI name).
 
 use crate::accept::{self, Backoff};
 use crate::dns::{DnsState, forward, wire};
+use crate::socks5::Target;
+use crate::tunnel::{Route, Tunnel};
 use crate::{inject, intercept, rules};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -148,6 +155,16 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         Ok(d) => d,
         Err(_) => return conn.shutdown().await,
     };
+    let (tunnel, by_address) = {
+        let inner = state.inner.lock().await;
+        let p = &inner.policy;
+        (p.tunnel.clone(), p.ip_allowed(*dest.ip(), &state.pool))
+    };
+    // With an egress proxy, what the rules allow by address (or an open policy) comes here
+    // too (nft.rs): it goes through the proxy by address, unread.
+    if let Some(tunnel) = tunnel.as_ref().filter(|_| by_address) {
+        return through_by_address(conn, dest, tunnel, state).await;
+    }
     let mut head = Vec::with_capacity(1024);
     let (kind, name) =
         match tokio::time::timeout(HEAD_TIMEOUT, read_name(&mut conn, &mut head)).await {
@@ -193,13 +210,24 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
         (true, None) => return refuse(conn, Some(kind)).await,
     };
     let addr = SocketAddr::from((ip, dest.port()));
+    // With an egress proxy the name is what the proxy is asked for (it resolves it: E2B's
+    // "remote DNS"); the local answer above only checked where the name leads.
+    let route = match &tunnel {
+        None => Route::Direct(addr),
+        Some(t) => Route::Tunnel {
+            tunnel: t,
+            dest: &state.dest,
+            target: Target::Name(name.clone(), dest.port()),
+            addr,
+        },
+    };
     if let (Some(resolver), Some(interceptor)) = (&resolver, &interceptor) {
         // The ClientHello already read is replayed into the handshake.
         let sandbox = intercept::Replayed::new(head, conn);
         let (st, nm, res) = (state, name.as_str(), &**resolver);
         let relay = async move {
             match interceptor
-                .relay(sandbox, nm, addr, move || fill(st, nm, res))
+                .relay_via(sandbox, nm, &route, move || fill(st, nm, res))
                 .await
             {
                 Ok(()) => Ok(()),
@@ -210,11 +238,16 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
                 }
             }
         };
-        return while_allowed(state, nm, ip, relay).await;
+        return while_allowed(state, nm, ip, &tunnel, relay).await;
     }
-    let mut upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        _ => return refuse(conn, Some(kind)).await,
+    let mut upstream = match route.tcp(CONNECT_TIMEOUT).await {
+        Ok(s) => s,
+        Err(e) => {
+            if tunnel.is_some() {
+                tracing::info!("egress proxy: refused a connection to {name}: {e}");
+            }
+            return refuse(conn, Some(kind)).await;
+        }
     };
     let Some(resolver) = resolver else {
         upstream.write_all(&head).await?;
@@ -223,7 +256,7 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
                 .await
                 .map(|_| ())
         };
-        return while_allowed(state, &name, ip, copy).await;
+        return while_allowed(state, &name, ip, &tunnel, copy).await;
     };
     let (client_r, client_w) = conn.into_split();
     // The head already read is the first request's: it goes through the relay too.
@@ -242,7 +275,35 @@ async fn handle(mut conn: TcpStream, gateway: Ipv4Addr, state: &DnsState) -> std
             }
         }
     };
-    while_allowed(state, nm, ip, relay).await
+    while_allowed(state, nm, ip, &tunnel, relay).await
+}
+
+/// A connection the rules allow by address, with an egress proxy: through it to the
+/// original destination, bytes untouched. The proxy failing closes the sandbox's
+/// connection (a reset: nothing was sent either way), never a direct connection.
+async fn through_by_address(
+    mut conn: TcpStream,
+    dest: SocketAddrV4,
+    tunnel: &Arc<Tunnel>,
+    state: &DnsState,
+) -> std::io::Result<()> {
+    let mut upstream = match tunnel.dial(&state.dest, &Target::Addr(dest.into())).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!("egress proxy: refused a connection to {dest}: {e}");
+            let _ = conn.set_zero_linger();
+            return Ok(());
+        }
+    };
+    let copy = async move {
+        tokio::io::copy_bidirectional(&mut conn, &mut upstream)
+            .await
+            .map(|_| ())
+    };
+    let still = |p: &crate::policy::Policy| {
+        p.tunnel.as_ref() == Some(tunnel) && p.ip_allowed(*dest.ip(), &state.pool)
+    };
+    until_refused(state, &dest.to_string(), still, copy).await
 }
 
 /// The headers of `name`'s rule filled for one request, each injection noted for the
@@ -269,13 +330,29 @@ async fn fill(
     Ok(filled)
 }
 
-/// Runs `copy` until it ends, or a policy change no longer allows `name` or `ip` (then it
-/// is dropped with both sides: a live tightening cuts what it refuses, as conntrack.rs
-/// does for direct connections).
+/// Runs `copy` until it ends, or a policy change no longer allows `name` or `ip`, or
+/// changes the egress proxy from `tunnel` (then it is dropped with both sides: a live
+/// tightening cuts what it refuses, as conntrack.rs does for direct connections).
 async fn while_allowed(
     state: &DnsState,
     name: &str,
     ip: Ipv4Addr,
+    tunnel: &Option<Arc<Tunnel>>,
+    copy: impl std::future::Future<Output = std::io::Result<()>>,
+) -> std::io::Result<()> {
+    // A new egress proxy (or none after one): this connection went the old way.
+    let still = |p: &crate::policy::Policy| {
+        p.domain_allowed(name) && crate::dns::reachable_by_name(state, p, ip) && p.tunnel == *tunnel
+    };
+    until_refused(state, &format!("{name} ({ip})"), still, copy).await
+}
+
+/// Runs `copy` until it ends or, at a policy change, `still` says the policy in force no
+/// longer allows this connection (then it is dropped with both sides).
+async fn until_refused(
+    state: &DnsState,
+    what: &str,
+    still: impl Fn(&crate::policy::Policy) -> bool,
     copy: impl std::future::Future<Output = std::io::Result<()>>,
 ) -> std::io::Result<()> {
     let mut changed = state.policy_changed.subscribe();
@@ -287,9 +364,9 @@ async fn while_allowed(
                 if r.is_err() {
                     return Ok(());
                 }
-                let policy = state.inner.lock().await.policy.clone();
-                if !policy.domain_allowed(name) || !crate::dns::reachable_by_name(state, &policy, ip) {
-                    tracing::info!("egress proxy: cut a connection to {name} ({ip}): no longer allowed");
+                let allowed = still(&state.inner.lock().await.policy);
+                if !allowed {
+                    tracing::info!("egress proxy: cut a connection to {what}: no longer allowed");
                     return Ok(());
                 }
             }

@@ -22,6 +22,7 @@
 
 use crate::inject::{self, InjectError, InjectedHeader};
 use crate::tls_ca::{CaError, EgressCa};
+use crate::tunnel::{Route, RouteError};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use std::future::Future;
@@ -89,6 +90,13 @@ pub enum InterceptError {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
+    },
+    /// Through the sandbox's egress proxy (tunnel.rs).
+    #[error("connecting to {domain} through the egress proxy: {source}")]
+    Tunnel {
+        domain: String,
+        #[source]
+        source: crate::tunnel::DialError,
     },
     #[error(transparent)]
     Inject(#[from] InjectError),
@@ -222,21 +230,39 @@ impl Interceptor {
         domain: &str,
         h2: bool,
     ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, InterceptError> {
+        self.connect_via(&Route::Direct(addr), domain, h2).await
+    }
+
+    /// [`Interceptor::connect`] along `route` (through the egress proxy, or not).
+    pub async fn connect_via(
+        &self,
+        route: &Route<'_>,
+        domain: &str,
+        h2: bool,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, InterceptError> {
         let name = ServerName::try_from(domain.to_string())
             .map_err(|_| InterceptError::Name(domain.to_string()))?;
-        let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(source)) => {
+        let addr = route.addr();
+        let domain_s = || domain.to_string();
+        let tcp = match route.tcp(CONNECT_TIMEOUT).await {
+            Ok(s) => s,
+            Err(RouteError::Io(addr, source)) => {
                 return Err(InterceptError::Connect {
-                    domain: domain.to_string(),
+                    domain: domain_s(),
                     addr,
                     source,
                 });
             }
-            Err(_) => {
+            Err(RouteError::Timeout(addr)) => {
                 return Err(InterceptError::ConnectTimeout {
-                    domain: domain.to_string(),
+                    domain: domain_s(),
                     addr,
+                });
+            }
+            Err(RouteError::Tunnel(source)) => {
+                return Err(InterceptError::Tunnel {
+                    domain: domain_s(),
+                    source,
                 });
             }
         };
@@ -278,7 +304,26 @@ impl Interceptor {
         F: Fn() -> Fut + Sync,
         Fut: Future<Output = Result<Vec<InjectedHeader>, String>> + Send,
     {
-        let upstream = match self.connect(addr, domain, true).await {
+        self.relay_via(sandbox, domain, &Route::Direct(addr), headers_for)
+            .await
+    }
+
+    /// [`Interceptor::relay`] with the upstream reached along `route` (through the
+    /// sandbox's egress proxy, or not).
+    pub async fn relay_via<S, F, Fut>(
+        &self,
+        sandbox: S,
+        domain: &str,
+        route: &Route<'_>,
+        headers_for: F,
+    ) -> Result<(), InterceptError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+        F: Fn() -> Fut + Sync,
+        Fut: Future<Output = Result<Vec<InjectedHeader>, String>> + Send,
+    {
+        let addr = route.addr();
+        let upstream = match self.connect_via(route, domain, true).await {
             Ok(u) => u,
             Err(e) => {
                 tracing::warn!("egress proxy: {e}; answered 502");
@@ -300,7 +345,7 @@ impl Interceptor {
         let upstream = if upstream_h2 {
             // The sandbox took HTTP/1.1 from an offer of both: an upstream that speaks it.
             drop(upstream);
-            match self.connect(addr, domain, false).await {
+            match self.connect_via(route, domain, false).await {
                 Ok(u) => u,
                 Err(e) => {
                     tracing::warn!("egress proxy: {e}; answered 502");

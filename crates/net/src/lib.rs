@@ -31,13 +31,16 @@ pub mod inject;
 pub mod intercept;
 pub mod network;
 pub mod nft;
+pub mod nftlib;
 pub mod policy;
 pub mod pool;
 mod registry;
 pub mod reserved;
 pub mod rules;
+pub mod socks5;
 pub mod testing;
 pub mod tls_ca;
+pub mod tunnel;
 
 pub use error::{Error, Result};
 pub use network::{NetConfig, Network, reconcile};
@@ -86,6 +89,14 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::io(what.to_string(), std::io::Error::other(e)))?
+}
+
+/// What a policy change does to the egress proxy ([`SandboxNet::replace_policy`]).
+pub(crate) enum TunnelChange {
+    /// The proxy in force stays (`PUT` of rules only).
+    Keep,
+    /// This proxy, or none, from now on.
+    Set(Option<Arc<tunnel::Tunnel>>),
 }
 
 impl SandboxNet {
@@ -179,13 +190,29 @@ impl SandboxNet {
     /// still allowed stay allowed. Entries that would open what sandboxes never reach are
     /// refused ([`Destinations::check_spec`]). Connections the new policy no longer allows
     /// are cut (their conntrack entries flushed, see [`conntrack`]).
+    /// The egress proxy in force stays ([`SandboxNet::set_egress`] changes it).
     pub async fn set_policy(&self, spec: &EgressSpec) -> Result<()> {
-        let policy = Policy::from_spec(spec)?;
+        self.replace_policy(spec, TunnelChange::Keep).await
+    }
+
+    /// [`SandboxNet::set_policy`], with the egress proxy kept or replaced as `tunnel` says.
+    async fn replace_policy(&self, spec: &EgressSpec, tunnel: TunnelChange) -> Result<()> {
+        let mut policy = Policy::from_spec(spec)?;
         self.state
             .dest
             .check_spec(spec, &reserved::host_addresses())?;
         let mut inner = self.state.inner.lock().await;
+        // Under the same lock as the change: a concurrent `set_egress` cannot slip its proxy
+        // in between and be undone here.
+        policy.tunnel = match tunnel {
+            TunnelChange::Keep => inner.policy.tunnel.clone(),
+            TunnelChange::Set(t) => t,
+        };
         let keep = inner.still_allowed(&policy);
+        let new_tunnel = inner.policy.tunnel != policy.tunnel;
+        // Nothing to cut when the old rules let nothing out (a pooled network given its
+        // sandbox's rules): skips reading the host's whole conntrack table on the create path.
+        let had_nothing = inner.policy.allows_nothing();
         let (net, p, k) = (self.net.clone(), policy.clone(), keep.clone());
         blocking("replacing a sandbox's egress policy", move || {
             net.set_policy(&p, &k)
@@ -201,29 +228,38 @@ impl SandboxNet {
         self.state.policy_changed.send_modify(|g| *g += 1);
         // After the new rules are in force (a flushed connection's next packet meets them):
         // cut what they no longer allow.
-        self.cut_connections(&policy, &keep).await;
+        if !had_nothing {
+            self.cut_connections(&policy, &keep, new_tunnel).await;
+        }
         Ok(())
     }
 
     /// Deletes the conntrack entries of this sandbox's connections to what `policy` no
-    /// longer allows (conntrack.rs). Kept: the gateway (its chain decides there),
+    /// longer allows (conntrack.rs), all of them but the gateway's and the peers' when
+    /// the egress proxy changed (`new_tunnel`). Kept: the gateway (its chain decides there),
     /// private-network peers, addresses still allowed by a DNS answer (`learned`).
     async fn cut_connections(
         &self,
         policy: &Policy,
         learned: &[(std::net::Ipv4Addr, std::time::Duration)],
+        new_tunnel: bool,
     ) {
         let peers: Vec<std::net::Ipv4Addr> = lock(&self.state.peers).values().copied().collect();
         let learned: Vec<std::net::Ipv4Addr> = learned.iter().map(|(ip, _)| *ip).collect();
         let (net, policy) = (self.net.clone(), policy.clone());
+        // A new egress proxy (or none after one): every connection out went another way
+        // than the new setting's (direct, or through the previous proxy: their conntrack
+        // entries name the original destination), so all go.
+        let cut_all = new_tunnel;
         let keep = move |ip: std::net::IpAddr| match ip {
             std::net::IpAddr::V4(ip) => {
                 ip == net.gateway
                     || peers.contains(&ip)
-                    || learned.contains(&ip)
-                    || policy.ip_allowed(ip, &net.pool)
+                    || (!cut_all && (learned.contains(&ip) || policy.ip_allowed(ip, &net.pool)))
             }
-            std::net::IpAddr::V6(ip) => ip == net.gateway6() || policy.ip6_allowed(ip),
+            std::net::IpAddr::V6(ip) => {
+                ip == net.gateway6() || (!cut_all && policy.ip6_allowed(ip))
+            }
         };
         let (g4, g6) = (self.net.guest, self.net.guest6());
         let result = blocking(

@@ -176,20 +176,41 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     add_elements(&mut s, &name, "deny6", &policy.deny_nets6);
     s.push_str(&learn_script(t.slot, learned));
     let _ = writeln!(s, "flush chain inet {name} to_proxy");
-    // Addresses an IP rule allows are reached directly; TCP to those only a domain rule
-    // opened (DNS answers), on any port, goes through the proxy, which lets through only
-    // TLS and HTTP naming an allowed host. DNS and DNS over TLS stay refused (chain
-    // egress), whatever the address.
-    for r in [
-        "ip daddr @allow return".to_string(),
-        "ip daddr @allow_reserved return".to_string(),
-        "tcp dport { 53, 853 } return".to_string(),
-        format!(
-            "ip daddr @dns_allow meta l4proto tcp dnat ip to {}:{}",
-            t.gateway,
-            hostcheck::PROXY_PORT
-        ),
-    ] {
+    let to_proxy = format!(
+        "meta l4proto tcp dnat ip to {}:{}",
+        t.gateway,
+        hostcheck::PROXY_PORT
+    );
+    let rules: Vec<String> = if policy.tunnel.is_none() {
+        // Addresses an IP rule allows are reached directly; TCP to those only a domain rule
+        // opened (DNS answers), on any port, goes through the proxy, which lets through only
+        // TLS and HTTP naming an allowed host. DNS and DNS over TLS stay refused (chain
+        // egress), whatever the address.
+        vec![
+            "ip daddr @allow return".to_string(),
+            "ip daddr @allow_reserved return".to_string(),
+            "tcp dport { 53, 853 } return".to_string(),
+            format!("ip daddr @dns_allow {to_proxy}"),
+        ]
+    } else {
+        // An egress proxy (tunnel.rs): every TCP connection the egress chain would accept
+        // goes to the proxy on the gateway instead (which reaches it through the SOCKS5
+        // proxy), in the egress chain's order; what it would refuse is left to it (return).
+        let mut v = vec![
+            "ip daddr @peers return".to_string(),
+            "tcp dport { 53, 853 } return".to_string(),
+            format!("ip daddr @allow_reserved {to_proxy}"),
+            "ip daddr @reserved return".to_string(),
+            format!("ip daddr @allow {to_proxy}"),
+            format!("ip daddr @dns_allow {to_proxy}"),
+        ];
+        if !policy.default_deny() {
+            v.push("ip daddr @deny return".to_string());
+            v.push(format!("meta nfproto ipv4 {to_proxy}"));
+        }
+        v
+    };
+    for r in rules {
         let _ = writeln!(s, "add rule inet {name} to_proxy {r}");
     }
     let _ = writeln!(s, "flush chain inet {name} egress");
@@ -200,6 +221,11 @@ pub fn policy_script(t: &TableSpec, policy: &Policy, learned: &[(Ipv4Addr, Durat
     // Private-network peers (in the pool, so before the reserved ranges); their own table
     // lets the packet in only if this sandbox is in their `peers` set too.
     rule("ip daddr @peers accept");
+    if policy.tunnel.is_some() {
+        // The proxy on the gateway is IPv4: with an egress proxy, IPv6 TCP would leave
+        // directly, so it is refused (clients fall back to IPv4).
+        rule("meta nfproto ipv6 meta l4proto tcp jump denied");
+    }
     rule("ip daddr @allow_reserved accept");
     rule("ip daddr @reserved jump denied");
     rule("ip6 daddr @allow6_reserved accept");
@@ -425,6 +451,55 @@ mod tests {
         let c = create_script(&spec(), &p, &[]);
         assert!(c.contains(r#"ip saddr 10.200.0.30 oifname != "sch*" masquerade"#));
         assert!(c.contains("10.200.0.0/16"));
+    }
+
+    #[test]
+    fn an_egress_proxy_takes_all_allowed_tcp_and_no_ipv6_tcp() {
+        let proxy = crate::tunnel::EgressProxy {
+            address: "203.0.113.9:1080".into(),
+            ..Default::default()
+        };
+        let tunnel = Some(std::sync::Arc::new(proxy.parse().unwrap()));
+        let mut open = Policy::from_spec(&EgressSpec::default()).unwrap();
+        open.tunnel = tunnel.clone();
+        let s = policy_script(&spec(), &open, &[]);
+        let dnat = "meta l4proto tcp dnat ip to 10.200.0.29:15001";
+        let rules: Vec<&str> = s.lines().filter(|l| l.contains(" to_proxy ")).collect();
+        // What egress refuses is left to it; everything else is taken, in egress's order.
+        assert_eq!(
+            rules,
+            [
+                "add rule inet sandcell_7 to_proxy ip daddr @peers return".to_string(),
+                "add rule inet sandcell_7 to_proxy tcp dport { 53, 853 } return".into(),
+                format!("add rule inet sandcell_7 to_proxy ip daddr @allow_reserved {dnat}"),
+                "add rule inet sandcell_7 to_proxy ip daddr @reserved return".into(),
+                format!("add rule inet sandcell_7 to_proxy ip daddr @allow {dnat}"),
+                format!("add rule inet sandcell_7 to_proxy ip daddr @dns_allow {dnat}"),
+                "add rule inet sandcell_7 to_proxy ip daddr @deny return".into(),
+                format!("add rule inet sandcell_7 to_proxy meta nfproto ipv4 {dnat}"),
+            ]
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+            "{s}"
+        );
+        assert!(s.contains("egress meta nfproto ipv6 meta l4proto tcp jump denied"));
+        // Default deny: only what is allowed goes to the proxy.
+        let mut closed = Policy::from_spec(&EgressSpec {
+            allow_out: vec!["a.com".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        closed.tunnel = tunnel;
+        let s = policy_script(&spec(), &closed, &[]);
+        assert!(
+            !s.contains("@deny return") && !s.contains("nfproto ipv4 meta"),
+            "{s}"
+        );
+        // Without a proxy: as before, IP-allowed addresses go direct.
+        let s = policy_script(&spec(), &Policy::open(), &[]);
+        assert!(s.contains("to_proxy ip daddr @allow return"), "{s}");
+        assert!(!s.contains("nfproto ipv6 meta l4proto tcp"), "{s}");
     }
 
     #[test]

@@ -327,6 +327,9 @@ pub struct Policy {
     pub deny_nets6: Vec<Cidr6>,
     /// Header transforms by domain (lowercase), checked against `allowOut`.
     pub transforms: crate::rules::Transforms,
+    /// E2B's `egressProxy`, checked: all allowed TCP goes through it (tunnel.rs). Not part
+    /// of [`EgressSpec`]: set with [`crate::SandboxNet::set_egress`].
+    pub tunnel: Option<std::sync::Arc<crate::tunnel::Tunnel>>,
 }
 
 impl Policy {
@@ -373,6 +376,16 @@ impl Policy {
         p.deny_nets.dedup();
         p.transforms = crate::rules::transforms(&spec.rules, &p)?;
         Ok(p)
+    }
+
+    /// Nothing outside the sandbox's gateway and private-network peers is reachable: no
+    /// allow rule and internet access off. (Such a sandbox has no connection a tighter
+    /// policy would have to cut.)
+    pub fn allows_nothing(&self) -> bool {
+        !self.default_deny()
+            && self.tunnel.is_none()
+            && self.deny_nets.iter().any(|c| c.prefix == 0)
+            && self.deny_nets6.iter().any(|c| c.prefix == 0)
     }
 
     /// Any allow rule makes everything else denied.
@@ -444,6 +457,20 @@ mod tests {
             rules: Default::default(),
         })
         .unwrap()
+    }
+
+    #[test]
+    fn only_a_closed_policy_without_allows_lets_nothing_out() {
+        assert!(policy(false, &[], &[]).allows_nothing());
+        // open, or anything allowed: a tighter policy may have connections to cut
+        assert!(!policy(true, &[], &[]).allows_nothing());
+        assert!(
+            !policy(true, &[], &["0.0.0.0/0"]).allows_nothing(),
+            "IPv6 stays open"
+        );
+        assert!(!policy(false, &["1.2.3.4"], &[]).allows_nothing());
+        assert!(!policy(false, &["example.com"], &[]).allows_nothing());
+        assert!(!policy(false, &["2001:db8::/32"], &[]).allows_nothing());
     }
 
     #[test]

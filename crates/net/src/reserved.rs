@@ -113,6 +113,27 @@ fn v6(
         .filter_map(|&(a, p, why)| Cidr6::new(a, p).map(|c| (c, why)))
 }
 
+/// What `ip` is when it is not a public address (any range of [`NEVER`], [`PRIVATE`],
+/// [`NEVER6`], [`PRIVATE6`]; an IPv4-mapped address by its IPv4 one); `None`: public. For
+/// checks with no sandbox pool or operator choice in them (registry pulls).
+pub fn not_public(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(ip) => v4(NEVER)
+            .chain(v4(PRIVATE))
+            .find(|(r, _)| r.contains(ip))
+            .map(|(_, why)| why),
+        IpAddr::V6(ip) => {
+            if let Some(mapped) = ip.to_ipv4_mapped() {
+                return not_public(IpAddr::V4(mapped));
+            }
+            v6(NEVER6)
+                .chain(v6(PRIVATE6))
+                .find(|(r, _)| r.contains(ip))
+                .map(|(_, why)| why)
+        }
+    }
+}
+
 /// The private ranges the operator opened to rules (`--allow-private-egress`), each inside
 /// [`PRIVATE`] or [`PRIVATE6`]. Empty by default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -466,6 +487,34 @@ mod tests {
         }
         for good in ["198.51.100.10", "192.168.3.3", "2001:db8::10"] {
             assert_eq!(d.refusal(ip(good), &host), None, "{good}");
+        }
+    }
+
+    #[test]
+    fn only_public_addresses_are_public() {
+        for (ip, what) in [
+            ("127.0.0.1", "loopback"),
+            ("10.1.2.3", "private"),
+            ("100.64.0.1", "carrier-grade"),
+            ("169.254.169.254", "link-local"),
+            ("0.0.0.0", "this network"),
+            ("255.255.255.255", "broadcast"),
+            ("::ffff:192.168.1.1", "private"),
+            ("64:ff9b::a00:1", "NAT64"),
+            ("fd00::1", "unique local"),
+            ("fe80::1", "link-local"),
+            ("::1", "loopback"),
+        ] {
+            let why = not_public(ip.parse().unwrap());
+            assert!(why.is_some_and(|w| w.contains(what)), "{ip}: {why:?}");
+        }
+        for ip in [
+            "8.8.8.8",
+            "203.0.113.10",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+        ] {
+            assert_eq!(not_public(ip.parse().unwrap()), None, "{ip}");
         }
     }
 

@@ -188,6 +188,10 @@ pub struct RestoreOverrides {
     /// saved paths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_layers: Option<Vec<PathBuf>>,
+    /// Where the disk's read-only base image is now (default: the saved path). A jailed
+    /// VMM sees its inputs where its jail shows them, not where the saving VMM did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_base: Option<PathBuf>,
     /// The TAP the net device attaches to (default: the saved name, opened in the
     /// restoring process's network namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]

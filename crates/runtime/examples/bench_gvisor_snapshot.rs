@@ -192,6 +192,11 @@ async fn healthy(sb: &Arc<dyn Sandbox>) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // RUST_LOG=sandcell_runtime=debug shows each checkpoint's steps (gvisor/checkpoint.rs).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let mut image_dir = PathBuf::new();
     let mut runs = 10usize;
     let mut subreaper = false;
@@ -293,7 +298,6 @@ async fn main() {
                 Arc::from(rt.restore(&snap, restore_spec(id)).await.unwrap());
             healthy(&sb).await;
             ours.entry("restore").or_default().push(ms(t.elapsed()));
-            snap.delete().unwrap();
             for (op, n) in [("fork_1", 1usize), ("fork_4", 4)] {
                 let fork_dir = tmp.path().join(format!("{op}-{run}"));
                 let t = Instant::now();
@@ -309,6 +313,9 @@ async fn main() {
                 let _ = std::fs::remove_dir_all(&fork_dir);
             }
             sb.destroy().await.unwrap();
+            // Only now: the restored sandbox stands on the snapshot's flattened root, which
+            // its forks record as their lower layer.
+            snap.delete().unwrap();
             let t = Instant::now();
             let created: Arc<dyn Sandbox> = Arc::from(
                 rt.restore(&template, restore_spec(new_sandbox_id().unwrap()))

@@ -15,7 +15,14 @@
 //! step's sandbox is destroyed and the step fails saying which deadline it ran into, so a
 //! `RUN sleep infinity` ends. The daemon sets them (`sandcell serve --build-timeout`,
 //! `--build-step-timeout`); the CLI builds without.
+//!
+//! A [`BuildDisk`] bounds what the build's RUN steps write on the host: each step's upper
+//! layer lives on a disk of its own no larger than what is left of the build's limit, so a
+//! step that writes past it gets ENOSPC inside, its output ends with a line naming the
+//! limit, and its disk is deleted (build_disk.rs). The daemon sets it (`sandcell serve
+//! --build-disk-mib`), as does the CLI (`sandcell template build --disk-mib`).
 
+use crate::build_disk::{BuildDisk, StepDisk};
 use crate::gvisor::GvisorRuntime;
 use crate::{
     HostLayer, Image, NetworkSpec, Runtime, Sandbox, SandboxSpec, agent_client, new_sandbox_id,
@@ -90,6 +97,8 @@ pub struct GvisorRunner {
     pub network: Option<NetworkSpec>,
     /// How long each RUN step and pull may take.
     pub deadlines: StepDeadlines,
+    /// How much the build's RUN steps may write on the host (`None`: unbounded).
+    pub disk: Option<BuildDisk>,
 }
 
 /// Where the runtime writes a networked sandbox's resolver, relative to its root.
@@ -157,6 +166,47 @@ impl GvisorRunner {
             rootfs_dir: Some(request.base.clone()),
             rootfs_ext4: None,
         };
+        // The step's own disk, when the build's writes are bounded: its upper layer lives
+        // there and is copied out into `request.upper` if the step succeeds.
+        let disk = match &self.disk {
+            Some(d) => Some(d.prepare(&request.upper).await.map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let result = self.run_on(id, image, request, disk.as_ref(), output).await;
+        let Some(step_disk) = disk else {
+            return result;
+        };
+        let result = match (result, &self.disk) {
+            (Ok(0), Some(d)) => d
+                .copy_out(&step_disk, &request.upper)
+                .map(|bytes| {
+                    tracing::debug!(bytes, "build step's layer copied out of its disk");
+                    0
+                })
+                .map_err(|e| e.to_string()),
+            (other, _) => other,
+        };
+        // What the step wrote goes with its disk, whatever happened.
+        if let Err(e) = step_disk.remove() {
+            tracing::warn!("build step: {e}");
+            return result.and(Err(e.to_string()));
+        }
+        result
+    }
+
+    /// Runs the step in a sandbox whose upper layer is `disk`'s, or `request.upper`.
+    async fn run_on(
+        &self,
+        id: String,
+        image: Image,
+        request: &RunRequest,
+        disk: Option<&StepDisk>,
+        output: &mut dyn FnMut(&[u8]),
+    ) -> Result<i32, String> {
+        let (upper, work) = match disk {
+            Some(d) => (d.upper(), d.work()),
+            None => (request.upper.clone(), request.work.clone()),
+        };
         let mut spec = SandboxSpec::new(id, image);
         spec.memory_mib = self.memory_mib;
         spec.vcpus = self.vcpus;
@@ -164,15 +214,15 @@ impl GvisorRunner {
         spec.network = self.network.clone();
         spec.host_layer = Some(HostLayer {
             lowers: request.lowers.clone(),
-            upper: request.upper.clone(),
-            work: request.work.clone(),
+            upper: upper.clone(),
+            work,
         });
         let sandbox: Arc<dyn Sandbox> = match self.runtime.create(spec).await {
             Ok(sb) => Arc::from(sb),
             Err(e) => return Err(e.to_string()),
         };
         // Written at create (through the overlay, into the upper layer).
-        let resolv = RuntimeResolvConf::read(&request.upper);
+        let resolv = RuntimeResolvConf::read(&upper);
         let result = match self.deadlines.budget(Instant::now()) {
             Err(why) => Err(why),
             Ok(None) => run_in(&sandbox, request, output).await,
@@ -187,7 +237,13 @@ impl GvisorRunner {
         if let Err(e) = sandbox.destroy().await {
             return Err(format!("removing build sandbox {}: {e}", sandbox.id()));
         }
-        resolv.drop_if_unchanged(&request.upper)?;
+        if let Some(d) = disk
+            && !matches!(result, Ok(0))
+            && d.is_full()
+        {
+            output(d.full_message().as_bytes());
+        }
+        resolv.drop_if_unchanged(&upper)?;
         result
     }
 }

@@ -199,6 +199,27 @@ impl SandboxCgroup {
         oci_path(&id)
     }
 
+    /// v2: the most tasks (threads included) the cgroup may hold.
+    pub fn set_pids_max(&self, max: u64) -> Result<()> {
+        write(&self.memory_dir.join("pids.max"), &max.to_string())
+    }
+
+    /// v2: moves every process of this cgroup (all its threads with it) into `to`. What
+    /// they were charged here stays here (memory does not move with a process): for a
+    /// process that has touched little yet, such as a pooled VMM before its restore. (A
+    /// cgroup v2 cannot be renamed instead: the kernel refuses it on the default hierarchy.)
+    pub fn move_processes_to(&self, to: &SandboxCgroup) -> Result<()> {
+        for pid in self.pids() {
+            write(&to.procs_file(), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// v2: the file a process writes `0` to in order to move itself into this cgroup.
+    pub fn procs_file(&self) -> PathBuf {
+        self.memory_dir.join("cgroup.procs")
+    }
+
     pub fn version(&self) -> CgroupVersion {
         self.version
     }

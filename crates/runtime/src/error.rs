@@ -18,6 +18,14 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// The VMM's jail (opt-in, microvm/jail.rs) could not be set up: the create fails.
+    #[error("{runtime} runtime: the VMM's jail cannot be set up: {source}")]
+    Jail {
+        runtime: RuntimeKind,
+        #[source]
+        source: crate::microvm::jail::JailError,
+    },
+
     /// A host operation that belongs to no runtime in particular (directories, ids).
     #[error("{what}: {source}")]
     Host {

@@ -13,6 +13,7 @@
 //! the owner record) and, for disk layers, `<data-dir>/sandboxes/<id>/`. Destroying a sandbox
 //! removes both, and [`Runtime::sweep`] removes those whose owning process died.
 
+pub mod build_disk;
 pub mod build_steps;
 pub mod capped_log;
 pub mod cgroup;

@@ -147,6 +147,104 @@ pub fn write_file_in(root: &Path, rel: &Path, contents: &[u8]) -> io::Result<()>
     replace_file(&dir, name, contents)
 }
 
+/// What [`open_regular`] and [`open_regular_at`] refuse: the name is not a regular file (a
+/// symbolic link, a FIFO, a directory, a device, a socket).
+#[derive(Debug, thiserror::Error)]
+#[error("{name} is {kind}, not a regular file")]
+pub struct NotRegular {
+    pub name: String,
+    pub kind: &'static str,
+}
+
+impl NotRegular {
+    /// The refusal inside `e`, if `e` is one.
+    pub fn of(e: &io::Error) -> Option<&NotRegular> {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<NotRegular>())
+    }
+}
+
+fn not_regular(name: &std::ffi::OsStr, kind: &'static str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        NotRegular {
+            name: name.to_string_lossy().into_owned(),
+            kind,
+        },
+    )
+}
+
+/// What a `st_mode` is, in words.
+pub fn kind_of(mode: libc::mode_t) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFCHR | libc::S_IFBLK => "a device",
+        _ => "of an unknown type",
+    }
+}
+
+/// `fstat` of an open descriptor.
+pub fn fstat(fd: &impl AsRawFd) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is a valid stat buffer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
+/// Read-only, not through a link at the last component, and never blocking on a FIFO (the
+/// type is checked right after the open).
+const READ_REGULAR: libc::c_int =
+    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+
+/// The descriptor `rc` (an open of `name` with [`READ_REGULAR`]) as a regular file, or the
+/// [`NotRegular`] refusal.
+fn regular(rc: libc::c_int, name: &std::ffi::OsStr) -> io::Result<std::fs::File> {
+    let fd = match cvt(rc) {
+        Ok(fd) => fd,
+        // O_NOFOLLOW: the last component is a link.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(not_regular(name, "a symbolic link"));
+        }
+        Err(e) => return Err(e),
+    };
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let st = fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(not_regular(name, kind_of(st.st_mode)));
+    }
+    Ok(std::fs::File::from(fd))
+}
+
+/// Opens the regular file `path` to read. Its last component is not followed if it is a
+/// link, a FIFO there does not block the open, and anything but a regular file is refused
+/// with [`NotRegular`]. For files in a directory someone else can write to (a jailed VMM's
+/// console log), whose parents are the host's.
+pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    let c = cstr(path.as_os_str())?;
+    // SAFETY: `c` is a valid NUL-terminated string; the descriptor is owned in `regular`.
+    regular(
+        unsafe { libc::open(c.as_ptr(), READ_REGULAR) },
+        path.as_os_str(),
+    )
+}
+
+/// [`open_regular`] of `name` in the open directory `dir`.
+pub fn open_regular_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<std::fs::File> {
+    let c = cstr(name)?;
+    // SAFETY: `dir` is an open directory and `c` a valid NUL-terminated string; the
+    // descriptor is owned in `regular`.
+    regular(
+        unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), READ_REGULAR) },
+        name,
+    )
+}
+
 /// Connects to the Unix socket at `path` without following a link there: the name is
 /// opened `O_PATH|O_NOFOLLOW`, must be a socket, and is connected to through
 /// `/proc/self/fd` (so a guest's link to a host socket, say a container daemon's, is

@@ -17,9 +17,11 @@ pub(crate) fn path_cstring(path: &Path) -> Result<CString> {
 
 /// The last `max_lines` lines of the last `max_bytes` of a log file, lossily decoded, as
 /// `"\n--- <label> ---\n<lines>"`, or "" when there is nothing to show. Bounded: a guest
-/// can fill its console log, we read only its tail.
+/// can fill its console log, we read only its tail. Only a regular file is read: a link or
+/// a FIFO put in its place (a jailed VMM owns the directory of its console log) shows
+/// nothing, and never a host file the link points to.
 pub(crate) fn log_tail(path: &Path, label: &str, max_bytes: u64, max_lines: usize) -> String {
-    let Ok(mut file) = std::fs::File::open(path) else {
+    let Ok(mut file) = crate::nofollow::open_regular(path) else {
         return String::new();
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -47,7 +49,7 @@ pub(crate) fn log_tail(path: &Path, label: &str, max_bytes: u64, max_lines: usiz
 /// The non-empty lines of the last `max_bytes` of a log file, oldest first (a first line
 /// cut by the window is dropped), invalid UTF-8 replaced.
 pub(crate) fn tail_lines(path: &Path, max_bytes: u64) -> Vec<String> {
-    let Ok(mut file) = std::fs::File::open(path) else {
+    let Ok(mut file) = crate::nofollow::open_regular(path) else {
         return Vec::new();
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -210,6 +212,25 @@ mod tests {
         assert!(tail.ends_with("line 997\nline 998\nline 999"), "{tail}");
         assert!(!tail.contains("line 5\n"));
         assert_eq!(log_tail(&tmp.path().join("none"), "x", 10, 1), "");
+    }
+
+    /// A log replaced by a link to a host file (a jailed VMM owns its console log's
+    /// directory) shows nothing of that file; a FIFO does not block the reader.
+    #[test]
+    fn tails_do_not_follow_links_or_wait_on_fifos() {
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = tmp.path().join("shadow");
+        std::fs::write(&secret, "root:$6$secret\n").unwrap();
+        let log = tmp.path().join("console.log");
+        std::os::unix::fs::symlink(&secret, &log).unwrap();
+        assert_eq!(log_tail(&log, "console", 4096, 25), "");
+        assert_eq!(last_line(&log, 2048), "");
+        assert!(tail_lines(&log, 4096).is_empty());
+        let fifo = tmp.path().join("vmm.log");
+        let c = path_cstring(&fifo).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(log_tail(&fifo, "vmm", 4096, 25), "");
     }
 
     #[test]

@@ -152,6 +152,11 @@ pub struct ServeArgs {
     /// A RUN step (or FROM pull) of a template build that runs longer fails the build
     #[arg(long, default_value_t = 900, value_name = "SECS")]
     pub build_step_timeout: u64,
+    /// What a template build's RUN steps may write on the host, in all: each step's writes
+    /// go to a disk of what is left (ENOSPC inside past it, and the build fails saying so);
+    /// 0: no limit
+    #[arg(long, default_value_t = 10240, value_name = "MIB")]
+    pub build_disk_mib: u32,
     /// A requested template build not started within this time expires, freeing its name
     #[arg(long, default_value_t = 1800, value_name = "SECS")]
     pub build_start_timeout: u64,
@@ -435,14 +440,21 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     }
     // Before anything is served: a key file that does not load stops the start.
     let secrets = secrets::service::Secrets::open(db.clone(), &dirs.data)?;
+    // Egress proxy passwords a daemon before this one recorded in the clear get sealed.
+    networks::egress_proxy::reseal_all(&db, &secrets.key_ring()).await?;
     let s3 = args.s3.load()?;
     if s3.is_none() {
         tracing::info!("volumes are off (no --s3-endpoint)");
     }
-    let volumes = Arc::new(volumes::service::Volumes::new(
-        db.clone(),
-        s3.map(|c| volumes::juicefs::Juicefs::new(c, &dirs.data)),
-    ));
+    let volumes = Arc::new(
+        volumes::service::Volumes::new(
+            db.clone(),
+            s3.map(|c| volumes::juicefs::Juicefs::new(c, &dirs.data)),
+        )?
+        .with_key_ring(secrets.key_ring()),
+    );
+    // Leases renewed, idle volumes unmounted and their metadata published (volumes/shared.rs).
+    let idle_volumes = tokio::spawn(volumes.clone().idle_loop());
     // The egress proxies fill `network.rules` transforms from these secrets (one resolver
     // per process: the first daemon's; see crates/net/src/rules.rs).
     sandcell_runtime::net::rules::set_resolver(Arc::new(secrets::inject::SecretsResolver {
@@ -457,10 +469,10 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
     // One registry for the daemon's networks: its runtimes make them there, [`Networks`]
     // finds them there.
     let nets = sandcell_runtime::net::NetRegistry::new();
-    let networks = Arc::new(networks::service::Networks::new(
-        net_settings(&dirs, &args)?,
-        nets.clone(),
-    ));
+    let networks = Arc::new(
+        networks::service::Networks::new(net_settings(&dirs, &args)?, nets.clone())
+            .with_key_ring(secrets.key_ring()),
+    );
     let runtime = open_runtime(&dirs, &args, nets).await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let lifecycle = Arc::new(
@@ -536,6 +548,8 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
                 build_timeout: Duration::from_secs(args.build_timeout.max(1)),
                 step_timeout: Duration::from_secs(args.build_step_timeout.max(1)),
                 start_timeout: Duration::from_secs(args.build_start_timeout.max(1)),
+                disk_mib: args.build_disk_mib,
+                host_reserve_mib: args.min_free_disk_mib,
             },
             templates::builds::host_dirs(&dirs),
         ),
@@ -606,6 +620,7 @@ pub async fn run(dirs: Dirs, args: ServeArgs) -> Result<(), Error> {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, https).await;
     }
     // After the listeners: no content request holds a volume any more.
+    idle_volumes.abort();
     volumes.unmount_unused().await;
     db.close().await;
     Ok(())

@@ -16,6 +16,9 @@ pub enum LogFormat {
     Json,
 }
 
+/// `--log-level` when neither it nor `RUST_LOG` is given.
+pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
+
 /// The logging flags every Sandcell binary takes.
 #[derive(Clone, Debug, clap::Args)]
 pub struct LogArgs {
@@ -26,7 +29,7 @@ pub struct LogArgs {
         long,
         global = true,
         env = "RUST_LOG",
-        default_value = "info,rmcp=warn",
+        default_value = DEFAULT_FILTER,
         value_name = "FILTER"
     )]
     pub log_level: String,

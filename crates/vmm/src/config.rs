@@ -93,7 +93,7 @@ pub enum Command {
 pub const USAGE: &str =
     "usage: sandcell-vmm (--config FILE.json | --config-json JSON) [--debug-devices]
        sandcell-vmm --restore STATE --mem MEM [--control-socket PATH] [--paused]
-                    [--vsock-uds PATH] [--disk-overlay PATH] [--disk-layer PATH]...
+                    [--vsock-uds PATH] [--disk-overlay PATH] [--disk-layer PATH]... [--disk-base PATH]
                     [--serial-log PATH] [--net-tap NAME] [--overrides-json JSON]
        sandcell-vmm --wait-restore --control-socket PATH
        sandcell-vmm flatten --base IMAGE [--layer LAYER]... --out LAYER";
@@ -131,6 +131,7 @@ pub fn parse_command<I: IntoIterator<Item = String>>(args: I) -> Result<Command,
                 .disk_layers
                 .get_or_insert_with(Vec::new)
                 .push(value(&mut it)?.into()),
+            "--disk-base" => overrides.disk_base = Some(value(&mut it)?.into()),
             "--serial-log" => overrides.serial_log = Some(value(&mut it)?.into()),
             "--net-tap" => overrides.net_tap = Some(value(&mut it)?),
             "--overrides-json" => {
@@ -200,6 +201,9 @@ pub fn validate_restore(
     }
     for layer in o.disk_layers.iter().flatten() {
         readable_file("disk layer", layer)?;
+    }
+    if let Some(base) = &o.disk_base {
+        readable_file("disk base", base)?;
     }
     if let Some(log) = &o.serial_log {
         creatable("serial_log", log)?;

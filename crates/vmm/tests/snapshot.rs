@@ -521,6 +521,34 @@ fn a_snapshot_freezes_the_disk_top_and_restores_bring_their_own() {
         counts(&mlog).len() >= 2
     });
     terminate(c);
+    // The base may move too (a jailed VMM sees its inputs where its jail shows them): the
+    // restore names it with --disk-base, and one of another size is refused.
+    let moved_base = dir.path().join("moved-base.img");
+    std::fs::hard_link(&base, &moved_base).expect("link the base");
+    let other_base = dir.path().join("other-base.img");
+    std::fs::write(&other_base, vec![0x11u8; 2 << 20]).expect("a bigger base");
+    let with_base = |top: &str, base: &Path| {
+        let mut args = restore_moved(&[s(&dir.path().join(top)), "--disk-layer", s(&moved)]);
+        args.extend(["--disk-base".to_string(), s(base).to_string()]);
+        args
+    };
+    let out = wait(vmm_owned(with_base("c6.scovl", &other_base)));
+    assert_eq!(
+        out.status.code(),
+        Some(ExitStatus::BadConfig.code()),
+        "a base of another size: {}",
+        describe(&out)
+    );
+    std::fs::rename(&base, dir.path().join("gone.img")).expect("move the base away");
+    let blog = dir.path().join("base.log");
+    let mut args = with_base("c7.scovl", &moved_base);
+    args.extend(["--serial-log".to_string(), s(&blog).to_string()]);
+    let c = vmm_owned(args);
+    wait_until("the restore over the moved base counting", || {
+        counts(&blog).len() >= 2
+    });
+    terminate(c);
+    std::fs::rename(dir.path().join("gone.img"), &base).expect("put the base back");
     shutdown_and_expect_stopped(&mut ctl, child);
     assert_eq!(std::fs::read(&base).expect("base"), vec![0x11u8; 1 << 20]);
 }

@@ -91,6 +91,11 @@ atk_cli() {
   echo $s
 }
 
+# atk_vmm_file DIR NAME: DIR/vmm/NAME where a jailed VMM writes it, else DIR/NAME.
+atk_vmm_file() {
+  if [ -d "$1/vmm" ]; then echo "$1/vmm/$2"; else echo "$1/$2"; fi
+}
+
 # A guest writes past its disk: its root file system fills and says ENOSPC, a raw write past
 # the device's end is refused, the guest goes on (and writes again once it frees space), and
 # the host file holding its writes (the disk's top layer) stays within the disk's size.
@@ -100,7 +105,8 @@ test_attack_disk_full() {
   atk_daemon $d
   atk_create bystander
   atk_create victim
-  top=$DATA/sandboxes/$(atk_id victim)/disk.overlay
+  # A jailed VMM (the default where the host allows it) keeps its files in a vmm/ of its own.
+  top=$(atk_vmm_file $DATA/sandboxes/$(atk_id victim) disk.overlay)
   [ -f "$top" ] || fail "no disk top layer at $top"
   # The disk is the image's size; its top layer (overlay.rs) holds a 4 KiB header, a bitmap
   # of one bit per 4 KiB chunk (rounded up to 4 KiB) and at most every chunk of the disk.
@@ -157,7 +163,7 @@ test_attack_console_flood() {
   atk_create bystander
   atk_create victim
   run=/run/sandcell/$(atk_id victim)
-  log=$run/console.log
+  log=$(atk_vmm_file $run console.log)
   [ -f $log ] || fail "no serial log at $log"
   vmm_log_before=$(stat -c %s $run/vmm.log 2>/dev/null || echo 0)
   # 1000-byte lines through the tty to the UART, for 10 s of guest time.

@@ -9,8 +9,10 @@
 SNAP=/tmp/snap
 P=nested-probe
 # A counter in the guest, one tick a second, in tmpfs (guest memory). `echo` is a shell
-# builtin: one fork (sleep) per tick, which is cheap even under nested TCG.
-COUNTER="setsid sh -c 'i=0; while :; do i=\$((i+1)); echo \$i > /tmp/counter; sleep 1; done' </dev/null >/dev/null 2>&1 &"
+# builtin; each value is written beside the file and renamed over it, so a read never finds
+# the file truncated and not yet written (a snapshot can catch the shell in between, and a
+# restored guest resumes it there). Two forks (mv, sleep) per tick: cheap even under TCG.
+COUNTER="setsid sh -c 'i=0; while :; do i=\$((i+1)); echo \$i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 1; done' </dev/null >/dev/null 2>&1 &"
 
 # agent_vm DIR: boots the minimal image with the agent (128 MiB) in the background; waits
 # for /health. The VMM's pid is in DIR/pid.
@@ -25,8 +27,11 @@ agent_vm() {
 # gx DIR CMD: runs CMD in the guest of DIR through the agent; its stdout on ours.
 gx() { $P exec --uds "$1/vsock" --timeout 60 "$2"; }
 
-# counter DIR: the guest's counter now.
-counter() { gx "$1" "cat /tmp/counter"; }
+# counter DIR: the guest's counter now; a failed exec fails the test with what it said.
+counter() {
+  gx "$1" "cat /tmp/counter" 2> "$1/counter.err" \
+    || fail "reading the counter: exec exited $?: $(tail -n 3 "$1/counter.err")"
+}
 
 # ctl DIR JSON: one control request to DIR's VMM; the answer in DIR/ctl.out, its time (ms)
 # printed. Fails the test on an error answer.

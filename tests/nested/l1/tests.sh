@@ -315,12 +315,13 @@ test_daemon_smoke() {
   pass "daemon (microvm): created $id, ran a command through the envd proxy (guest kernel $kernel)"
 }
 
-# ---- snapshots (snapshot.sh), virtio-net (net.sh), templates (template.sh), hostile guests
-# (attacks.sh) ------------------------------------------------------------------------------
+# ---- snapshots (snapshot.sh), virtio-net (net.sh), templates (template.sh), the VMM's jail
+# (jail.sh), hostile guests (attacks.sh) ------------------------------------------------------
 
 . "$(dirname "$SELF")/snapshot.sh"
 . "$(dirname "$SELF")/net.sh"
 . "$(dirname "$SELF")/template.sh"
+. "$(dirname "$SELF")/jail.sh"
 . "$(dirname "$SELF")/attacks.sh"
 
 # ---- runner ----------------------------------------------------------------------------------
@@ -362,7 +363,7 @@ case "$1" in
     mkdir -p /tmp/nested-logs
     only=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^nested\.only=//p' | tr ',' ' ')
     plan=
-    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF" "$(dirname "$SELF")/snapshot.sh" "$(dirname "$SELF")/net.sh" "$(dirname "$SELF")/template.sh" "$(dirname "$SELF")/attacks.sh"); do
+    for t in $(sed -n 's/^test_\([a-z0-9_]*\)() {$/\1/p' "$SELF" "$(dirname "$SELF")/snapshot.sh" "$(dirname "$SELF")/net.sh" "$(dirname "$SELF")/template.sh" "$(dirname "$SELF")/jail.sh" "$(dirname "$SELF")/attacks.sh"); do
       if [ -z "$only" ] || echo " $only " | grep -q " $t "; then plan="$plan $t"; fi
     done
     echo "NESTED-PLAN$plan"

@@ -27,6 +27,42 @@ pub fn require_gvisor_host() -> PathBuf {
     minimal
 }
 
+/// A data dir and run dir of their own under /tmp for the CLI's local commands (`template
+/// build`, `run`), whose images dir links the installed `minimal` image; made after
+/// [`require_gvisor_host`].
+pub struct LocalDirs {
+    pub tmp: tempfile::TempDir,
+}
+
+impl LocalDirs {
+    pub fn new(prefix: &str) -> LocalDirs {
+        let minimal = require_gvisor_host();
+        let tmp = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in("/tmp")
+            .unwrap();
+        let images = tmp.path().join("data/images");
+        std::fs::create_dir_all(&images).unwrap();
+        std::os::unix::fs::symlink(&minimal, images.join("minimal")).unwrap();
+        LocalDirs { tmp }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    /// `sandcell ARGS` on these dirs, its output.
+    pub fn sandcell(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_sandcell"))
+            .env("SANDCELL_DATA_DIR", self.path("data"))
+            .env("SANDCELL_RUN_DIR", self.path("run"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+}
+
 /// Fails loudly unless this process is root and runsc is on $PATH.
 pub fn require_root_and_runsc() {
     // SAFETY: geteuid has no preconditions.
@@ -88,14 +124,8 @@ impl Daemon {
     /// `prefix` names the temp dir (to tell tests apart in /tmp); `serve_args` are added to
     /// `serve --listen 127.0.0.1:0 --runtime gvisor`.
     pub fn start(prefix: &str, serve_args: &[&str]) -> Daemon {
-        let minimal = require_gvisor_host();
-        let tmp = tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir_in("/tmp")
-            .unwrap();
+        let LocalDirs { tmp } = LocalDirs::new(prefix);
         let data = tmp.path().join("data");
-        std::fs::create_dir_all(data.join("images")).unwrap();
-        std::os::unix::fs::symlink(&minimal, data.join("images/minimal")).unwrap();
         Self::serve(tmp, data, serve_args)
     }
 

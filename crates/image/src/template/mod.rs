@@ -1191,7 +1191,8 @@ fn sweep_abandoned(layers_dir: &Path) {
             continue;
         }
         let path = entry.path();
-        for target in [path.join("merged"), path.clone()] {
+        // `disk`: a RUN step's own disk (crates/runtime build_disk.rs), loop-mounted there.
+        for target in [path.join("merged"), path.join("disk"), path.clone()] {
             if let Ok(c) = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()) {
                 // SAFETY: c is NUL-terminated; unmounting what is not a mount point fails
                 // harmlessly.

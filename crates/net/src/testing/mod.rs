@@ -24,7 +24,9 @@
 //! Only one [`Internet`] can exist on a host at a time (fixed names and addresses): tests
 //! using it take [`Internet::lock`] first.
 
+mod socks;
 mod tls;
+pub use socks::Socks5Server;
 pub use tls::{TestCa, TlsUpstream};
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};

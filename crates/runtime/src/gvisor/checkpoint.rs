@@ -40,6 +40,7 @@
 use super::*;
 use crate::snapshot::{RestoreSpec, SnapshotFiles, SnapshotHandle, SnapshotKind};
 use sandcell_proto::agent::{HELD_MARKER, RESUME_MARKER};
+use std::time::Instant;
 
 const CHECKPOINT_DIR: &str = "checkpoint";
 const UPPER_DIR: &str = "upper";
@@ -87,8 +88,19 @@ async fn one_at_a_time(shared: &Shared) -> Result<OneAtATime> {
     })
 }
 
-/// How long the checkpointed `runsc run` gets to exit by itself.
-const OLD_RUNSC_EXIT: Duration = Duration::from_secs(10);
+/// How long the checkpointed `runsc run` gets to exit by itself before it and its sandbox
+/// are killed: not at all. Once `runsc checkpoint` has returned, the state is saved (the
+/// sentry wrote it to the file runsc handed it before answering) and the sandbox is of no
+/// more use; and a sandbox checkpointed while paused (as ours are, see `freeze_checked`)
+/// never exits by itself with runsc 0.0~20240729. Every pause and snapshot waited out the
+/// 10 s this once was (pause through the daemon 10.5-10.7 s, 3 of 3), then 250 ms, which
+/// was still 250-280 ms of a 350 ms checkpoint (`RUST_LOG=sandcell_runtime::gvisor=debug`
+/// on bench_gvisor_snapshot: runsc checkpoint done at 70-95 ms, its processes gone at
+/// 341-373 ms).
+const OLD_RUNSC_EXIT: Duration = Duration::ZERO;
+/// The same for runsc 0.0~20221219 (no `--net-disconnect-ok`), whose `runsc run` exits and
+/// removes the container by itself after a checkpoint: its own cleanup is not cut short.
+const OLDEST_RUNSC_EXIT: Duration = Duration::from_secs(10);
 
 impl Shared {
     /// `runsc restore` of `image` into container `id` from `bundle`, with the flags of
@@ -134,14 +146,19 @@ async fn checkpoint_to(
     // meets one ends the sandbox); the agent's socket file goes only then (the guest could
     // bind that name itself once it is free); and the checkpoint must be gone before its
     // upper layer is copied.
+    let started = Instant::now();
     hold_agent(sb).await?;
+    let held = started.elapsed();
     freeze_checked(sb, pid).await?;
     if let Err(e) = remove_socket_file(sb) {
         thaw(sb).await;
         return Err(e);
     }
+    let frozen = started.elapsed();
     run_checkpoint(sb, pid, &images).await?;
+    let saved = started.elapsed();
     wait_gone(sb, pid).await?;
+    let gone = started.elapsed();
     // The copy below needs no runsc; restore_in_place takes the lock again.
     drop(one_at_a_time_guard);
 
@@ -158,6 +175,13 @@ async fn checkpoint_to(
             },
         });
     }
+    tracing::debug!(
+        "checkpoint of {}: agent held at {held:?}, frozen and checked at {frozen:?}, \
+         runsc checkpoint done at {saved:?}, its processes gone at {gone:?}, root \
+         flattened at {:?}",
+        sb.id,
+        started.elapsed()
+    );
     let handle = SnapshotHandle {
         format: crate::snapshot::SNAPSHOT_FORMAT,
         runtime: RT,
@@ -424,9 +448,15 @@ async fn wait_listening(sb: &GvisorSandbox) {
 }
 
 /// Waits for the checkpointed `runsc run` (pid) to exit and for runsc to forget the
-/// container, forcing both after [`OLD_RUNSC_EXIT`].
+/// container, forcing both after [`OLD_RUNSC_EXIT`] ([`OLDEST_RUNSC_EXIT`] for the runsc
+/// that cleans up by itself).
 async fn wait_gone(sb: &GvisorSandbox, pid: u32) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + OLD_RUNSC_EXIT;
+    let grace = if sb.shared.runsc.net_disconnect_ok {
+        OLD_RUNSC_EXIT
+    } else {
+        OLDEST_RUNSC_EXIT
+    };
+    let deadline = tokio::time::Instant::now() + grace;
     while crate::owner::process_start_time(pid).is_some() || sb.shared.has_state(&sb.id) {
         if crate::owner::process_start_time(pid).is_none() {
             // `runsc run` is gone but the container is still listed: runsc 20240729 keeps

@@ -34,8 +34,20 @@ pub(super) fn mount_point(dirs: &Dirs, id: &str) -> PathBuf {
 /// What sandbox `id`'s mounted disk holds and can hold, from the host's `statvfs` of it
 /// (`None` when it has no disk mounted).
 pub(super) fn usage(dirs: &Dirs, id: &str) -> Option<crate::DiskUsage> {
+    let st = statvfs(&mount_point(dirs, id))?;
+    let frsize = st.f_frsize;
+    let total = st.f_blocks.saturating_mul(frsize);
+    let free = st.f_bfree.saturating_mul(frsize);
+    Some(crate::DiskUsage {
+        used_bytes: total.saturating_sub(free),
+        total_bytes: total,
+    })
+}
+
+/// The host's `statvfs` of the filesystem holding `path` (`None` if it cannot be read).
+pub(crate) fn statvfs(path: &Path) -> Option<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(mount_point(dirs, id).as_os_str().as_bytes()).ok()?;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs is plain old data: all zeroes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `path` is a NUL-terminated string that outlives the call, and `st` is a
@@ -43,13 +55,7 @@ pub(super) fn usage(dirs: &Dirs, id: &str) -> Option<crate::DiskUsage> {
     if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    let frsize = st.f_frsize as u64;
-    let total = (st.f_blocks as u64).saturating_mul(frsize);
-    let free = (st.f_bfree as u64).saturating_mul(frsize);
-    Some(crate::DiskUsage {
-        used_bytes: total.saturating_sub(free),
-        total_bytes: total,
-    })
+    Some(st)
 }
 
 /// Makes sandbox `id`'s disk of `mib` MiB and mounts it (see the module docs).
@@ -60,7 +66,12 @@ pub(super) async fn create(dirs: &Dirs, id: &str, mib: u32) -> Result<()> {
             problem: format!("a disk of {mib} MiB: need at least {MIN_DISK_MIB} MiB"),
         });
     }
-    let file = file(dirs, id);
+    make(&file(dirs, id), &mount_point(dirs, id), mib).await
+}
+
+/// A sparse ext4 file `file` of `mib` MiB (it must not exist), loop-mounted `nosuid,nodev`
+/// at `target` (made if missing): a sandbox's disk, or a build step's (build_disk.rs).
+pub(crate) async fn make(file: &Path, target: &Path, mib: u32) -> Result<()> {
     let io = |what: String| move |e| Error::io(RT, what, e);
     if let Some(parent) = file.parent() {
         std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
@@ -68,7 +79,7 @@ pub(super) async fn create(dirs: &Dirs, id: &str, mib: u32) -> Result<()> {
     let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .open(&file)
+        .open(file)
         .map_err(io(format!("creating the disk file {}", file.display())))?;
     // Sparse: blocks are taken on the data disk only as the sandbox writes.
     f.set_len(u64::from(mib) << 20)
@@ -89,8 +100,7 @@ pub(super) async fn create(dirs: &Dirs, id: &str, mib: u32) -> Result<()> {
         "install e2fsprogs",
     )
     .await?;
-    let target = mount_point(dirs, id);
-    std::fs::create_dir_all(&target).map_err(io(format!("creating {}", target.display())))?;
+    std::fs::create_dir_all(target).map_err(io(format!("creating {}", target.display())))?;
     run(
         "mount",
         &[
@@ -104,11 +114,11 @@ pub(super) async fn create(dirs: &Dirs, id: &str, mib: u32) -> Result<()> {
     .await
 }
 
-/// Unmounts and deletes sandbox `id`'s disk, if it has one (cheap when not).
-pub(super) fn remove(dirs: &Dirs, id: &str) -> Result<()> {
-    crate::util::unmount_if_mounted(&mount_point(dirs, id))?;
-    let file = file(dirs, id);
-    match std::fs::remove_file(&file) {
+/// Unmounts `target` if it is mounted (the loop device detaches itself) and deletes the
+/// disk file `file` if it exists.
+pub(crate) fn unmount_and_delete(target: &Path, file: &Path) -> Result<()> {
+    crate::util::unmount_if_mounted(target)?;
+    match std::fs::remove_file(file) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(
             RT,
             format!("removing the disk file {}", file.display()),
@@ -116,6 +126,11 @@ pub(super) fn remove(dirs: &Dirs, id: &str) -> Result<()> {
         )),
         _ => Ok(()),
     }
+}
+
+/// Unmounts and deletes sandbox `id`'s disk, if it has one (cheap when not).
+pub(super) fn remove(dirs: &Dirs, id: &str) -> Result<()> {
+    unmount_and_delete(&mount_point(dirs, id), &file(dirs, id))
 }
 
 /// Removes disk files that no sandbox of `dirs` has (no run dir) and no loop device

@@ -70,15 +70,22 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 pub(super) struct TemplateSnapshots {
     dirs: Dirs,
     vmm: PathBuf,
+    /// The template VMs boot jailed when every VMM is (they run the template's image).
+    jail: Option<super::jail::JailPolicy>,
     /// One lock per key: the first use builds, the others wait for it.
     building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl TemplateSnapshots {
-    pub(super) fn new(dirs: &Dirs, vmm: &Path) -> TemplateSnapshots {
+    pub(super) fn new(
+        dirs: &Dirs,
+        vmm: &Path,
+        jail: Option<super::jail::JailPolicy>,
+    ) -> TemplateSnapshots {
         TemplateSnapshots {
             dirs: dirs.clone(),
             vmm: vmm.to_path_buf(),
+            jail,
             building: Mutex::new(HashMap::new()),
         }
     }
@@ -136,6 +143,7 @@ impl TemplateSnapshots {
             vmm: self.vmm.clone(),
             nets: sandcell_net::NetRegistry::new(),
             templates: None,
+            jail: self.jail,
         };
         let mut spec = SandboxSpec::new(
             format!("tpl-{digest}-{}", std::process::id()),
@@ -202,7 +210,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let k = key(tmp.path());
         let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-        let store = TemplateSnapshots::new(&dirs, &k.vmm);
+        let store = TemplateSnapshots::new(&dirs, &k.vmm, None);
         let dir = store.dir_of(&k.digest().unwrap());
         std::fs::create_dir_all(&dir).unwrap();
         // Marked ready but without a manifest: loading refuses it (not a silent cold boot).
@@ -225,7 +233,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let k = key(tmp.path());
         let dirs = Dirs::new(tmp.path().join("data"), tmp.path().join("run"));
-        let store = Arc::new(TemplateSnapshots::new(&dirs, &k.vmm));
+        let store = Arc::new(TemplateSnapshots::new(&dirs, &k.vmm, None));
         let digest = k.digest().unwrap();
         let lock_of = |s: &TemplateSnapshots| {
             s.building

@@ -4,12 +4,16 @@
 //! Files of sandbox `<id>`: `<run-dir>/<id>/{owner.json, vm.json, vsock.sock, control.sock,
 //! console.log (the guest's serial console), vmm.log (the VMM's stderr)}` and the disk's
 //! writable layer `<data-dir>/sandboxes/<id>/disk.overlay` (the image's rootfs.ext4 is the
-//! read-only base and is never written).
+//! read-only base and is never written). A jailed VMM (jail.rs) writes only in a directory
+//! of its own in each: sockets and console log in `<run-dir>/<id>/vmm/`, disk tops and
+//! snapshot output in `<data-dir>/sandboxes/<id>/vmm/`; the other files stay in the
+//! sandbox's dirs, which stay root's.
 //!
 //! The host reaches the agent through the VMM's hybrid vsock socket ([`vsock`]). Stopping is
 //! polite first (the agent powers the VM off), then firm (control `Shutdown`), then SIGKILL.
 
 mod boot_snapshot;
+pub mod jail;
 mod network;
 mod sandbox;
 pub mod vsock;
@@ -90,6 +94,8 @@ pub struct MicrovmRuntime {
     nets: NetRegistry,
     /// Set by [`MicrovmRuntime::with_template_snapshots`].
     templates: Option<Templates>,
+    /// Set when the VMMs run jailed (`SANDCELL_VMM_JAIL=1`, jail.rs).
+    jail: Option<jail::JailPolicy>,
 }
 
 /// Template snapshots and the warm VMM pool their restores use.
@@ -114,11 +120,27 @@ impl MicrovmRuntime {
                 hint: "enable hardware virtualization (or nested virtualization) or use --runtime gvisor".into(),
             });
         }
+        let (jail, why_not) = jail::JailSetting::from_env()?.resolve(jail::HostSupport::probe());
+        match (&jail, why_not) {
+            (Some(policy), _) => tracing::info!(
+                "microvm runtime: every sandcell-vmm runs jailed (uids from {})",
+                policy.uid_base
+            ),
+            // Info, not a warning: `sandcell run` shows only warnings, on its stderr, which
+            // is the guest's. `serve` shows it.
+            (None, Some(why)) => tracing::info!(
+                "microvm runtime: sandcell-vmm runs WITHOUT its jail: {why}. Set {}=1 to \
+                 require it (creates then fail where it cannot be made)",
+                jail::ENABLE_ENV
+            ),
+            (None, None) => {}
+        }
         Ok(MicrovmRuntime {
             dirs,
             vmm,
             nets,
             templates: None,
+            jail,
         })
     }
 
@@ -130,9 +152,10 @@ impl MicrovmRuntime {
     pub fn with_template_snapshots(mut self, pool_size: usize) -> MicrovmRuntime {
         self.templates = (pool_size > 0).then(|| Templates {
             store: std::sync::Arc::new(boot_snapshot::TemplateSnapshots::new(
-                &self.dirs, &self.vmm,
+                &self.dirs, &self.vmm, self.jail,
             )),
-            pool: warm_pool::WarmPool::new(&self.dirs, &self.vmm, pool_size),
+            // Jailed from their start, before their sandbox exists (jail_pooled.rs).
+            pool: warm_pool::WarmPool::new(&self.dirs, &self.vmm, pool_size, self.jail),
         });
         self
     }
@@ -150,20 +173,38 @@ pub(super) struct Paths {
     pub(super) vmm_log: PathBuf,
     pub(super) state_dir: PathBuf,
     pub(super) overlay: PathBuf,
+    /// Where the VMM makes disk tops and snapshot output: the state dir, or its
+    /// [`jail::VMM_DIR`] when jailed.
+    pub(super) vmm_state_dir: PathBuf,
+    /// The jailed layout: the VMM's files in [`jail::VMM_DIR`]s.
+    pub(super) jailed: bool,
 }
 
 impl Paths {
+    /// The files of an unjailed VMM's sandbox.
     pub(super) fn new(dirs: &Dirs, id: &str) -> Paths {
+        Paths::layout(dirs, id, false)
+    }
+
+    /// The files of sandbox `id`; `jailed`: what the VMM writes is in its own directories
+    /// (the module documentation), the rest in the sandbox's dirs, which stay root's.
+    pub(super) fn layout(dirs: &Dirs, id: &str, jailed: bool) -> Paths {
         let run = dirs.sandbox_run_dir(id);
         let state_dir = dirs.sandbox_state_dir(id);
+        let (vmm_run, vmm_state_dir) = match jailed {
+            true => (run.join(jail::VMM_DIR), state_dir.join(jail::VMM_DIR)),
+            false => (run.clone(), state_dir.clone()),
+        };
         Paths {
             config: run.join("vm.json"),
-            vsock: run.join("vsock.sock"),
-            control: run.join("control.sock"),
-            console: run.join("console.log"),
+            vsock: vmm_run.join("vsock.sock"),
+            control: vmm_run.join("control.sock"),
+            console: vmm_run.join("console.log"),
             vmm_log: run.join("vmm.log"),
-            overlay: state_dir.join("disk.overlay"),
+            overlay: vmm_state_dir.join("disk.overlay"),
             state_dir,
+            vmm_state_dir,
+            jailed,
         }
     }
 }
@@ -218,6 +259,13 @@ impl Runtime for MicrovmRuntime {
                 hint: "build and install it with `make kernel install`, or pass --kernel".into(),
             });
         }
+        // A jail binds host paths only as they really are (no symbolic link on the way, such
+        // as kernels/default): the VM is configured with the real paths, which it then
+        // finds at the same place inside its jail.
+        let (kernel, base) = match self.jail {
+            Some(_) => (real_path(&kernel)?, real_path(&base)?),
+            None => (kernel, base),
+        };
         let mut cmdline = cmdline(&spec)?;
         // Last of the checks, first of the things made: the network (network.rs).
         let net = match &spec.network {
@@ -232,14 +280,14 @@ impl Runtime for MicrovmRuntime {
                 guest_mac: network::guest_mac(n.network().guest),
             }
         });
-        let paths = Paths::new(&self.dirs, &spec.id);
+        let paths = Paths::layout(&self.dirs, &spec.id, self.jail.is_some());
         let config = VmConfig {
             vcpus: spec.vcpus,
             memory_mib: spec.memory_mib,
             kernel,
             cmdline,
             disk: Some(DiskConfig {
-                base,
+                base: base.clone(),
                 overlay: Some(paths.overlay.clone()),
                 layers: Vec::new(),
             }),
@@ -264,7 +312,8 @@ impl Runtime for MicrovmRuntime {
             self.nets.clone(),
             &spec,
             paths,
-        );
+        )
+        .with_jail(self.jail, vec![config.kernel.clone(), base.clone()]);
         match (net, &self.templates) {
             (Some(net), _) => sandbox.set_network(net),
             // Template snapshots are of VMs without a net device: only these restore one
@@ -320,7 +369,12 @@ impl Runtime for MicrovmRuntime {
                 problem: format!("cannot adopt {id:?} of the {} runtime", handle.runtime),
             });
         }
-        let paths = Paths::new(&self.dirs, id);
+        // Started jailed or not (by this daemon or an earlier one): its sockets say.
+        let paths = [false, true]
+            .map(|jailed| Paths::layout(&self.dirs, id, jailed))
+            .into_iter()
+            .find(|p| p.vsock == handle.agent_socket)
+            .unwrap_or_else(|| Paths::new(&self.dirs, id));
         if paths.vsock != handle.agent_socket
             || handle.control_socket.as_ref() != Some(&paths.control)
         {
@@ -335,7 +389,7 @@ impl Runtime for MicrovmRuntime {
             });
         }
         let Some(pidfd) = crate::detach::open(handle.pid, handle.start_time) else {
-            let removed = remove_files(&self.dirs, id);
+            let removed = remove_files(&self.dirs, id).and(remove_leftover_cgroup(id));
             return Err(Error::Gone {
                 runtime: RT,
                 id: id.clone(),
@@ -363,7 +417,8 @@ impl Runtime for MicrovmRuntime {
     ) -> Result<Box<dyn Sandbox>> {
         // A snapshot with a net device is restored into a new network (snapshot.rs).
         let sandbox =
-            sandbox::restore_new(&self.dirs, &self.vmm, &self.nets, snapshot, spec).await?;
+            sandbox::restore_new(&self.dirs, &self.vmm, &self.nets, self.jail, snapshot, spec)
+                .await?;
         Ok(Box::new(sandbox))
     }
 
@@ -395,6 +450,10 @@ impl MicrovmRuntime {
                 }
             }
             remove_files(&self.dirs, &id)?;
+            // A jailed VMM's cgroup (none otherwise): after the VMM, which was in it.
+            if let Err(e) = remove_leftover_cgroup(&id) {
+                tracing::warn!(sandbox = %id, "removing the leftover VMM cgroup: {e}");
+            }
             // Its network, if it had one (cheap when not): after the VMM, which used it.
             if let Err(e) = sandcell_net::network::remove(&id) {
                 tracing::warn!(sandbox = %id, "removing the leftover network: {e}");
@@ -403,6 +462,17 @@ impl MicrovmRuntime {
         }
         Ok(cleaned)
     }
+}
+
+fn real_path(path: &Path) -> Result<PathBuf> {
+    std::fs::canonicalize(path)
+        .map_err(|e| Error::io(RT, format!("resolving {}", path.display()), e))
+}
+
+/// Removes the cgroup of a jailed VMM this daemon did not start, if there is one (what is
+/// left in it is killed).
+pub(super) fn remove_leftover_cgroup(id: &str) -> Result<()> {
+    jail::leftover_cgroup(id).map_or(Ok(()), |cgroup| cgroup.remove())
 }
 
 pub(super) fn remove_files(dirs: &Dirs, id: &str) -> Result<()> {

@@ -1,6 +1,8 @@
 //! One microVM sandbox: its `sandcell-vmm` child, the control socket, and how it ends (see
 //! the module docs of [`super`] for the files).
 
+use super::jail::pooled::VmmView;
+use super::jail::{JailInputs, JailPolicy, VmmJail};
 use super::{CONTROL_TIMEOUT, MAX_CONTROL_LINE, Paths, RT, network, remove_files, vsock};
 use sandcell_proto::sync::lock;
 // A child module, so that snapshots can drive this sandbox's VMM and restores start one.
@@ -58,6 +60,18 @@ pub struct MicrovmSandbox {
     /// Set when the first start restores a template snapshot into a pooled VMM instead of
     /// booting (boot_snapshot_restore.rs).
     template: Mutex<Option<TemplatePlan>>,
+    /// Set when VMMs are jailed (jail.rs): the jail is made at each start.
+    jail_policy: Option<JailPolicy>,
+    /// The host files the VMM opens read-only (bound into its jail).
+    jail_reads: Mutex<Vec<PathBuf>>,
+    /// The running VMM's jail: its uid lease and cgroup, released once the VMM is gone.
+    jail: Mutex<Option<VmmJail>>,
+    /// Set when the VMM came jailed from the warm pool: it sees its directories at the
+    /// pool slot's paths (jail_pooled.rs).
+    vmm_view: Mutex<Option<VmmView>>,
+    /// The cgroup of an adopted jailed VMM (another daemon made it): removed once the VMM
+    /// is gone, at its end or at destroy.
+    adopted_cgroup: Arc<Mutex<Option<crate::cgroup::SandboxCgroup>>>,
 }
 
 /// How the VMM ending translates into how the sandbox ended.
@@ -109,7 +123,36 @@ impl MicrovmSandbox {
             net_spec: spec.network.clone(),
             adopted_net: false,
             template: Mutex::new(None),
+            jail_policy: None,
+            jail_reads: Mutex::new(Vec::new()),
+            jail: Mutex::new(None),
+            vmm_view: Mutex::new(None),
+            adopted_cgroup: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Runs this sandbox's VMM in a jail of `policy` (jail.rs) that shows it `reads`.
+    pub(super) fn with_jail(mut self, policy: Option<JailPolicy>, reads: Vec<PathBuf>) -> Self {
+        self.jail_policy = policy;
+        *lock(&self.jail_reads) = reads;
+        self
+    }
+
+    pub(super) fn jail_policy(&self) -> Option<JailPolicy> {
+        self.jail_policy
+    }
+
+    /// `host`, a path in the sandbox's directories, as its VMM names it (jail_pooled.rs).
+    pub(super) fn in_vmm(&self, host: &std::path::Path) -> PathBuf {
+        match &*lock(&self.vmm_view) {
+            Some(view) => view.in_vmm(host),
+            None => host.to_path_buf(),
+        }
+    }
+
+    /// The running VMM's uid when it is jailed.
+    pub(super) fn jail_uid(&self) -> Option<u32> {
+        lock(&self.jail).as_ref().map(VmmJail::uid)
     }
 
     /// A VMM another process started detached and that still runs (checked by the caller):
@@ -144,13 +187,22 @@ impl MicrovmSandbox {
             .exists();
         *lock(&sandbox.pid) = Some(handle.pid);
         *lock(&sandbox.handle) = Some(handle.clone());
-        let (stopping, exit, vmm_log) = (
+        *lock(&sandbox.adopted_cgroup) = super::jail::leftover_cgroup(&handle.id);
+        let (stopping, exit, vmm_log, cgroup) = (
             sandbox.stopping.clone(),
             sandbox.exit.clone(),
             sandbox.paths.vmm_log.clone(),
+            sandbox.adopted_cgroup.clone(),
         );
+        let id = handle.id.clone();
         tokio::spawn(async move {
             crate::detach::exited(pidfd).await;
+            // Its cgroup goes with it (the VMM we started lose theirs at destroy, with
+            // their jail; nothing else removes this one).
+            let left = lock(&cgroup).take();
+            if let Some(Err(e)) = left.map(|c| c.remove()) {
+                tracing::warn!(sandbox = %id, "removing the adopted VMM's cgroup: {e}");
+            }
             exit.set(if stopping.load(Ordering::SeqCst) {
                 SandboxExit::Destroyed
             } else {
@@ -238,7 +290,8 @@ impl MicrovmSandbox {
             problem,
         };
         let exchange = async {
-            let mut stream = tokio::net::UnixStream::connect(&self.paths.control)
+            // Not through a link: a jailed VMM owns the socket's directory.
+            let mut stream = crate::nofollow::connect_unix(&self.paths.control)
                 .await
                 .map_err(|e| fail(e.to_string()))?;
             let mut line = serde_json::to_vec(request).map_err(|e| fail(e.to_string()))?;
@@ -333,12 +386,30 @@ impl Sandbox for MicrovmSandbox {
         if let Some(file) = &netns {
             network::join_netns(&mut command, file);
         }
-        let child = command
+        // After the namespace is open (the TAP in it is handed to the jail's uid).
+        let jail = self.prepare_jail(&mut command, netns.as_ref())?;
+        // A fork's memory: a descriptor of the parent's memfd, kept open until the spawn.
+        let inherited = self.snap.take_restore_fd();
+        if let Some(fd) = &inherited {
+            snapshot::inherit_fd(&mut command, fd);
+        }
+        let spawned = command
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2)
             .spawn()
-            .map_err(|e| Error::io(RT, format!("starting {}", self.vmm.display()), e))?;
+            .map_err(|e| Error::io(RT, format!("starting {}", self.vmm.display()), e));
+        drop(inherited);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(jail) = jail {
+                    let _ = jail.release();
+                }
+                return Err(e);
+            }
+        };
+        *lock(&self.jail) = jail;
         let pid = child.id().unwrap_or(0);
         self.supervise(child, pid).await
     }
@@ -436,7 +507,12 @@ impl Sandbox for MicrovmSandbox {
                 }
             }
         }
-        let removed = remove_files(&self.dirs, &self.id);
+        // The VMM is gone (or as gone as it gets): its cgroup goes, its uid is freed.
+        let jail = lock(&self.jail).take();
+        let released = jail.map_or(Ok(()), VmmJail::release);
+        let adopted = lock(&self.adopted_cgroup).take();
+        let released = released.and(adopted.map_or(Ok(()), |c| c.remove()));
+        let removed = remove_files(&self.dirs, &self.id).and(released);
         let net = lock(&self.net).take();
         let removed = match net {
             // After the VMM is gone: the namespace goes, and the TAP with it.
@@ -464,6 +540,36 @@ fn vsock_connector(
 }
 
 impl MicrovmSandbox {
+    /// With a jail policy: the jail of this start (uid, cgroup, binds), `--jail` added to
+    /// `command`. The create fails here, with [`crate::Error::Jail`], if it cannot be made.
+    fn prepare_jail(
+        &self,
+        command: &mut tokio::process::Command,
+        netns: Option<&std::fs::File>,
+    ) -> Result<Option<VmmJail>> {
+        let Some(policy) = &self.jail_policy else {
+            return Ok(None);
+        };
+        let reads = lock(&self.jail_reads).clone();
+        let run_dir = self.dirs.sandbox_run_dir(&self.id);
+        let inputs = JailInputs {
+            id: &self.id,
+            run_dir: &run_dir,
+            state_dir: &self.paths.state_dir,
+            reads: &reads,
+            vcpus: self.vcpus,
+            memory_mib: self.memory_mib,
+            netns,
+        };
+        let jail = VmmJail::prepare(policy, &inputs)?;
+        if let Err(e) = jail.apply(command) {
+            let _ = jail.release();
+            return Err(e.into());
+        }
+        tracing::info!(sandbox = %self.id, uid = jail.uid(), "sandcell-vmm starts jailed");
+        Ok(Some(jail))
+    }
+
     /// Makes the started VMM `child` (pid `pid`) this sandbox's: its pid and handle, the
     /// task that learns its end, then waits for the agent to answer.
     async fn supervise(&self, mut child: tokio::process::Child, pid: u32) -> Result<()> {

@@ -57,6 +57,9 @@ pub(super) struct SnapState {
     next_top: AtomicU32,
     /// The next start runs `sandcell-vmm` with these arguments instead of `--config`.
     restore_args: Mutex<Option<Vec<OsString>>>,
+    /// A jailed restore of a fork: the parent's memfd, which the VMM reopens through
+    /// `/proc/self/fd` (it cannot reach the parent's `/proc` from its jail).
+    restore_fd: Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 impl SnapState {
@@ -68,17 +71,57 @@ impl SnapState {
             top: Mutex::new(top.to_path_buf()),
             next_top: AtomicU32::new(1),
             restore_args: Mutex::new(None),
+            restore_fd: Mutex::new(None),
         }
     }
 
     pub(super) fn take_restore_args(&self) -> Option<Vec<OsString>> {
         lock(&self.restore_args).take()
     }
+
+    pub(super) fn take_restore_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        lock(&self.restore_fd).take()
+    }
+}
+
+/// Lets the VMM started by `cmd` inherit `fd` (at the same number): std opens every file
+/// close-on-exec, and the flag is cleared in the child only.
+pub(super) fn inherit_fd(cmd: &mut tokio::process::Command, fd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let raw = fd.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and makes one system call
+    // (fcntl, async-signal-safe) on a descriptor the parent keeps open until the spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(raw, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A jailed VMM writes its snapshot in its own state dir (the destination is not in its
+/// jail): a fresh directory there, the VMM's, for the two files.
+fn jailed_snapshot_dir(sb: &MicrovmSandbox, uid: u32) -> Result<PathBuf> {
+    let n = sb.snap.next_top.fetch_add(1, Ordering::SeqCst);
+    let name = format!("snapshot.{n}");
+    Ok(super::super::jail::vmm_dir(
+        &sb.paths.vmm_state_dir,
+        &name,
+        uid,
+    )?)
 }
 
 /// The `sandcell-vmm` arguments that restore a snapshot (`state`, `memory`, its disk
-/// `layers` where they are now) into a sandbox with `paths`.
-fn restore_args(state: &Path, memory: &Path, layers: &[PathBuf], paths: &Paths) -> Vec<OsString> {
+/// `layers` and `base` where they are now) into a sandbox with `paths`. The base is named
+/// too: the saving VMM may have seen it elsewhere (a pooled jailed VMM reads a link).
+fn restore_args(
+    state: &Path,
+    memory: &Path,
+    (layers, base): (&[PathBuf], Option<&Path>),
+    paths: &Paths,
+) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     let mut push = |flag: &str, value: &Path| {
         args.push(flag.into());
@@ -90,6 +133,9 @@ fn restore_args(state: &Path, memory: &Path, layers: &[PathBuf], paths: &Paths) 
     push("--disk-overlay", &paths.overlay);
     for layer in layers {
         push("--disk-layer", layer);
+    }
+    if let Some(base) = base {
+        push("--disk-base", base);
     }
     push("--serial-log", &paths.console);
     push("--control-socket", &paths.control);
@@ -106,6 +152,15 @@ async fn take(
 ) -> Result<SnapshotHandle> {
     sb.require_running("snapshot")?;
     let network = sb.has_network("snapshot")?;
+    if sb.paths.jailed && sb.jail_uid().is_none() {
+        return Err(Error::Unsupported {
+            runtime: RT,
+            op: "snapshot",
+            why: "this jailed sandbox was adopted after a daemon restart: its VMM's jail \
+                  (uid, binds) is not re-adopted yet"
+                .into(),
+        });
+    }
     let io = |what: String| move |e| Error::io(RT, what, e);
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
@@ -115,25 +170,57 @@ async fn take(
         dest.display()
     )))?;
     let (state_path, mem_path) = (dest.join(STATE_FILE), dest.join(MEM_FILE));
+    let jailed = match sb.jail_uid() {
+        Some(uid) => Some(jailed_snapshot_dir(sb, uid)?),
+        None => None,
+    };
+    let written = jailed.as_deref().unwrap_or(dest);
     let old_top = lock(&sb.snap.top).clone();
     let new_top = freeze_disk.then(|| {
         let n = sb.snap.next_top.fetch_add(1, Ordering::SeqCst);
-        sb.paths.state_dir.join(format!("disk.top.{n}"))
+        sb.paths.vmm_state_dir.join(format!("disk.top.{n}"))
     });
+    // Named as the VMM sees them (a pooled VMM sees its directories at the pool's paths).
     let request = ControlRequest::Snapshot {
-        state_path: state_path.clone(),
-        mem_path: mem_path.clone(),
+        state_path: sb.in_vmm(&written.join(STATE_FILE)),
+        mem_path: sb.in_vmm(&written.join(MEM_FILE)),
         mode: match kind {
             SnapshotKind::Full => SnapshotMode::Full,
             SnapshotKind::Fork => SnapshotMode::Fork,
         },
-        disk_new_top: new_top.clone(),
+        disk_new_top: new_top.as_deref().map(|top| sb.in_vmm(top)),
     };
-    sb.control_within(&request, SNAPSHOT_TIMEOUT).await?;
+    let answered = sb.control_within(&request, SNAPSHOT_TIMEOUT).await;
+    // Where the frozen top is from now on.
+    let mut frozen = old_top;
+    if let Some(from) = &jailed {
+        if let Err(e) = answered {
+            let _ = crate::util::remove_dir_all_if_exists(from);
+            return Err(e);
+        }
+        let fork_owner = (kind == SnapshotKind::Fork).then(|| sb.pid()).flatten();
+        let moved = super::super::jail::move_out(from, dest, STATE_FILE, MEM_FILE, fork_owner);
+        // Removed without following links (std's remove_dir_all): whatever was refused.
+        let _ = crate::util::remove_dir_all_if_exists(from);
+        if let Err(e) = moved {
+            let _ = crate::util::remove_dir_all_if_exists(dest);
+            return Err(e.into());
+        }
+        if new_top.is_some() {
+            // Frozen now, and read by restores under other uids: out of the VMM's reach.
+            let name = frozen.file_name().unwrap_or_default().to_owned();
+            frozen = super::super::jail::take_layer(
+                &sb.paths.vmm_state_dir,
+                &name,
+                &sb.paths.state_dir,
+            )?;
+        }
+    }
+    answered?;
     let layers = {
         let mut layers = lock(&sb.snap.layers);
         if let Some(new_top) = new_top {
-            layers.push(old_top);
+            layers.push(frozen);
             *lock(&sb.snap.top) = new_top;
         }
         layers.clone()
@@ -235,8 +322,8 @@ pub(super) async fn fork(
         spec.outlive_owner = sb.outlive_owner;
         spec.network = sb.network_spec();
         let (dirs, vmm, nets) = (sb.dirs.clone(), sb.vmm.clone(), sb.nets.clone());
-        let handle = handle.clone();
-        restores.spawn(async move { restore_new(&dirs, &vmm, &nets, &handle, spec).await });
+        let (handle, jail) = (handle.clone(), sb.jail_policy());
+        restores.spawn(async move { restore_new(&dirs, &vmm, &nets, jail, &handle, spec).await });
     }
     let mut children: Vec<Box<dyn Sandbox>> = Vec::with_capacity(count);
     let mut first: Option<Error> = None;
@@ -265,16 +352,18 @@ pub(in crate::microvm) async fn restore_new(
     dirs: &Dirs,
     vmm: &Path,
     nets: &sandcell_net::NetRegistry,
+    jail: Option<super::super::jail::JailPolicy>,
     snapshot: &SnapshotHandle,
     restore: RestoreSpec,
 ) -> Result<MicrovmSandbox> {
     let SnapshotFiles::Microvm {
         state,
         memory,
+        disk_base,
         disk_layers,
         disk_top,
         network: has_net_device,
-        ..
+        memory_owner_pid,
     } = &snapshot.files
     else {
         return Err(Error::InvalidSpec {
@@ -322,7 +411,7 @@ pub(in crate::microvm) async fn restore_new(
     spec.env = snapshot.env.clone();
     spec.boot_timeout = restore.boot_timeout;
     spec.outlive_owner = restore.outlive_owner;
-    let paths = Paths::new(dirs, &spec.id);
+    let paths = Paths::layout(dirs, &spec.id, jail.is_some());
     // Made first, as for a create: on failure nothing else exists yet.
     let net = match &spec.network {
         Some(n) => Some(network::create(nets, &spec.id, n).await?),
@@ -335,7 +424,8 @@ pub(in crate::microvm) async fn restore_new(
         }
         return Err(e);
     }
-    let sandbox = MicrovmSandbox::new(dirs.clone(), vmm.to_path_buf(), nets.clone(), &spec, paths);
+    let sandbox = MicrovmSandbox::new(dirs.clone(), vmm.to_path_buf(), nets.clone(), &spec, paths)
+        .with_jail(jail, Vec::new());
     if let Some(net) = net {
         // The VMM starts in its namespace, where the TAP has the name the VM state names.
         sandbox.set_network(net);
@@ -353,8 +443,22 @@ pub(in crate::microvm) async fn restore_new(
                 problem: "an unfrozen paused disk top (an older pause): cannot be restored".into(),
             });
         }
-        *lock(&sandbox.snap.restore_args) =
-            Some(restore_args(state, memory, disk_layers, &sandbox.paths));
+        let memory = match jail {
+            Some(_) => jailed_restore_files(
+                &sandbox,
+                state,
+                (memory, *memory_owner_pid),
+                disk_base,
+                disk_layers,
+            )?,
+            None => memory.clone(),
+        };
+        *lock(&sandbox.snap.restore_args) = Some(restore_args(
+            state,
+            &memory,
+            (disk_layers, disk_base.as_deref()),
+            &sandbox.paths,
+        ));
         sandbox.start().await?;
         // The guest still has its source's address, gateway and resolver: the agent
         // readdresses eth0 before anyone else talks to it.
@@ -371,6 +475,78 @@ pub(in crate::microvm) async fn restore_new(
         });
     }
     Ok(sandbox)
+}
+
+/// What a jailed restore's VMM reads, bound into its jail and readable by its uid (the
+/// snapshot may come from an unjailed VMM: its files were root's alone). Returns the path
+/// the VMM is to open the memory at: a fork's is the parent's memfd, passed as a descriptor.
+/// `memory` comes with the pid of the VMM whose memfd a fork's memory link names.
+fn jailed_restore_files(
+    sb: &MicrovmSandbox,
+    state: &Path,
+    (memory, memory_owner): (&Path, Option<u32>),
+    base: &Option<PathBuf>,
+    layers: &[PathBuf],
+) -> Result<PathBuf> {
+    use super::super::jail::{hand_over, private_dir};
+    let mut reads: Vec<PathBuf> = vec![state.to_path_buf()];
+    let is_link = std::fs::symlink_metadata(memory).is_ok_and(|m| m.file_type().is_symlink());
+    let memory_arg = if is_link {
+        let fd = open_fork_memory(memory, memory_owner)?;
+        let arg = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&fd)
+        ));
+        *lock(&sb.snap.restore_fd) = Some(fd);
+        arg
+    } else {
+        reads.push(memory.to_path_buf());
+        memory.to_path_buf()
+    };
+    reads.extend(layers.iter().cloned());
+    for file in &reads {
+        hand_over(file)?;
+        if let Some(dir) = file.parent() {
+            private_dir(dir)?;
+        }
+    }
+    reads.extend(base.iter().cloned());
+    *lock(&sb.jail_reads) = reads;
+    Ok(memory_arg)
+}
+
+/// Opens a fork's memory through its link, which the parent VMM wrote (a jailed one could
+/// have been taken over by its guest): only a link to one of that VMM's descriptors
+/// (`/proc/<owner>/fd/<n>`) is followed, and only a memfd is kept, so a restore never maps
+/// a host file the link was turned to.
+fn open_fork_memory(memory: &Path, owner: Option<u32>) -> Result<std::os::fd::OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::fs::read_link(memory)
+        .map_err(|e| Error::io(RT, format!("reading the link {}", memory.display()), e))?;
+    let refused = || super::super::jail::JailError::BadMemoryLink {
+        path: memory.to_path_buf(),
+        target: target.to_string_lossy().into_owned(),
+        owner,
+    };
+    let linked = owner.is_some_and(|pid| {
+        super::super::jail::is_fork_memory_link(target.as_os_str().as_bytes(), pid)
+    });
+    if !linked {
+        return Err(refused().into());
+    }
+    let file = std::fs::File::open(memory)
+        .map_err(|e| Error::io(RT, format!("opening {}", memory.display()), e))?;
+    let fd = std::os::fd::OwnedFd::from(file);
+    // Our own descriptor table: what the descriptor is, as the kernel names it.
+    let opened = std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ))
+    .unwrap_or_default();
+    if !opened.as_os_str().as_bytes().starts_with(b"/memfd:") {
+        return Err(refused().into());
+    }
+    Ok(fd)
 }
 
 /// Sends the agent `/init` with only `sandcellNet` (its other fields are the caller's).
@@ -409,7 +585,10 @@ mod tests {
         let args = restore_args(
             Path::new("/s/vm.state"),
             Path::new("/s/vm.mem"),
-            &[PathBuf::from("/s/disk.layer.0")],
+            (
+                &[PathBuf::from("/s/disk.layer.0")],
+                Some(Path::new("/i/rootfs.ext4")),
+            ),
             &paths,
         );
         let args: Vec<String> = args
@@ -429,6 +608,8 @@ mod tests {
                 "/d/sandboxes/sc-2/disk.overlay",
                 "--disk-layer",
                 "/s/disk.layer.0",
+                "--disk-base",
+                "/i/rootfs.ext4",
                 "--serial-log",
                 "/r/sc-2/console.log",
                 "--control-socket",
@@ -478,7 +659,7 @@ mod tests {
         let spec = RestoreSpec::new("sc-restored".into());
         let nets = sandcell_net::NetRegistry::new();
         let vmm = Path::new("/nonexistent/vmm");
-        let err = match restore_new(&dirs, vmm, &nets, &handle, spec).await {
+        let err = match restore_new(&dirs, vmm, &nets, None, &handle, spec).await {
             Ok(_) => panic!("restored a networked VM without a network"),
             Err(e) => e.to_string(),
         };

@@ -12,6 +12,10 @@
 //! none leaks: dropping the pool kills its idle VMMs, and a new pool kills the idle VMMs
 //! that a previous pool in the same run dir left behind (a daemon killed with -9), checked
 //! by their command line naming the slot's socket (a reused pid would not).
+//!
+//! With the jail on, an idle VMM is jailed from its start (jail_pooled.rs): its control
+//! socket is in the slot's `vmm/` directory, and it has a second slot directory, for the
+//! disk top and snapshots, under `<data-dir>/sandboxes/.vmm-pool/<slot>/vmm`.
 
 use crate::util::{kill_pid, remove_dir_all_if_exists};
 use crate::{Dirs, Error, Result};
@@ -23,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::RT;
+use super::jail::{JailPolicy, VMM_DIR, VmmJail};
 
 /// The pool directory's name under the run dir (a leading dot: never a sandbox id).
 const POOL_DIR: &str = ".vmm-pool";
@@ -34,11 +39,16 @@ pub(super) struct PooledVmm {
     pub(super) child: tokio::process::Child,
     pub(super) pid: u32,
     pub(super) slot: PathBuf,
+    /// Jailed: its jail, and the slot's state directory (its `vmm/` is the VMM's).
+    pub(super) jail: Option<(VmmJail, PathBuf)>,
 }
 
 impl PooledVmm {
     pub(super) fn control(&self) -> PathBuf {
-        self.slot.join("control.sock")
+        match self.jail {
+            Some(_) => self.slot.join(VMM_DIR).join("control.sock"),
+            None => self.slot.join("control.sock"),
+        }
     }
 
     pub(super) fn log(&self) -> PathBuf {
@@ -49,6 +59,13 @@ impl PooledVmm {
     pub(super) fn discard(self) {
         kill_pid(self.pid, libc::SIGKILL);
         let _ = remove_dir_all_if_exists(&self.slot);
+        if let Some((jail, state_slot)) = self.jail {
+            let _ = remove_dir_all_if_exists(&state_slot);
+            // Kills what is left in its cgroup and removes it; the uid is free after.
+            if let Err(e) = jail.release() {
+                tracing::warn!("warm VMM pool: {e}");
+            }
+        }
         // Dropping the Child lets tokio reap it in the background.
     }
 }
@@ -56,6 +73,9 @@ impl PooledVmm {
 pub(super) struct WarmPool {
     vmm: PathBuf,
     dir: PathBuf,
+    /// Where jailed slots keep their state directories.
+    state_dir: PathBuf,
+    jail: Option<JailPolicy>,
     size: usize,
     idle: Mutex<VecDeque<PooledVmm>>,
     next: AtomicU64,
@@ -66,12 +86,20 @@ pub(super) struct WarmPool {
 impl WarmPool {
     /// A pool of `size` idle VMMs under `dirs.run`, empty until the first [`WarmPool::take`].
     /// Kills what an earlier pool there left behind.
-    pub(super) fn new(dirs: &Dirs, vmm: &Path, size: usize) -> std::sync::Arc<WarmPool> {
+    pub(super) fn new(
+        dirs: &Dirs,
+        vmm: &Path,
+        size: usize,
+        jail: Option<JailPolicy>,
+    ) -> std::sync::Arc<WarmPool> {
         let dir = dirs.run.join(POOL_DIR);
-        kill_leftovers(&dir);
+        let state_dir = dirs.sandbox_state_dir(POOL_DIR);
+        kill_leftovers(&dir, &state_dir);
         std::sync::Arc::new(WarmPool {
             vmm: vmm.to_path_buf(),
             dir,
+            state_dir,
+            jail,
             size,
             idle: Mutex::new(VecDeque::new()),
             next: AtomicU64::new(0),
@@ -139,10 +167,12 @@ impl WarmPool {
             ));
         }
         let n = self.next.fetch_add(1, Ordering::SeqCst);
-        let slot = self.dir.join(format!("{}-{n}", std::process::id()));
+        let name = format!("{}-{n}", std::process::id());
+        let slot = self.dir.join(&name);
         let io = |what: String| move |e| Error::io(RT, what, e);
         remove_dir_all_if_exists(&slot).map_err(io(format!("clearing {}", slot.display())))?;
-        std::fs::create_dir_all(&slot).map_err(io(format!("creating {}", slot.display())))?;
+        crate::dirs::create_private_dir(&slot)
+            .map_err(io(format!("creating {}", slot.display())))?;
         let log_path = slot.join("vmm.log");
         let log = crate::util::open_log(&log_path)
             .map_err(io(format!("opening {}", log_path.display())))?;
@@ -151,23 +181,81 @@ impl WarmPool {
             .map_err(io("duplicating the log fd".into()))?;
         let mut command = tokio::process::Command::new(&self.vmm);
         crate::detach::detached(&mut command);
-        let child = command
+        let jail = match &self.jail {
+            Some(policy) => Some(self.jail_slot(policy, &name, &slot, &mut command)?),
+            None => None,
+        };
+        let control = match jail {
+            Some(_) => slot.join(VMM_DIR).join("control.sock"),
+            None => slot.join("control.sock"),
+        };
+        let spawned = command
             .arg("--wait-restore")
             .arg("--control-socket")
-            .arg(slot.join("control.sock"))
+            .arg(control)
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2)
-            .spawn()
-            .map_err(io(format!(
-                "starting {} --wait-restore",
-                self.vmm.display()
-            )))?;
+            .spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some((jail, state_slot)) = jail {
+                    let _ = remove_dir_all_if_exists(&state_slot);
+                    let _ = jail.release();
+                }
+                return Err(Error::io(
+                    RT,
+                    format!("starting {} --wait-restore", self.vmm.display()),
+                    e,
+                ));
+            }
+        };
         let pid = child.id().unwrap_or(0);
-        let pid_file = slot.join("vmm.pid");
-        std::fs::write(&pid_file, pid.to_string())
-            .map_err(io(format!("writing {}", pid_file.display())))?;
-        Ok(PooledVmm { child, pid, slot })
+        let vmm = PooledVmm {
+            child,
+            pid,
+            slot,
+            jail,
+        };
+        let pid_file = vmm.slot.join("vmm.pid");
+        if let Err(e) = std::fs::write(&pid_file, pid.to_string()) {
+            vmm.discard();
+            return Err(Error::io(RT, format!("writing {}", pid_file.display()), e));
+        }
+        Ok(vmm)
+    }
+
+    /// The jail of slot `name` (jail_pooled.rs), `--jail` added to `command`: its state
+    /// directory made, then the jail, undone on failure.
+    fn jail_slot(
+        &self,
+        policy: &JailPolicy,
+        name: &str,
+        slot: &Path,
+        command: &mut tokio::process::Command,
+    ) -> Result<(VmmJail, PathBuf)> {
+        let state_slot = self.state_dir.join(name);
+        remove_dir_all_if_exists(&state_slot)
+            .and_then(|()| crate::dirs::create_private_dir(&state_slot))
+            .map_err(|e| Error::io(RT, format!("creating {}", state_slot.display()), e))?;
+        let jailed =
+            super::jail::pooled::prepare(policy, &format!("pool-{name}"), slot, &state_slot)
+                .map_err(Error::from)
+                .and_then(|jail| match jail.apply(command) {
+                    Ok(()) => Ok(jail),
+                    Err(e) => {
+                        let _ = jail.release();
+                        Err(e.into())
+                    }
+                });
+        match jailed {
+            Ok(jail) => Ok((jail, state_slot)),
+            Err(e) => {
+                let _ = remove_dir_all_if_exists(&state_slot);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -204,21 +292,32 @@ async fn wait_ready(vmm: &PooledVmm) -> Result<()> {
 }
 
 /// Kills the idle VMMs of the slots under `dir` (whose command line still names the slot's
-/// socket) and removes the slots.
-fn kill_leftovers(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let slot = entry.path();
-        if let Some(pid) = std::fs::read_to_string(slot.join("vmm.pid"))
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            && is_pooled_vmm_of(pid, &slot)
-        {
-            kill_pid(pid, libc::SIGKILL);
+/// socket) and removes the slots, their state slots under `state_dir`, and their jails'
+/// cgroups.
+fn kill_leftovers(dir: &Path, state_dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let slot = entry.path();
+            if let Some(pid) = std::fs::read_to_string(slot.join("vmm.pid"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                && is_pooled_vmm_of(pid, &slot)
+            {
+                kill_pid(pid, libc::SIGKILL);
+            }
+            let _ = remove_dir_all_if_exists(&slot);
+            let cgroup = format!("pool-{}", entry.file_name().to_string_lossy());
+            if let Some(cgroup) = super::jail::leftover_cgroup(&cgroup)
+                && let Err(e) = cgroup.remove()
+            {
+                tracing::warn!("warm VMM pool: a leftover jail's cgroup: {e}");
+            }
         }
-        let _ = remove_dir_all_if_exists(&slot);
+    }
+    if let Ok(entries) = std::fs::read_dir(state_dir) {
+        for entry in entries.flatten() {
+            let _ = remove_dir_all_if_exists(&entry.path());
+        }
     }
 }
 
@@ -246,7 +345,7 @@ mod tests {
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         let dirs = Dirs::new(tmp.path().join("d"), tmp.path().join("r"));
-        let pool = WarmPool::new(&dirs, &script, 2);
+        let pool = WarmPool::new(&dirs, &script, 2, None);
         assert_eq!(pool.idle(), 0);
         pool.refill();
         assert_eq!(pool.idle(), 2);
@@ -281,7 +380,7 @@ mod tests {
         // A pid that is not a pooled VMM (this test process): must not be killed.
         std::fs::write(slot.join("vmm.pid"), std::process::id().to_string()).unwrap();
         assert!(!is_pooled_vmm_of(std::process::id(), &slot));
-        kill_leftovers(&tmp.path().join(POOL_DIR));
+        kill_leftovers(&tmp.path().join(POOL_DIR), &tmp.path().join("state"));
         assert!(!slot.exists());
     }
 }

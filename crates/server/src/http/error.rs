@@ -255,7 +255,8 @@ impl From<crate::networks::service::NetworkError> for ApiError {
             NetworkError::NetworksOff
             | NetworkError::Rules(_)
             | NetworkError::BadMask
-            | NetworkError::Transform(_) => ApiError::bad_request(e.to_string()),
+            | NetworkError::Transform(_)
+            | NetworkError::Proxy(_) => ApiError::bad_request(e.to_string()),
             NetworkError::UnknownNetwork(_) => ApiError::not_found(e.to_string()),
             NetworkError::Internal(e) => e.into(),
         }
@@ -295,9 +296,59 @@ impl From<crate::volumes::service::VolumeError> for ApiError {
             VolumeError::Exists(_) | VolumeError::InUse { .. } | VolumeError::Refused(_) => {
                 ApiError::conflict(e.to_string())
             }
+            // The bucket's endpoint, its S3 keys and messages, the other daemon's host: the
+            // operator's to read (logged in the request's span, with its id), not the tenant's.
             VolumeError::Storage(_) => {
                 tracing::error!("{e}");
-                ApiError::bad_gateway(e.to_string())
+                ApiError::bad_gateway("volume storage failed; try again later")
+            }
+            VolumeError::AlreadyHere(_) => ApiError::conflict(e.to_string()),
+            VolumeError::LeaseLost(_) => {
+                tracing::error!("{e}");
+                ApiError::conflict("the volume is mounted on another node")
+            }
+            VolumeError::Shared(s) => {
+                use crate::volumes::bucket::BucketError;
+                use crate::volumes::shared::SharedError;
+                match s {
+                    SharedError::Held { .. } => {
+                        tracing::warn!("{s}");
+                        ApiError::conflict(
+                            "the volume is mounted on another node (one node at a time); \
+                             try again once it is unmounted there",
+                        )
+                    }
+                    SharedError::Diverged { .. } => {
+                        tracing::error!("{s}");
+                        ApiError::conflict(
+                            "the volume has changes on this node that were never published, \
+                             and another node published newer ones: not mounted here",
+                        )
+                    }
+                    // The volume is not there, or not the caller's to adopt: alike.
+                    SharedError::NoMetadata(id) | SharedError::BadToken(id) => {
+                        ApiError::not_found(VolumeError::NotFound(id).to_string())
+                    }
+                    SharedError::Bucket(BucketError::Unreachable { .. }) => {
+                        tracing::warn!("{s}");
+                        ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "volume storage unavailable; try again later",
+                        )
+                    }
+                    _ => {
+                        tracing::error!("{s}");
+                        ApiError::bad_gateway("volume storage failed; try again later")
+                    }
+                }
+            }
+            VolumeError::OwnStorage(s) => {
+                if s.is_client() {
+                    ApiError::bad_request(s.to_string())
+                } else {
+                    tracing::error!("{s}");
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, s.to_string())
+                }
             }
             VolumeError::Host(e) => e.into(),
         }
@@ -395,6 +446,42 @@ mod tests {
             e.message,
             "4xx messages are left as they are"
         );
+    }
+
+    #[test]
+    fn volume_storage_details_stay_in_the_log() {
+        use crate::volumes::bucket::BucketError;
+        use crate::volumes::service::VolumeError;
+        use crate::volumes::shared::SharedError;
+        let answer = |e: SharedError| ApiError::from(VolumeError::from(e));
+        let e = answer(SharedError::Held {
+            id: "vol-1".into(),
+            holder: "daemon-abc".into(),
+            host: "node7.internal".into(),
+            secs: 30,
+        });
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        assert!(!e.message.contains("node7") && !e.message.contains("daemon-abc"));
+        let e = answer(
+            BucketError::Unreachable {
+                endpoint: "http://10.0.0.5:8333".into(),
+                detail: "error sending request: connection refused".into(),
+            }
+            .into(),
+        );
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.message, "volume storage unavailable; try again later");
+        let e = answer(
+            BucketError::Status {
+                method: "PUT",
+                key: "vol-1/sandcell-meta/lease.json".into(),
+                status: 500,
+                message: "InternalError: disk".into(),
+            }
+            .into(),
+        );
+        assert_eq!(e.status, StatusCode::BAD_GATEWAY);
+        assert!(!e.message.contains("lease.json") && !e.message.contains("InternalError"));
     }
 
     #[test]

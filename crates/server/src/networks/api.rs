@@ -13,6 +13,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use sandcell_runtime::net::rules::Rules;
+use sandcell_runtime::net::tunnel::EgressProxy;
 use sandcell_runtime::net::{DeniedLog, EgressSpec, SandboxNet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -49,6 +50,12 @@ pub struct NetworkConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub rules: Option<Rules>,
+    /// E2B's `egressProxy`: `{"address": "host:port", "username"?, "password"?}`, a SOCKS5
+    /// proxy all of the sandbox's allowed outbound TCP goes through (docs/networks.md).
+    /// Shown without its password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub egress_proxy: Option<EgressProxy>,
 }
 
 /// `PUT /sandboxes/{id}/network`: the new rules, replacing all of the old (an omitted field
@@ -66,6 +73,11 @@ pub struct NetworkUpdate {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub rules: Option<Rules>,
+    /// As a create's `network.egressProxy`; omitted: no proxy (E2B: "omitting a field
+    /// clears it").
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub egress_proxy: Option<EgressProxy>,
 }
 
 /// What the rules of a sandbox refused (our extension).
@@ -147,12 +159,17 @@ pub async fn set_network(
     };
     app.lifecycle.networks.check_rules(&egress)?;
     let net = sandbox_net(&app, &caller, &id).await?;
-    net.set_policy(&egress).await.map_err(|e| match e {
-        // The same check again in sandcell-net (the host's addresses may have changed).
+    let proxy = body.egress_proxy.as_ref();
+    net.set_egress(&egress, proxy).await.map_err(|e| match e {
+        // The same check again in sandcell-net (the host's addresses may have changed);
+        // the proxy's address is checked there only.
         sandcell_runtime::net::Error::Policy(p) => ApiError::bad_request(p.to_string()),
+        sandcell_runtime::net::Error::Proxy(p) => ApiError::bad_request(p.to_string()),
         e => ApiError::internal(format!("sandbox {id}: replacing its rules: {e}")),
     })?;
     service::store_egress(&app.db, &id, &egress).await?;
+    let ring = app.secrets.key_ring();
+    crate::networks::egress_proxy::record(&app.db, Some(&ring), &id, proxy).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -53,6 +53,9 @@ pub enum NetworkError {
          {MAX_MASK} visible ASCII characters"
     )]
     BadMask,
+    /// A refused `network.egressProxy`.
+    #[error(transparent)]
+    Proxy(#[from] sandcell_runtime::net::tunnel::ProxyError),
     #[error(transparent)]
     Internal(#[from] Error),
 }
@@ -107,6 +110,8 @@ pub struct Networks {
     /// (`allowPublicTraffic: false`) or a Host mask: read on every proxied request, so kept
     /// in memory (and in the database for restarts).
     traffic: Mutex<HashMap<String, PortAccess>>,
+    /// Seals the egress proxy passwords (the secrets' ring; `None` in unit tests).
+    key_ring: Option<std::sync::Arc<crate::secrets::crypto::KeyRing>>,
 }
 
 fn net_error(what: &str) -> impl FnOnce(sandcell_runtime::net::Error) -> Error + '_ {
@@ -135,7 +140,22 @@ impl Networks {
             peers: Mutex::new(PeerMap::new()),
             refresh: tokio::sync::Mutex::new(()),
             traffic: Mutex::new(HashMap::new()),
+            key_ring: None,
         }
+    }
+
+    /// Egress proxy passwords are sealed with `ring` (the secrets key ring).
+    pub fn with_key_ring(
+        mut self,
+        ring: std::sync::Arc<crate::secrets::crypto::KeyRing>,
+    ) -> Networks {
+        self.key_ring = Some(ring);
+        self
+    }
+
+    /// The ring egress proxy passwords are sealed with.
+    pub fn key_ring(&self) -> Option<&crate::secrets::crypto::KeyRing> {
+        self.key_ring.as_deref()
     }
 
     pub fn settings(&self) -> Option<&NetSettings> {
@@ -247,6 +267,8 @@ pub struct NetRequest {
     /// `maskRequestHost`: the Host its ports' requests get (`${PORT}`: the port).
     pub mask_request_host: Option<String>,
     pub egress: EgressSpec,
+    /// E2B's `egressProxy`, checked.
+    pub egress_proxy: Option<sandcell_runtime::net::tunnel::EgressProxy>,
     /// Private networks to join.
     pub join: Vec<String>,
 }
@@ -278,6 +300,10 @@ impl Networks {
             rules: network.and_then(|n| n.rules.clone()).unwrap_or_default(),
         };
         self.check_rules(&egress)?;
+        let egress_proxy = network.and_then(|n| n.egress_proxy.clone());
+        if let (Some(p), Some(s)) = (&egress_proxy, self.settings()) {
+            crate::networks::egress_proxy::check(&s.config.destinations(), p).await?;
+        }
         for name in &join {
             if !network_exists(db, key_id, name).await? {
                 return Err(NetworkError::UnknownNetwork(name.clone()));
@@ -300,6 +326,7 @@ impl Networks {
             traffic_token,
             mask_request_host,
             egress,
+            egress_proxy,
             join,
         }))
     }
@@ -345,6 +372,13 @@ impl Networks {
             req.mask_request_host.as_deref(),
         )
         .await?;
+        crate::networks::egress_proxy::record(
+            db,
+            self.key_ring(),
+            sandbox,
+            req.egress_proxy.as_ref(),
+        )
+        .await?;
         self.remember(
             sandbox,
             PortAccess {
@@ -383,7 +417,12 @@ impl Networks {
         let Some(s) = self.settings() else {
             return Ok(None);
         };
-        Ok(egress_of(db, sandbox).await?.map(|egress| NetworkSpec {
+        let Some(egress) = egress_of(db, sandbox).await? else {
+            return Ok(None);
+        };
+        // With an egress proxy: nothing out until `started` puts it in force.
+        let egress = crate::networks::egress_proxy::starting_egress(db, sandbox, egress).await?;
+        Ok(Some(NetworkSpec {
             egress,
             config: s.config.clone(),
         }))
@@ -420,6 +459,7 @@ impl Networks {
         })?;
         db.record_sandbox_net_id(sandbox, &net.network().id, &egress)
             .await?;
+        crate::networks::egress_proxy::restore(db, self.key_ring(), sandbox, &net).await?;
         // A resume (same id) gets its token back: [`Networks::ended`] forgot it at the
         // pause, and without it the resumed sandbox's ports would open to anyone.
         if let Some(row) = db.sandbox_network(sandbox).await? {
@@ -503,12 +543,15 @@ impl Networks {
         self.remember(sandbox, PortAccess::of(&row));
         let egress = row.egress;
         let egress: EgressSpec = serde_json::from_str(&egress).unwrap_or_default();
+        let egress = crate::networks::egress_proxy::starting_egress(db, sandbox, egress).await?;
         match self
             .registry
             .adopt(&s.config, sandbox, &net_id, &egress)
             .await
         {
-            Ok(Some(_)) => Ok(()),
+            Ok(Some(net)) => {
+                crate::networks::egress_proxy::restore(db, self.key_ring(), sandbox, &net).await
+            }
             Ok(None) => {
                 tracing::warn!("the network {net_id} of sandbox {sandbox} is gone");
                 Ok(())

@@ -418,6 +418,8 @@ pub async fn get_sandbox(
     let row = addressable_of(&app, &caller, &id).await?;
     let life = app.db.sandbox_lifecycle(&id).await?;
     let listed = listed_json(&row);
+    // Without its password, which the API never returns.
+    let egress_proxy = crate::networks::egress_proxy::shown(&app.db, &id).await?;
     Ok(Json(SandboxDetail {
         pause_mode: match listed.state {
             SandboxState::Paused if app.lifecycle.paused_files_only(&id).await => {
@@ -453,6 +455,7 @@ pub async fn get_sandbox(
                 allow_public_traffic: Some(app.lifecycle.networks.traffic_token(&id).is_none()),
                 mask_request_host: app.lifecycle.networks.mask_request_host(&id),
                 rules: Some(e.rules),
+                egress_proxy,
             }),
     }))
 }

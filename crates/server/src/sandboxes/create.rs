@@ -162,9 +162,13 @@ impl SandboxService {
         plan.volumes = mounts;
         // A plain image template at the default size: an idle sandbox of the warm pool
         // (sandboxes/warm.rs) becomes this one, under its own id.
+        // Not with an egressProxy: a pooled network gets the request's rules before `/init`
+        // and the proxy only after it, so its processes could connect directly in between;
+        // a booted create starts with the proxy in force.
         let warm = (template.e2b.is_none()
             && template.memory_snapshot.is_none()
             && plan.volumes.is_empty()
+            && net_req.as_ref().is_none_or(|n| n.egress_proxy.is_none())
             && self.warm_fits(&plan.row.template_id, plan.row.vcpus, plan.row.memory_mib))
         .then(|| self.take_warm())
         .flatten();

@@ -168,7 +168,7 @@ impl SandboxService {
             data_dir: dirs.data.clone(),
         });
         SandboxService {
-            volumes: Arc::new(crate::volumes::service::Volumes::new(db.clone(), None)),
+            volumes: Arc::new(crate::volumes::service::Volumes::off(db.clone())),
             admission: config.admission,
             host,
             db,

@@ -21,7 +21,7 @@
 //! (`sandcell_warm_pool_misses_total`).
 
 use crate::error::Error;
-use crate::sandboxes::error::SandboxError;
+use crate::sandboxes::error::{InitError, SandboxError};
 use crate::sandboxes::service::{
     DEFAULT_MEMORY_MIB, DEFAULT_VCPUS, DESTROY_TIMEOUT, SandboxService, lock, resolve_template,
 };
@@ -41,6 +41,8 @@ const STOP_WAIT: Duration = Duration::from_secs(30);
 
 /// How often a pool whose template is not installed looks again.
 const TEMPLATE_MISSING_RECHECK: Duration = Duration::from_secs(30);
+/// How long an idle sandbox's agent has to take the egress CA ([`preinstall_egress_ca`]).
+const PREINSTALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `serve --warm`, `--warm-memory`, `--warm-template` (the daemon's default is 2 idle
 /// sandboxes; this struct's, for services made in tests, none).
@@ -209,6 +211,11 @@ impl SandboxService {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
             return Err(Error::from(e).into());
         }
+        if let Err(e) = preinstall_egress_ca(&sandbox).await {
+            // Started with a network: both go (destroy_warm releases it too).
+            self.destroy_warm(sandbox);
+            return Err(e);
+        }
         Ok(sandbox)
     }
 
@@ -290,6 +297,34 @@ impl SandboxService {
             let _ = tokio::time::timeout(DESTROY_TIMEOUT, sb.destroy()).await;
             let _ = self.networks.registry().release(sb.id()).await;
         }
+    }
+}
+
+/// The egress CA (when the daemon intercepts TLS to inject secrets) into the idle
+/// sandbox's trust store, ahead of the create: the agent rewrites the store only when the
+/// CA differs, so the create's own `/init`, which sends it again, skips the ~9 ms this
+/// takes under gVisor. This `/init` carries nothing else: no identity, token or env, which
+/// the create's `/init` gives.
+async fn preinstall_egress_ca(sandbox: &Arc<dyn Sandbox>) -> Result<(), SandboxError> {
+    let Some(ca) = sandcell_runtime::net::intercept::sandbox_ca_pem() else {
+        return Ok(());
+    };
+    let body = serde_json::json!({ "sandcellCaBundle": ca });
+    let answer = tokio::time::timeout(
+        PREINSTALL_TIMEOUT,
+        crate::http::proxy::post_json(sandbox, sandcell_runtime::AGENT_PORT, "/init", &body),
+    )
+    .await;
+    let id = sandbox.id().to_string();
+    match answer {
+        Ok(Ok((status, _))) if status.is_success() => Ok(()),
+        Ok(Ok((status, _))) => Err(InitError::Refused { id, status }.into()),
+        Ok(Err(e)) => Err(InitError::Unreachable(e).into()),
+        Err(_) => Err(InitError::Timeout {
+            id,
+            after: PREINSTALL_TIMEOUT,
+        }
+        .into()),
     }
 }
 

@@ -108,6 +108,17 @@ fn associated_data(secret_id: &str, version: i64) -> Vec<u8> {
     format!("sandcell-secret\0{secret_id}\0{version}").into_bytes()
 }
 
+/// What an egress proxy's password is bound to: its sandbox (a copy in another row does
+/// not open).
+fn proxy_associated_data(sandbox: &str) -> Vec<u8> {
+    format!("sandcell-egress-proxy\0{sandbox}").into_bytes()
+}
+
+/// What a volume's own bucket credentials are bound to: their volume.
+fn volume_storage_associated_data(volume: &str) -> Vec<u8> {
+    format!("sandcell-volume-storage\0{volume}").into_bytes()
+}
+
 fn random<const N: usize>() -> Result<Zeroizing<[u8; N]>, CryptoError> {
     let mut buf = Zeroizing::new([0u8; N]);
     sandcell_proto::random::fill(buf.as_mut()).map_err(CryptoError::Entropy)?;
@@ -250,18 +261,57 @@ impl KeyRing {
         version: i64,
         value: &SecretValue,
     ) -> Result<Sealed, CryptoError> {
+        self.seal_bound(&associated_data(secret_id, version), value)
+    }
+
+    /// Seals the egress proxy password of `sandbox` (networks/egress_proxy.rs).
+    pub fn seal_proxy_password(
+        &self,
+        sandbox: &str,
+        value: &SecretValue,
+    ) -> Result<Sealed, CryptoError> {
+        self.seal_bound(&proxy_associated_data(sandbox), value)
+    }
+
+    /// Opens what [`KeyRing::seal_proxy_password`] made for the same sandbox.
+    pub fn open_proxy_password(
+        &self,
+        sandbox: &str,
+        sealed: &Sealed,
+    ) -> Result<SecretValue, CryptoError> {
+        self.open_bound(&proxy_associated_data(sandbox), sealed)
+    }
+
+    /// Seals the bucket credentials of volume `volume` (volumes/storage.rs).
+    pub fn seal_volume_storage(
+        &self,
+        volume: &str,
+        value: &SecretValue,
+    ) -> Result<Sealed, CryptoError> {
+        self.seal_bound(&volume_storage_associated_data(volume), value)
+    }
+
+    /// Opens what [`KeyRing::seal_volume_storage`] made for the same volume.
+    pub fn open_volume_storage(
+        &self,
+        volume: &str,
+        sealed: &Sealed,
+    ) -> Result<SecretValue, CryptoError> {
+        self.open_bound(&volume_storage_associated_data(volume), sealed)
+    }
+
+    fn seal_bound(&self, aad: &[u8], value: &SecretValue) -> Result<Sealed, CryptoError> {
         let key = self.keys.first().ok_or(CryptoError::Seal)?;
         // Random 96-bit nonces: far below the birthday bound for the values one daemon
         // stores under one key.
         let nonce = random::<NONCE_LEN>()?;
-        let aad = associated_data(secret_id, version);
         let ciphertext = key
             .cipher
             .encrypt(
                 &Nonce::from(*nonce),
                 Payload {
                     msg: value.expose().as_bytes(),
-                    aad: &aad,
+                    aad,
                 },
             )
             .map_err(|_| CryptoError::Seal)?;
@@ -279,6 +329,10 @@ impl KeyRing {
         version: i64,
         sealed: &Sealed,
     ) -> Result<SecretValue, CryptoError> {
+        self.open_bound(&associated_data(secret_id, version), sealed)
+    }
+
+    fn open_bound(&self, aad: &[u8], sealed: &Sealed) -> Result<SecretValue, CryptoError> {
         let key = self
             .keys
             .iter()
@@ -288,14 +342,13 @@ impl KeyRing {
             kid: sealed.kid.clone(),
         };
         let nonce = Nonce::try_from(sealed.nonce.as_slice()).map_err(|_| failed())?;
-        let aad = associated_data(secret_id, version);
         let plain = key
             .cipher
             .decrypt(
                 &nonce,
                 Payload {
                     msg: &sealed.ciphertext,
-                    aad: &aad,
+                    aad,
                 },
             )
             .map_err(|_| failed())?;

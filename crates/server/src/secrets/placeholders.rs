@@ -177,13 +177,7 @@ mod tests {
         let db = crate::store::Db::open(&dir.path().join("db.sqlite"))
             .await
             .unwrap();
-        sqlx::query(
-            "INSERT INTO api_keys (id, name, key_hash, key_prefix, created_at) \
-             VALUES ('key_a', 'a', 'h', 'e2b_', 0)",
-        )
-        .execute(db.pool())
-        .await
-        .unwrap();
+        db.insert_test_key("key_a").await.unwrap();
         let ring = crate::secrets::crypto::KeyRing::load_or_create(dir.path()).unwrap();
         let s = Secrets::new(db, ring);
         let v = |x: &str| SecretValue::new(x.into());

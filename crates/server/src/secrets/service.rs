@@ -177,6 +177,11 @@ impl Secrets {
         })
     }
 
+    /// The key ring, for the other values sealed with it (egress proxy passwords).
+    pub fn key_ring(&self) -> Arc<KeyRing> {
+        self.ring.clone()
+    }
+
     /// A new secret of key `key_id`, at version 1.
     pub async fn create(
         &self,
@@ -327,6 +332,15 @@ pub async fn rotate_key(db: &Db, data_dir: &Path) -> Result<usize> {
         })
         .collect::<Result<_, CryptoError>>()?;
     db.reseal_secret_versions(&resealed).await?;
+    // Egress proxy passwords are sealed with the same ring: under the new key before the
+    // old one goes.
+    crate::networks::egress_proxy::reseal_all(db, &ring).await?;
+    // So are the credentials of volumes in their key's own bucket.
+    crate::volumes::storage::reseal_all(db, &ring).await?;
+    // The resealed rows on disk before the old key goes: commits are not synced one by one
+    // (store/mod.rs, synchronous=NORMAL), and a host crash that rolled them back after the
+    // key file lost the old key would leave every secret unreadable.
+    db.sync_to_disk().await?;
     crypto::write_key_file(&path, &[new_line])?;
     tracing::info!(
         "secrets key rotated to {}: {} version(s) resealed",
@@ -383,14 +397,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("db.sqlite")).await.unwrap();
         for key in ["key_a", "key_b"] {
-            sqlx::query(
-                "INSERT INTO api_keys (id, name, key_hash, key_prefix, created_at) \
-                 VALUES ($1, $1, $1, 'e2b_', 0)",
-            )
-            .bind(key)
-            .execute(db.pool())
-            .await
-            .unwrap();
+            db.insert_test_key(key).await.unwrap();
         }
         let ring = KeyRing::load_or_create(dir.path()).unwrap();
         let s = Secrets::new(db.clone(), ring);

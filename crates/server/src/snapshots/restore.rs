@@ -164,6 +164,13 @@ impl SandboxService {
                 if let Some(egress) = crate::networks::service::egress_of(&self.db, source).await? {
                     crate::networks::service::store_egress(&self.db, &id, &egress).await?;
                     crate::networks::service::inherit(&self.db, &key.id, source, &id).await?;
+                    crate::networks::egress_proxy::inherit(
+                        &self.db,
+                        self.networks.key_ring(),
+                        source,
+                        &id,
+                    )
+                    .await?;
                     self.networks
                         .inherit_port_access(&self.db, source, &id)
                         .await?;

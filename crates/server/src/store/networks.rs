@@ -120,6 +120,43 @@ impl Db {
         Ok(())
     }
 
+    /// The egress proxy (JSON, with its password) recorded for `sandbox`.
+    pub async fn sandbox_egress_proxy(&self, sandbox: &str) -> Result<Option<String>> {
+        let row: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT egress_proxy FROM sandbox_networks WHERE sandbox_id = $1")
+                .bind(sandbox)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(Error::db(format!(
+                    "reading the egress proxy of sandbox {sandbox}"
+                )))?;
+        Ok(row.and_then(|(p,)| p))
+    }
+
+    /// Every recorded egress proxy (sandbox, JSON), for resealing their passwords.
+    pub async fn all_sandbox_egress_proxies(&self) -> Result<Vec<(String, String)>> {
+        sqlx::query_as(
+            "SELECT sandbox_id, egress_proxy FROM sandbox_networks \
+             WHERE egress_proxy IS NOT NULL",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(Error::db("reading the recorded egress proxies"))
+    }
+
+    /// Sets (`None`: clears) the egress proxy (JSON) of `sandbox`, which has a row.
+    pub async fn set_sandbox_egress_proxy(&self, sandbox: &str, proxy: Option<&str>) -> Result<()> {
+        sqlx::query("UPDATE sandbox_networks SET egress_proxy = $2 WHERE sandbox_id = $1")
+            .bind(sandbox)
+            .bind(proxy)
+            .execute(self.pool())
+            .await
+            .map_err(Error::db(format!(
+                "storing the egress proxy of sandbox {sandbox}"
+            )))?;
+        Ok(())
+    }
+
     /// Sets how the ports of `sandbox` (which has a row) are reached: the token they want and
     /// the Host mask.
     pub async fn set_sandbox_port_access(

@@ -1,4 +1,4 @@
-//! The volumes tables (migration 14): `volumes` (one row a volume of a key) and
+//! The volumes tables (migration 14; `storage` migration 18): `volumes` (one row a volume of a key) and
 //! `sandbox_volumes` (which sandbox mounts which volume where). Every query of a volume
 //! names the owning key: another key's volume is not found.
 
@@ -15,6 +15,9 @@ pub struct VolumeRow {
     /// Bearer token of the volume content API.
     pub token: String,
     pub created_at: i64,
+    /// Migration 18: the volume's own bucket (volumes/storage.rs, its credentials sealed);
+    /// `None` for the operator's.
+    pub storage: Option<String>,
 }
 
 /// A sandbox's mount of a volume (E2B's `volumeMounts` entry).
@@ -32,6 +35,7 @@ fn volume_from_row(row: &sqlx::sqlite::SqliteRow) -> std::result::Result<VolumeR
         name: row.try_get("name")?,
         token: row.try_get("token")?,
         created_at: row.try_get("created_at")?,
+        storage: row.try_get("storage")?,
     })
 }
 
@@ -39,14 +43,15 @@ impl Db {
     /// Records a new volume; false when its key already has one of that name.
     pub async fn insert_volume(&self, v: &VolumeRow) -> Result<bool> {
         let r = sqlx::query(
-            "INSERT INTO volumes (id, key_id, name, token, created_at) \
-             VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO volumes (id, key_id, name, token, created_at, storage) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(&v.id)
         .bind(&v.key_id)
         .bind(&v.name)
         .bind(&v.token)
         .bind(v.created_at)
+        .bind(&v.storage)
         .execute(self.pool())
         .await;
         match r {
@@ -54,6 +59,29 @@ impl Db {
             Err(sqlx::Error::Database(d)) if d.is_unique_violation() => Ok(false),
             Err(e) => Err(Error::db(format!("recording volume {}", v.name))(e)),
         }
+    }
+
+    /// Every volume in its key's own bucket: its id and recorded storage (key rotation).
+    pub async fn all_volume_storages(&self) -> Result<Vec<(String, String)>> {
+        let rows = sqlx::query("SELECT id, storage FROM volumes WHERE storage IS NOT NULL")
+            .fetch_all(self.pool())
+            .await
+            .map_err(Error::db("listing volume storages"))?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("storage")?)))
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(Error::db("decoding a volume storage"))
+    }
+
+    /// Records the volume's storage anew (resealed under another key).
+    pub async fn set_volume_storage(&self, id: &str, storage: &str) -> Result<()> {
+        sqlx::query("UPDATE volumes SET storage = $2 WHERE id = $1")
+            .bind(id)
+            .bind(storage)
+            .execute(self.pool())
+            .await
+            .map_err(Error::db(format!("recording the storage of volume {id}")))?;
+        Ok(())
     }
 
     /// The key's volume with this id or name.

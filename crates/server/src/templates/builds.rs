@@ -18,6 +18,7 @@ use sandcell_image::Limits;
 use sandcell_image::registry::PullOptions;
 use sandcell_image::template::{self, BuildEvent, BuildLog, TemplateBuild};
 use sandcell_proto::sync::lock;
+use sandcell_runtime::build_disk::BuildDisk;
 use sandcell_runtime::build_steps::{GvisorRunner, StepDeadlines};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -272,6 +273,11 @@ pub struct BuildLimits {
     pub step_timeout: Duration,
     /// A build not started within it after its request expires (its name is freed).
     pub start_timeout: Duration,
+    /// What a build's RUN steps may write on the host, in MiB (0: no limit;
+    /// sandcell_runtime::build_disk).
+    pub disk_mib: u32,
+    /// The data disk's free space a RUN step's disk leaves (`--min-free-disk-mib`).
+    pub host_reserve_mib: u64,
 }
 
 impl Default for BuildLimits {
@@ -280,6 +286,8 @@ impl Default for BuildLimits {
             build_timeout: Duration::from_secs(1800),
             step_timeout: Duration::from_secs(900),
             start_timeout: Duration::from_secs(1800),
+            disk_mib: 10240,
+            host_reserve_mib: 2048,
         }
     }
 }
@@ -652,6 +660,8 @@ async fn run(app: &App, build: &Arc<Build>, plan: Plan, req: &BuildStart) -> Res
                 config: s.config.clone(),
             }),
         deadlines,
+        disk: (limits.disk_mib > 0)
+            .then(|| BuildDisk::new(limits.disk_mib, limits.host_reserve_mib)),
     };
     // Read before the build replaces the template's directory.
     let previous = crate::templates::start::record(&app.lifecycle, &build.template_id);
@@ -719,9 +729,23 @@ async fn build_image(
     let step = || build.lock().step.clone();
     outcome.map_err(|e| match e {
         // Its output is in the log already.
+        // A step that filled its disk says so in the reason too (build_disk.rs's line).
         sandcell_image::Error::StepFailed {
-            step: text, code, ..
-        } => (format!("{text}: exit status {code}"), step()),
+            step: text,
+            code,
+            output,
+            ..
+        } => {
+            let full_prefix = sandcell_runtime::build_disk::FULL_PREFIX;
+            let full = output.lines().rev().find(|l| l.starts_with(full_prefix));
+            match full {
+                Some(full) => (
+                    format!("{text}: exit status {code}: {}", full.trim()),
+                    step(),
+                ),
+                None => (format!("{text}: exit status {code}"), step()),
+            }
+        }
         // A registry's answer is not ours to pass on whole (its body could be anything
         // a registry, or what it redirected to, sent): status and a short, plain text.
         sandcell_image::Error::Registry { reference, source } => (

@@ -29,6 +29,9 @@ pub struct VolumeAndToken {
     pub token: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+    /// Sandcell: the key's own bucket the volume lives in (never its credentials).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage: Option<super::storage::StorageInfo>,
 }
 
 /// `POST /volumes`'s body.
@@ -36,6 +39,17 @@ pub struct VolumeAndToken {
 pub struct NewVolume {
     /// 1 to 64 of `[A-Za-z0-9_-]`, unique per key.
     pub name: String,
+    /// Sandcell: adopt the volume of this id, made on another daemon over the same bucket,
+    /// instead of making one (with `token`, its content token).
+    #[serde(rename = "volumeID", default)]
+    pub volume_id: Option<String>,
+    /// Sandcell: the content token of the volume to adopt.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Sandcell: the key's own S3-compatible bucket for the volume's content, instead of
+    /// the operator's ("bring your own bucket"; the credentials are write-only).
+    #[serde(default)]
+    pub storage: Option<super::storage::StorageSpec>,
 }
 
 fn with_token(app: &App, row: &VolumeRow) -> VolumeAndToken {
@@ -44,10 +58,15 @@ fn with_token(app: &App, row: &VolumeRow) -> VolumeAndToken {
         name: row.name.clone(),
         token: row.token.clone(),
         domain: app.config.domain.clone(),
+        storage: row
+            .storage
+            .as_deref()
+            .and_then(super::storage::VolumeStorage::info_of),
     }
 }
 
-/// Creates a volume of the caller's key, its content in the operator's bucket.
+/// Creates a volume of the caller's key, its content in the operator's bucket or, with
+/// `storage`, in the key's own (checked first: 400 naming the bucket's error).
 #[utoipa::path(post, path = "/volumes", tag = "volumes", request_body = NewVolume,
     security(("ApiKeyAuth" = [])),
     responses((status = 201, body = VolumeAndToken), (status = 400, body = ErrorBody),
@@ -59,7 +78,29 @@ pub async fn create_volume(
     caller: Caller,
     ApiJson(body): ApiJson<NewVolume>,
 ) -> ApiResult<(StatusCode, Json<VolumeAndToken>)> {
-    let row = app.volumes.create(&caller.0.id, &body.name).await?;
+    let row = match (&body.volume_id, &body.token) {
+        (None, None) => {
+            app.volumes
+                .create(&caller.0.id, &body.name, body.storage.as_ref())
+                .await?
+        }
+        (Some(_), Some(_)) if body.storage.is_some() => {
+            return Err(crate::http::error::ApiError::bad_request(
+                "adopting a volume in a key's own bucket (volumeID with storage) is not \
+                 supported",
+            ));
+        }
+        (Some(id), Some(token)) => {
+            app.volumes
+                .adopt(&caller.0.id, &body.name, id, token)
+                .await?
+        }
+        _ => {
+            return Err(crate::http::error::ApiError::bad_request(
+                "volumeID and token go together (adopting a volume of another daemon)",
+            ));
+        }
+    };
     Ok((StatusCode::CREATED, Json(with_token(&app, &row))))
 }
 

@@ -50,6 +50,11 @@ pub struct S3Args {
         value_name = "PATH"
     )]
     pub juicefs: PathBuf,
+    /// Let a key's own volume storage (`POST /volumes` with `storage`) name an endpoint
+    /// on a loopback, private or link-local address, or the host's own (refused by
+    /// default: a tenant must not point the daemon at the host's services)
+    #[arg(long, env = "SANDCELL_VOLUME_STORAGE_ALLOW_PRIVATE")]
+    pub volume_storage_allow_private: bool,
 }
 
 /// Credentials; `Debug` never shows them.
@@ -75,6 +80,8 @@ pub struct S3Config {
     pub juicefs: PathBuf,
     /// Each volume's capacity in GiB.
     pub volume_max_gib: u64,
+    /// `--volume-storage-allow-private`.
+    pub storage_allow_private: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +98,9 @@ pub enum ConfigError {
     Read(String, std::io::Error),
     #[error("{0} is empty")]
     Empty(String),
+    /// The S3 client could not be made.
+    #[error(transparent)]
+    Client(#[from] super::bucket::BucketError),
 }
 
 /// Largest credential file read (a key is far shorter).
@@ -108,6 +118,15 @@ fn read_key(path: &std::path::Path) -> Result<String, ConfigError> {
         return Err(ConfigError::Empty(shown));
     }
     Ok(s)
+}
+
+/// The bucket's URL as JuiceFS and [`super::bucket::Bucket`] take it.
+pub fn bucket_url(scheme: &str, host: &str, bucket: &str, path_style: bool) -> String {
+    if path_style {
+        format!("{scheme}://{host}/{bucket}")
+    } else {
+        format!("{scheme}://{bucket}.{host}")
+    }
 }
 
 impl S3Args {
@@ -130,11 +149,7 @@ impl S3Args {
         if !bucket_ok {
             return Err(ConfigError::BadBucket(bucket.clone()));
         }
-        let bucket_url = if self.s3_path_style {
-            format!("{scheme}://{host}/{bucket}")
-        } else {
-            format!("{scheme}://{bucket}.{host}")
-        };
+        let bucket_url = bucket_url(scheme, host, bucket, self.s3_path_style);
         let credentials = match (&self.s3_access_key_file, &self.s3_secret_key_file) {
             (None, None) => None,
             (Some(a), Some(s)) => Some(S3Credentials {
@@ -149,6 +164,7 @@ impl S3Args {
             credentials,
             juicefs: self.juicefs.clone(),
             volume_max_gib: self.volume_max_gib,
+            storage_allow_private: self.volume_storage_allow_private,
         }))
     }
 }

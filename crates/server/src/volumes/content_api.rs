@@ -139,6 +139,16 @@ fn fs_error(path: &VolPath, e: std::io::Error) -> ApiError {
         ApiError::not_found(format!("path {} not found", path.shown()))
     } else if content::is_refused(&e) {
         ApiError::bad_request(format!("path {}: {e}", path.shown()))
+    } else if e.raw_os_error() == Some(libc::EIO) {
+        // What JuiceFS answers once its retries against the bucket are spent.
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "path {}: I/O error from the volume's storage (its S3 bucket failed or is \
+                 unreachable; nothing unsynced was committed): {e}",
+                path.shown()
+            ),
+        )
     } else {
         ApiError::internal(format!("path {}: {e}", path.shown()))
     }
@@ -216,6 +226,8 @@ async fn patch_path(
             .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?
     };
     let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    // A change waits for the bucket: refused at once (503) when it is unreachable.
+    app.volumes.check_storage(&id).await?;
     let e = t
         .run(move |top, p| {
             content::set_attrs(top, p, attrs.uid, attrs.gid, attrs.mode)?;
@@ -232,6 +244,8 @@ async fn delete_path(
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
     let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    // A change waits for the bucket: refused at once (503) when it is unreachable.
+    app.volumes.check_storage(&id).await?;
     if t.path.is_top() {
         return Err(ApiError::bad_request("the volume's top cannot be deleted"));
     }
@@ -264,6 +278,8 @@ async fn make_dir(
     headers: HeaderMap,
 ) -> ApiResult<(StatusCode, Json<EntryStat>)> {
     let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    // A change waits for the bucket: refused at once (503) when it is unreachable.
+    app.volumes.check_storage(&id).await?;
     let (mode, force) = (t.q.mode.unwrap_or(0o755), t.q.force == Some(true));
     t.run(move |top, p| content::mkdir(top, p, mode, force))
         .await?;
@@ -294,6 +310,8 @@ async fn write_file(
     body: Body,
 ) -> ApiResult<(StatusCode, Json<EntryStat>)> {
     let t = target(&app, &id, raw.as_deref(), &headers).await?;
+    // A change waits for the bucket: refused at once (503) when it is unreachable.
+    app.volumes.check_storage(&id).await?;
     let (mode, force) = (t.q.mode.unwrap_or(0o644), t.q.force == Some(true));
     let file = t
         .run(move |top, p| content::open_write(top, p, mode, force))

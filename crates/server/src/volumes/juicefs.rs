@@ -18,6 +18,15 @@ use tokio::process::Command;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 /// Most of a failing command's stderr kept for its error.
 const MAX_STDERR: usize = 2048;
+/// How a bucket outage reaches a sandbox: JuiceFS retries a failed object call this many
+/// times (backing off) and each call gives up after the timeouts below, after which the
+/// `write`/`fsync`/`read` that needed it fails with EIO. JuiceFS's defaults (10 retries,
+/// 60 s) stalled an fsync for 300 s; these bound it to well under a minute
+/// (docs/volumes.md, "S3 outage").
+const MOUNT_IO_RETRIES: &str = "3";
+const MOUNT_OBJECT_TIMEOUT: &str = "10s";
+/// The metadata dump loaded into a fresh SQLite by `juicefs load` can be large.
+const MAX_DUMP: u64 = 4 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JuicefsError {
@@ -40,6 +49,9 @@ pub enum JuicefsError {
 pub struct Juicefs {
     s3: S3Config,
     root: PathBuf,
+    /// The filesystem's name, the folder its objects are under: the volume's id in the
+    /// operator's bucket (`None`), the key's prefix in its own (volumes/storage.rs).
+    name: Option<String>,
 }
 
 impl Juicefs {
@@ -47,11 +59,159 @@ impl Juicefs {
         Juicefs {
             s3,
             root: data_dir.join("volumes"),
+            name: None,
         }
+    }
+
+    /// The same local files for a volume in another bucket, formatted as `name` there.
+    pub fn for_volume(&self, s3: S3Config, name: String) -> Juicefs {
+        Juicefs {
+            s3,
+            root: self.root.clone(),
+            name: Some(name),
+        }
+    }
+
+    /// Where the volumes' local files are (`<data-dir>/volumes`).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn s3(&self) -> &S3Config {
+        &self.s3
     }
 
     fn dir(&self, id: &str) -> PathBuf {
         self.root.join(id)
+    }
+
+    /// Whether the volume is mounted on this host.
+    pub fn is_mounted(&self, id: &str) -> bool {
+        is_mounted(&self.mount_point(id))
+    }
+
+    /// Whether the volume has metadata on this host.
+    pub fn has_meta(&self, id: &str) -> bool {
+        self.dir(id).join("meta.db").exists()
+    }
+
+    /// The generation of the bucket's published metadata this host's `meta.db` came from
+    /// or was published as; `Some(0)` for a volume made before metadata was published,
+    /// `None` without local metadata.
+    pub fn local_generation(&self, id: &str) -> Option<u64> {
+        if !self.has_meta(id) {
+            return None;
+        }
+        let g = std::fs::read_to_string(self.dir(id).join("generation")).unwrap_or_default();
+        Some(g.trim().parse().unwrap_or(0))
+    }
+
+    pub fn set_local_generation(&self, id: &str, generation: u64) -> Result<(), JuicefsError> {
+        let path = self.dir(id).join("generation");
+        std::fs::write(&path, generation.to_string())
+            .map_err(io(format!("writing {}", path.display())))
+    }
+
+    /// Marks the volume's local metadata as possibly changed since it was last published
+    /// (kept on disk: a daemon that crashed while it was mounted still counts as such).
+    pub fn mark_unpublished(&self, id: &str) -> Result<(), JuicefsError> {
+        let path = self.dir(id).join("unpublished");
+        std::fs::write(&path, b"").map_err(io(format!("writing {}", path.display())))
+    }
+
+    /// Whether the local metadata may have changes the bucket does not have.
+    pub fn has_unpublished(&self, id: &str) -> bool {
+        self.dir(id).join("unpublished").exists()
+    }
+
+    /// After a successful publish: the bucket has everything.
+    pub fn clear_unpublished(&self, id: &str) -> Result<(), JuicefsError> {
+        let path = self.dir(id).join("unpublished");
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(io(format!("removing {}", path.display()))(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `juicefs dump` of the volume's metadata, gzip JSON (secret keys left out by JuiceFS).
+    pub async fn dump(&self, id: &str) -> Result<Vec<u8>, JuicefsError> {
+        let file = self.dir(id).join("dump.json.gz");
+        let _ = std::fs::remove_file(&file);
+        let mut cmd = self.command();
+        cmd.arg("dump").arg(self.meta_url(id)).arg(&file);
+        self.run("dump", id, cmd).await?;
+        let bytes = std::fs::read(&file).map_err(io(format!("reading {}", file.display())));
+        let _ = std::fs::remove_file(&file);
+        bytes
+    }
+
+    /// Replaces the volume's local metadata with a published dump (`juicefs load` into a
+    /// fresh SQLite file), this daemon's bucket settings and credentials put into it.
+    pub async fn load(&self, id: &str, dump_gz: &[u8]) -> Result<(), JuicefsError> {
+        let dir = self.dir(id);
+        create_private_dir(&dir)?;
+        let json = self.with_our_settings(id, dump_gz)?;
+        let file = dir.join("load.json");
+        write_private(&file, &json)?;
+        for f in ["meta.db", "meta.db-wal", "meta.db-shm", "generation"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+        let mut cmd = self.command();
+        cmd.arg("load").arg(self.meta_url(id)).arg(&file);
+        let r = self.run("load", id, cmd).await;
+        let _ = std::fs::remove_file(&file);
+        if r.is_err() {
+            let _ = std::fs::remove_file(dir.join("meta.db"));
+        }
+        r.map(drop)
+    }
+
+    /// The dump's JSON with its `Setting` carrying this daemon's bucket URL and
+    /// credentials (the dump has no secret key; another daemon may reach the bucket by
+    /// another endpoint). Only `Setting` is rewritten: the rest is kept byte for byte, in
+    /// its order, which `juicefs load` reads as a stream.
+    fn with_our_settings(&self, id: &str, dump_gz: &[u8]) -> Result<Vec<u8>, JuicefsError> {
+        use std::io::Read;
+        let bad = |detail: String| JuicefsError::Failed {
+            op: "load",
+            id: id.to_string(),
+            detail,
+        };
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(dump_gz)
+            .take(MAX_DUMP)
+            .read_to_string(&mut text)
+            .map_err(|e| bad(format!("the published dump: {e}")))?;
+        let at = text
+            .find("\"Setting\"")
+            .ok_or_else(|| bad("the published dump has no Setting".into()))?;
+        let colon = text[at..]
+            .find(':')
+            .map(|c| at + c + 1)
+            .ok_or_else(|| bad("the published dump's Setting is cut".into()))?;
+        let mut stream =
+            serde_json::Deserializer::from_str(&text[colon..]).into_iter::<serde_json::Value>();
+        let mut setting = match stream.next() {
+            Some(Ok(v @ serde_json::Value::Object(_))) => v,
+            _ => return Err(bad("the published dump's Setting is not an object".into())),
+        };
+        let end = colon + stream.byte_offset();
+        setting["Bucket"] = self.s3.bucket_url.clone().into();
+        if let Some(c) = &self.s3.credentials {
+            setting["AccessKey"] = c.access_key.clone().into();
+            setting["SecretKey"] = c.secret_key.clone().into();
+            // In the clear here: JuiceFS encrypts stored keys with the volume's own
+            // settings, and the dump's flag would have it decrypt ours.
+            setting["KeyEncrypted"] = false.into();
+        }
+        let setting = serde_json::to_string(&setting).map_err(|e| bad(e.to_string()))?;
+        let mut out = Vec::with_capacity(text.len() + 64);
+        out.extend_from_slice(&text.as_bytes()[..colon]);
+        out.extend_from_slice(setting.as_bytes());
+        out.extend_from_slice(&text.as_bytes()[end..]);
+        Ok(out)
     }
 
     fn meta_url(&self, id: &str) -> String {
@@ -110,7 +270,7 @@ impl Juicefs {
             // A tenant's volume never grows the operator's bucket without bound.
             .args(["--capacity", &self.s3.volume_max_gib.to_string()])
             .arg(self.meta_url(id))
-            .arg(id);
+            .arg(self.name.as_deref().unwrap_or(id));
         if let Some(c) = &self.s3.credentials {
             cmd.env("ACCESS_KEY", &c.access_key)
                 .env("SECRET_KEY", &c.secret_key);
@@ -118,9 +278,31 @@ impl Juicefs {
         self.run("format", id, cmd).await.map(drop)
     }
 
+    /// Detaches the volume's mount when its JuiceFS process is gone (killed with the
+    /// daemon's service, by the OOM killer, ...): the kernel still lists the FUSE mount but
+    /// every call on it fails with ENOTCONN. Detached lazily (a sandbox adopted after a
+    /// daemon restart may still hold a descriptor into it; it keeps failing there), so that
+    /// the volume is mounted afresh from its `meta.db`, where every write JuiceFS
+    /// acknowledged is. Whether it was dead.
+    pub fn clear_dead(&self, id: &str) -> Result<bool, JuicefsError> {
+        let mnt = self.mount_point(id);
+        if !is_dead(&mnt) {
+            return Ok(false);
+        }
+        tracing::warn!(
+            volume = %id,
+            mount = %mnt.display(),
+            "the volume's JuiceFS process is gone (its mount answers ENOTCONN): detaching the \
+             dead mount to mount the volume again"
+        );
+        detach(&mnt).map_err(io(format!("detaching the dead mount {}", mnt.display())))?;
+        Ok(true)
+    }
+
     /// Mounts the volume unless it is mounted already; the directory sandboxes get.
     pub async fn mount(&self, id: &str) -> Result<PathBuf, JuicefsError> {
         let mnt = self.mount_point(id);
+        self.clear_dead(id)?;
         if !is_mounted(&mnt) {
             std::fs::create_dir_all(&mnt).map_err(io(format!("creating {}", mnt.display())))?;
             let dir = self.dir(id);
@@ -130,6 +312,12 @@ impl Juicefs {
                 "--background",
                 "--no-usage-report",
                 "--hide-internal",
+                "--io-retries",
+                MOUNT_IO_RETRIES,
+                "--put-timeout",
+                MOUNT_OBJECT_TIMEOUT,
+                "--get-timeout",
+                MOUNT_OBJECT_TIMEOUT,
             ])
             .arg("--cache-dir")
             .arg(dir.join("cache"))
@@ -181,7 +369,9 @@ impl Juicefs {
     /// Unmounts the volume if it is mounted (its writes are flushed to the bucket first).
     pub async fn unmount(&self, id: &str) -> Result<(), JuicefsError> {
         let mnt = self.mount_point(id);
-        if !is_mounted(&mnt) {
+        // A dead mount has nothing left to flush: what its JuiceFS acknowledged is in
+        // `meta.db` and the bucket.
+        if self.clear_dead(id)? || !is_mounted(&mnt) {
             return Ok(());
         }
         let mut cmd = self.command();
@@ -237,6 +427,20 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> JuicefsError {
     move |source| JuicefsError::Io { what, source }
 }
 
+/// Writes a file only root reads (it holds the bucket's credentials).
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), JuicefsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(io(format!("writing {}", path.display())))
+}
+
 fn create_private_dir(dir: &Path) -> Result<(), JuicefsError> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
@@ -284,6 +488,31 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|p| p == want)
 }
 
+/// Whether `path` is a FUSE mount whose server is gone: listed as a mount point, but a
+/// stat of it fails with ENOTCONN (or ECONNABORTED, an aborted connection).
+pub fn is_dead(path: &Path) -> bool {
+    if !is_mounted(path) {
+        return false;
+    }
+    match std::fs::metadata(path) {
+        Err(e) => matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
+        Ok(_) => false,
+    }
+}
+
+/// Lazily unmounts `path` (MNT_DETACH): gone from the namespace at once, released when the
+/// last descriptor into it closes.
+fn detach(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// /proc/self/mountinfo's escaping of space, tab, newline and backslash.
 fn escape_mount_path(p: &str) -> String {
     let mut out = String::with_capacity(p.len());
@@ -311,10 +540,50 @@ mod tests {
     }
 
     #[test]
+    fn a_loaded_dump_gets_our_bucket_and_keys_and_keeps_the_rest() {
+        use std::io::Write;
+        let s3 = S3Config {
+            bucket_url: "http://b:8333/vols".into(),
+            region: "us-east-1".into(),
+            credentials: Some(super::super::config::S3Credentials {
+                access_key: "AK".into(),
+                secret_key: "SK".into(),
+            }),
+            juicefs: "juicefs".into(),
+            volume_max_gib: 1,
+            storage_allow_private: false,
+        };
+        let fs = Juicefs::new(s3, Path::new("/nonexistent"));
+        let dump = "{\n  \"Setting\": {\"Name\": \"v\", \"Bucket\": \"http://a/vols\", \
+                    \"SecretKey\": \"removed\", \"KeyEncrypted\": true},\n  \
+                    \"Counters\": {\"z\": 1, \"a\": 2},\n  \"FSTree\": {}\n}";
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(dump.as_bytes()).unwrap_or_default();
+        let gz = gz.finish().unwrap_or_default();
+        let out = fs.with_our_settings("vol-x", &gz).map(String::from_utf8);
+        let Ok(Ok(out)) = out else {
+            panic!("rewrite failed: {out:?}");
+        };
+        assert!(out.contains("\"Bucket\":\"http://b:8333/vols\""), "{out}");
+        assert!(out.contains("\"SecretKey\":\"SK\"") && out.contains("\"KeyEncrypted\":false"));
+        // The rest byte for byte, in its order.
+        assert!(out.ends_with(",\n  \"Counters\": {\"z\": 1, \"a\": 2},\n  \"FSTree\": {}\n}"));
+        assert!(fs.with_our_settings("vol-x", b"not gzip").is_err());
+    }
+
+    #[test]
     fn the_root_is_a_mount_point_and_a_temp_dir_is_not() {
         assert!(is_mounted(Path::new("/")) || !Path::new("/proc/self/mountinfo").exists());
         let tmp = std::env::temp_dir().join("sandcell-not-a-mount point");
         assert!(!is_mounted(&tmp));
         assert_eq!(escape_mount_path("/a b"), "/a\\040b");
+    }
+
+    #[test]
+    fn a_live_mount_and_a_plain_dir_are_not_dead() {
+        // A dead FUSE mount (its server killed) is exercised by tests/e2b/volumes_nodes.py
+        // `kill9`; here: the live root and a directory that is no mount are left alone.
+        assert!(!is_dead(Path::new("/")));
+        assert!(!is_dead(&std::env::temp_dir()));
     }
 }

@@ -127,6 +127,7 @@ pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildErr
                 BlockOverrides {
                     top: spec.overrides.disk_overlay.clone(),
                     layers: spec.overrides.disk_layers.clone(),
+                    base: spec.overrides.disk_base.clone(),
                 },
                 s,
             )?)),

@@ -26,7 +26,7 @@ use virtio_queue::{DescriptorChain, Queue};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::device::{ActivateError, Interrupt, read_config_bytes};
-use super::ring::{RingError, drain_queue, signal_used};
+use super::ring::{Pass, RingError, drain_queue, signal_used};
 use crate::memory::GuestMemory;
 
 /// Event-manager token of the activate eventfd. Queue eventfds use their queue index;
@@ -53,19 +53,38 @@ pub struct ActiveQueues {
     /// Set when a queue could not be accessed; the device leaves its queues alone
     /// until the driver resets it.
     pub broken: bool,
+    /// The queue eventfds (shared with [`VirtioCommon`]), for [`ActiveQueues::requeue`].
+    kicks: Arc<[EventFd]>,
 }
 
 impl ActiveQueues {
     /// [`drain_queue`] on queue `index`: `handle` gets each chain with guest memory and
-    /// returns how many bytes it wrote into it.
+    /// returns how many bytes it wrote into it. A pass that spent its budget is continued
+    /// on the next turn of the event loop ([`ActiveQueues::requeue`]).
     pub fn drain<F>(&mut self, index: usize, mut handle: F) -> Result<(), RingError>
     where
         F: FnMut(&GuestMemory, DescriptorChain<&GuestMemory>) -> u32,
     {
         let mem = &self.mem;
-        drain_queue(&mut self.queues[index], mem, &self.interrupt, |chain| {
+        let pass = drain_queue(&mut self.queues[index], mem, &self.interrupt, |chain| {
             handle(mem, chain)
-        })
+        })?;
+        if pass == Pass::BudgetSpent {
+            self.requeue(index);
+        }
+        Ok(())
+    }
+
+    /// Serve queue `index` again on the next turn of the event loop, after whatever
+    /// else is ready: for a pass that stopped at [`super::ring::CHAINS_PER_PASS`]. This
+    /// is the driver's own notification, so the device handles it as it would a kick.
+    pub fn requeue(&self, index: usize) {
+        if let Some(evt) = self.kicks.get(index)
+            && let Err(e) = evt.write(1)
+        {
+            // Only an eventfd at its counter's maximum fails, and that one is ready anyway.
+            tracing::warn!("re-notifying queue {index}: {e}");
+        }
     }
 
     /// For devices that pull buffers on demand (`ring::pop_or_arm`): `serve` works on
@@ -96,7 +115,7 @@ pub struct VirtioCommon {
     queue_max_sizes: Vec<u16>,
     /// One per queue, created here so that they can be registered with the event loop
     /// once and stay valid across driver resets (see `VirtioDevice`).
-    queue_evts: Vec<EventFd>,
+    queue_evts: Arc<[EventFd]>,
     /// Signalled by `activate` (a vCPU thread) so that the VMM thread starts serving.
     activate_evt: EventFd,
     active: Option<ActiveQueues>,
@@ -116,7 +135,7 @@ impl VirtioCommon {
         let queue_evts = queue_max_sizes
             .iter()
             .map(|_| EventFd::new(EFD_NONBLOCK))
-            .collect::<std::io::Result<Vec<_>>>()?;
+            .collect::<std::io::Result<Arc<[_]>>>()?;
         Ok(VirtioCommon {
             name,
             device_type,
@@ -194,6 +213,7 @@ impl VirtioCommon {
             interrupt,
             queues,
             broken: false,
+            kicks: Arc::clone(&self.queue_evts),
         });
         Ok(())
     }
@@ -382,6 +402,17 @@ mod tests {
             c.take_event(ACTIVATE_TOKEN - 1),
             DeviceEvent::Other(ACTIVATE_TOKEN - 1)
         );
+    }
+
+    #[test]
+    fn requeue_notifies_the_queue_again_for_the_next_turn_of_the_loop() {
+        let mut c = common();
+        c.activate(guest_memory(), interrupt(), queues(2))
+            .expect("activates");
+        assert!(c.queue_events()[1].read().is_err(), "no kick yet");
+        c.running().expect("running").requeue(1);
+        assert_eq!(c.take_event(1), DeviceEvent::Queue(1));
+        assert!(c.queue_events()[0].read().is_err(), "only that queue");
     }
 
     #[test]

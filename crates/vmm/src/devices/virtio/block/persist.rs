@@ -50,6 +50,8 @@ pub struct BlockOverrides {
     pub top: Option<PathBuf>,
     /// The saved layers' new paths (`overrides.disk_layers`), one for each.
     pub layers: Option<Vec<PathBuf>>,
+    /// The base image's new path (`overrides.disk_base`); its size must be the saved one.
+    pub base: Option<PathBuf>,
 }
 
 impl Persist for Block {
@@ -110,7 +112,7 @@ impl Persist for Block {
             }
         };
         let block = Block::new(BlockConfig {
-            base: s.base.clone(),
+            base: o.base.unwrap_or_else(|| s.base.clone()),
             overlay: top,
             layers,
             read_only: !s.writable,

@@ -14,7 +14,7 @@ use super::muxer::{Muxer, MuxerError};
 use super::packet::*;
 use crate::devices::virtio::common::{DeviceEvent, VirtioCommon, virtio_common_accessors};
 use crate::devices::virtio::device::{VIRTIO_F_VERSION_1, VirtioDevice};
-use crate::devices::virtio::ring::pop_or_arm;
+use crate::devices::virtio::ring::{CHAINS_PER_PASS, pop_or_arm};
 use crate::memory::GuestMemory;
 
 pub const QUEUE_SIZE: u16 = 256;
@@ -24,6 +24,8 @@ const EVQ: usize = 2;
 /// Event-manager token of the muxer's epoll fd (not a queue index, not the activate
 /// token).
 const MUXER_TOKEN: u32 = u32::MAX - 1;
+/// How many fill-RX/resume-TX rounds one RX pass may take (see `process_rx`).
+const RX_TX_ROUNDS: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VsockError {
@@ -108,19 +110,22 @@ impl Vsock {
     }
 
     /// Guest -> host: consume TX packets until the ring is empty or the muxer has too
-    /// many answers queued for the guest (then RX processing resumes TX).
+    /// many answers queued for the guest (then RX processing resumes TX), at most
+    /// [`CHAINS_PER_PASS`] of them per pass (then the queue is served again next turn).
     pub fn process_tx(&mut self) {
         let Some(active) = self.common.running() else {
             return;
         };
+        let mut handled = 0;
         let result = active.serve(TXQ, |queue, mem| {
             let mut used = false;
             // Stopping on a full backlog leaves notifications un-armed on purpose: RX
             // processing resumes TX once the guest has taken our answers.
-            while !self.muxer.backlog_full() {
+            while !self.muxer.backlog_full() && handled < CHAINS_PER_PASS {
                 let Some(chain) = pop_or_arm(queue, mem)? else {
                     break;
                 };
+                handled += 1;
                 let head = chain.head_index();
                 if let Some((hdr, len)) = read_tx_packet(mem, chain, &mut self.tx_buf) {
                     self.muxer.handle_guest_packet(&hdr, &self.tx_buf[..len]);
@@ -130,15 +135,19 @@ impl Vsock {
             }
             Ok(used)
         });
-        if let Err(e) = result {
-            self.common.fail("TX queue", &e);
+        match result {
+            Ok(()) if handled == CHAINS_PER_PASS => active.requeue(TXQ),
+            Ok(()) => {}
+            Err(e) => self.common.fail("TX queue", &e),
         }
     }
 
     /// Host -> guest: fill RX buffers; if that drained a full backlog, let TX (which
     /// paused on it) continue, and fill again with what it produced.
+    /// A few rounds at most: a guest whose every TX packet earns an answer (a reset, say)
+    /// would otherwise keep this going; what is left is served on the next turn.
     pub fn process_rx(&mut self) {
-        loop {
+        for _ in 0..RX_TX_ROUNDS {
             let was_full = self.muxer.backlog_full();
             self.fill_rx();
             if !was_full || self.muxer.backlog_full() {
@@ -146,20 +155,26 @@ impl Vsock {
             }
             self.process_tx();
         }
+        if let Some(active) = self.common.running() {
+            active.requeue(RXQ);
+        }
     }
 
-    /// Fill RX buffers while the muxer has packets (fairly across connections).
+    /// Fill RX buffers while the muxer has packets (fairly across connections), at most
+    /// [`CHAINS_PER_PASS`] per pass (then the queue is served again next turn).
     fn fill_rx(&mut self) {
         let now = Instant::now();
         let Some(active) = self.common.running() else {
             return;
         };
+        let mut handled = 0;
         let result = active.serve(RXQ, |queue, mem| {
             let mut used = false;
-            while self.muxer.has_rx() {
+            while self.muxer.has_rx() && handled < CHAINS_PER_PASS {
                 let Some(chain) = pop_or_arm(queue, mem)? else {
                     break; // the guest kicks RX when it adds buffers
                 };
+                handled += 1;
                 let head = chain.head_index();
                 let Ok(mut writer) = chain.writer(mem) else {
                     queue.add_used(mem, head, 0)?; // unusable buffer: return it empty
@@ -188,8 +203,10 @@ impl Vsock {
             }
             Ok(used)
         });
-        if let Err(e) = result {
-            self.common.fail("RX queue", &e);
+        match result {
+            Ok(()) if handled == CHAINS_PER_PASS => active.requeue(RXQ),
+            Ok(()) => {}
+            Err(e) => self.common.fail("RX queue", &e),
         }
     }
 
@@ -201,9 +218,14 @@ impl Vsock {
         let Some(active) = self.common.running() else {
             return;
         };
+        // Unusable buffers are returned empty, at most CHAINS_PER_PASS of them: the event
+        // stays pending, and the next notification of this queue tries again.
         let result = active.serve(EVQ, |queue, mem| {
             let mut used = false;
-            while let Some(chain) = pop_or_arm(queue, mem)? {
+            for _ in 0..CHAINS_PER_PASS {
+                let Some(chain) = pop_or_arm(queue, mem)? else {
+                    break;
+                };
                 let head = chain.head_index();
                 let written = match chain.writer(mem) {
                     Ok(mut w) if w.available_bytes() >= EVENT_LEN => {
