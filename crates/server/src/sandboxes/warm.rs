@@ -207,12 +207,13 @@ impl SandboxService {
         });
         let sandbox: Arc<dyn Sandbox> =
             Arc::from(self.runtime.create(spec).await.map_err(Error::from)?);
+        // A sandbox that did not start or take the CA goes with its network: the runtime's
+        // create reserved the network's addresses, and destroy_warm releases them too.
         if let Err(e) = sandbox.start().await {
-            let _ = tokio::time::timeout(DESTROY_TIMEOUT, sandbox.destroy()).await;
+            self.destroy_warm(sandbox);
             return Err(Error::from(e).into());
         }
         if let Err(e) = preinstall_egress_ca(&sandbox).await {
-            // Started with a network: both go (destroy_warm releases it too).
             self.destroy_warm(sandbox);
             return Err(e);
         }
