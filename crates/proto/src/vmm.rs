@@ -196,6 +196,12 @@ pub struct RestoreOverrides {
     /// restoring process's network namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_tap: Option<String>,
+    /// The TAP is the file descriptor sent with this request (`SCM_RIGHTS` on the
+    /// control socket), already attached (`TUNSETIFF`) by the sender in the sandbox's
+    /// network namespace: a VMM started ahead of its sandbox, in no such namespace, can
+    /// still be given its network. Only on a `restore` request; `net_tap` is then unused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub net_tap_fd: bool,
     /// The file that receives serial console output (default: the saved one, or stdout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial_log: Option<PathBuf>,

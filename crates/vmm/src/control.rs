@@ -5,10 +5,14 @@
 //! requests are queued and the VMM loop executes them after the epoll round (pausing needs
 //! the event manager itself, which is busy dispatching while subscribers run), then hands
 //! the answers back with [`ControlServer::respond`].
+//!
+//! A client may send file descriptors with its bytes (`SCM_RIGHTS`): a `restore` that
+//! gives a waiting VMM its TAP. They are held per connection, at most [`MAX_FDS`], until
+//! a request takes them ([`ControlServer::take_fds`]) or the connection closes.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::{ErrorKind, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
@@ -19,6 +23,9 @@ use sandcell_proto::vmm::{ControlRequest, ControlResponse};
 pub const MAX_LINE: usize = 64 * 1024;
 /// At most this many clients at once (the supervisor needs one or two).
 pub const MAX_CONNECTIONS: usize = 16;
+/// At most this many received descriptors are held per connection (a restore takes one
+/// TAP); more are closed as they arrive.
+pub const MAX_FDS: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -38,6 +45,8 @@ struct Conn {
     discarding: bool,
     /// The client closed its side; answer what is queued, then close.
     eof: bool,
+    /// Descriptors received and not taken yet.
+    fds: Vec<OwnedFd>,
 }
 
 pub struct ControlServer {
@@ -100,6 +109,14 @@ impl ControlServer {
         self.reap();
     }
 
+    /// The descriptors connection `id` sent so far and no request took.
+    pub fn take_fds(&mut self, id: ConnId) -> Vec<OwnedFd> {
+        self.conns
+            .get_mut(&id)
+            .map(|c| std::mem::take(&mut c.fds))
+            .unwrap_or_default()
+    }
+
     fn close(&mut self, id: ConnId) {
         if let Some(c) = self.conns.remove(&id) {
             self.by_fd.remove(&c.stream.as_raw_fd());
@@ -147,6 +164,7 @@ impl ControlServer {
                     buf: Vec::new(),
                     discarding: false,
                     eof: false,
+                    fds: Vec::new(),
                 },
             );
         }
@@ -158,7 +176,7 @@ impl ControlServer {
         };
         let mut chunk = [0u8; 4096];
         loop {
-            match conn.stream.read(&mut chunk) {
+            match recv_with_fds(&conn.stream, &mut chunk, &mut conn.fds) {
                 Ok(0) => {
                     conn.eof = true;
                     break;
@@ -177,6 +195,61 @@ impl ControlServer {
         // Hung up: stop watching; the connection lives until its answers are written.
         let _ = ops.remove(Events::empty(&conn.stream));
     }
+}
+
+/// One `recvmsg` into `buf`; descriptors that came with the bytes are appended to `fds`
+/// up to [`MAX_FDS`] (the rest closed). Close-on-exec: the VMM execs nothing, but a
+/// descriptor must not outlive its use by accident.
+fn recv_with_fds(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> std::io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one SCM_RIGHTS message of MAX_FDS descriptors (u64s: cmsghdr alignment).
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain old data; all-zero is a valid (empty) value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: msg points at our live iovec (over `buf`) and control buffer, sized as
+    // declared; the kernel writes within them.
+    let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: msg is the header recvmsg filled; CMSG_FIRSTHDR/NXTHDR stay within its
+    // control buffer (msg_controllen was set to what the kernel wrote).
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a non-null header from CMSG_FIRSTHDR/NXTHDR is within the buffer.
+        let header = unsafe { &*cmsg };
+        if header.cmsg_level == libc::SOL_SOCKET && header.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN(0) is arithmetic on a constant.
+            let data_len = header.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
+            // SAFETY: CMSG_DATA points at this message's payload, inside the buffer.
+            let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
+            for i in 0..data_len / std::mem::size_of::<libc::c_int>() {
+                // SAFETY: i is within the payload's length; read_unaligned because the
+                // payload's alignment is the kernel's business.
+                let raw = unsafe { std::ptr::read_unaligned(data.add(i)) };
+                // SAFETY: SCM_RIGHTS installed this descriptor in our table for us: we
+                // own it and nothing else refers to it.
+                let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+                if fds.len() < MAX_FDS {
+                    fds.push(fd);
+                }
+            }
+        }
+        // SAFETY: as CMSG_FIRSTHDR above.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    Ok(n as usize)
 }
 
 /// Appends `data` to the connection buffer and emits each complete line, parsed. A line
@@ -253,9 +326,73 @@ mod tests {
                 buf: Vec::new(),
                 discarding: false,
                 eof: false,
+                fds: Vec::new(),
             },
             b,
         )
+    }
+
+    /// Sends `data` with `fds` as one SCM_RIGHTS message (what the daemon does).
+    fn send_with_fds(stream: &UnixStream, data: &[u8], fds: &[RawFd]) {
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let mut control = [0u64; 16];
+        let payload = std::mem::size_of_val(fds);
+        // SAFETY: test code: msghdr zeroed, then pointed at live buffers of the given sizes.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(payload as u32) as usize;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(cmsg),
+                payload,
+            );
+            assert_eq!(
+                libc::sendmsg(stream.as_raw_fd(), &msg, 0),
+                data.len() as isize
+            );
+        }
+    }
+
+    #[test]
+    fn descriptors_sent_with_a_request_are_held_up_to_the_cap() {
+        let (conn, client) = conn();
+        let mut conn = conn;
+        let files: Vec<std::fs::File> = (0..MAX_FDS + 2)
+            .map(|_| tempfile::tempfile().expect("tempfile"))
+            .collect();
+        let raw: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
+        send_with_fds(&client, b"{\"cmd\":\"status\"}\n", &raw);
+        let mut chunk = [0u8; 64];
+        let n = recv_with_fds(&conn.stream, &mut chunk, &mut conn.fds).expect("recv");
+        assert_eq!(&chunk[..n], b"{\"cmd\":\"status\"}\n");
+        assert_eq!(conn.fds.len(), MAX_FDS, "the rest are closed, not held");
+        // What came is the same open file: a write through ours shows in the sender's.
+        use std::io::{Read, Seek};
+        let mut ours = std::fs::File::from(conn.fds.remove(0));
+        ours.write_all(b"same file").expect("write");
+        let mut theirs = &files[0];
+        theirs.rewind().expect("rewind");
+        let mut text = String::new();
+        theirs.read_to_string(&mut text).expect("read");
+        assert_eq!(text, "same file");
+        // Bytes without descriptors add none.
+        client
+            .try_clone()
+            .expect("clone")
+            .write_all(b"x")
+            .expect("write");
+        let n = recv_with_fds(&conn.stream, &mut chunk, &mut conn.fds).expect("recv");
+        assert_eq!((n, conn.fds.len()), (1, MAX_FDS - 1));
     }
 
     #[test]

@@ -58,7 +58,12 @@ pub fn wait_for_restore(control_socket: &Path) -> Result<Vmm, (ExitStatus, Strin
                         overrides,
                         paused,
                     };
-                    match builder::prepare(&mut p, &spec) {
+                    // The TAP, when the request says it came with it (one descriptor); any
+                    // other descriptor is closed here.
+                    let mut fds = lock(&control).take_fds(id).into_iter();
+                    let tap = fds.next().filter(|_| spec.overrides.net_tap_fd);
+                    drop(fds);
+                    match builder::prepare(&mut p, &spec, tap) {
                         Ok(prepared) => return started(p, prepared, id, rest.collect()),
                         Err(e) => restore_failed(&e),
                     }

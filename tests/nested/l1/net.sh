@@ -191,3 +191,45 @@ test_net_readdress() {
   stop_vm $d
   pass "restored at new addresses: /init sandcellNet (alone, on a token-holding agent; then twice with the daemon's fields) -> eth0 $NET_GUEST/24 only, default via $NET_HOST, resolv.conf; pings both ways, 4 MiB HTTP download, checksum equal"
 }
+
+# A networked snapshot restored into a `--wait-restore` VMM, as the daemon's pooled VMMs are
+# given a networked template: the VMM runs in a network namespace of its own with nothing in
+# it (the pool's VMMs start before their sandbox's namespace exists), so it cannot attach the
+# TAP by name; the TAP comes with the restore request as a descriptor (nested-probe control
+# --tap, the runtime's open_tap + send_with_tap). A restore that asks for a passed TAP and
+# has none is refused, and the VMM keeps waiting. The guest's network then works.
+test_net_pool_restore() {
+  need sandcell-vmm nested-probe; need_l2
+  net_setup
+  [ -f $NET_SNAP/vm.state ] && [ -f $NET_SNAP/vm.mem ] || net_make_snapshot
+  r=$NET_SNAP/pooled; rm -rf $r; mkdir -p $r
+  unshare -n sandcell-vmm --wait-restore --control-socket $r/control > $r/vmm.out 2>&1 &
+  echo $! > $r/pid
+  n=0
+  until [ -S $r/control ]; do
+    n=$((n + 1)); [ $n -lt 200 ] || { cat $r/vmm.out; fail "the --wait-restore VMM never made $r/control"; }
+    sleep 0.05
+  done
+  vmm=$(cat $r/pid)
+  grep -q "$NET_TAP" /proc/$vmm/net/dev && fail "the pooled VMM's namespace has $NET_TAP: the test would not show the descriptor path"
+  req="{\"op\":\"restore\",\"state_path\":\"$NET_SNAP/vm.state\",\"mem_path\":\"$NET_SNAP/vm.mem\",\"overrides\":{\"vsock_uds_path\":\"$r/vsock\",\"disk_overlay\":\"$r/overlay\",\"serial_log\":\"$r/serial.log\",\"net_tap_fd\":true}}"
+  set +e
+  $P control --socket $r/control --request "$req" --timeout 60 > $r/no-tap.out 2>&1
+  s=$?
+  set -e
+  [ $s != 0 ] && grep -q net_tap_fd $r/no-tap.out || { cat $r/no-tap.out; fail "a restore asking for a passed TAP without one was not refused by name"; }
+  ctl $r '{"op":"status"}' > /dev/null
+  grep -q '"waiting"' $r/ctl.out || fail "after the refused restore the VMM is not waiting: $(cat $r/ctl.out)"
+  t0=$(now_cs)
+  $P control --socket $r/control --tap $NET_TAP --request "$req" --timeout 120 > $r/restore.out 2> $r/restore.err \
+    || { cat $r/restore.out $r/restore.err $r/vmm.out; fail "the restore with the TAP passed failed"; }
+  $P wait-agent --uds $r/vsock --timeout 120 > $r/ready \
+    || { cat $r/vmm.out; show_serial $r; fail "the agent restored in the pooled VMM never answered"; }
+  bench net_pool_restore_to_agent_ms $(( ($(now_cs) - t0) * 10 )) ms
+  ls -l /proc/$vmm/fd | grep -q /dev/net/tun || fail "the pooled VMM holds no /dev/net/tun descriptor"
+  out=$(gx $r "ping -c 2 -W 20 $NET_HOST") || { echo "$out"; show_serial $r; fail "guest -> L1 ping failed after the pooled restore"; }
+  ping -c 2 -W 20 $NET_GUEST > $r/ping.out || { cat $r/ping.out; fail "L1 -> guest ping failed after the pooled restore"; }
+  down=$(net_download $r)
+  stop_vm $r
+  pass "pooled VMM in an empty namespace, TAP passed with the restore (a restore without it refused, VMM still waiting): pings both ways, 4 MiB HTTP download, checksum equal"
+}

@@ -17,6 +17,7 @@
 //! needs no crate of the workspace and no cargo.
 
 mod ops;
+mod tap;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;

@@ -10,9 +10,10 @@
 //!   nested-probe post --uds SOCK --path PATH [--body JSON]   (then the body on a line)
 //!       `POST PATH` (e.g. /init, /sandcell/poweroff); `@NOW@` in JSON becomes the current
 //!       time in RFC 3339 (nanoseconds); prints `status=N`, exit 0 on 2xx
-//!   nested-probe control --socket SOCK --request JSON [--timeout SECS]
+//!   nested-probe control --socket SOCK --request JSON [--timeout SECS] [--tap NAME]
 //!       one line to a sandcell-vmm control socket; prints the answer line and its time
-//!       (`control_ms=N`, stderr); exit 0 when the answer is `"result":"ok"`
+//!       (`control_ms=N`, stderr); exit 0 when the answer is `"result":"ok"`. `--tap`: the
+//!       TAP NAME attached here and sent with the line (tap.rs)
 //!
 //! `exec` and `post` take `--tcp ADDR:PORT` instead of `--uds` (HTTP to a daemon and its envd
 //! proxy) and `--header 'Name: value'` (repeatable).
@@ -21,6 +22,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -42,6 +44,7 @@ struct Flags {
     path: String,
     body: String,
     request: String,
+    tap: String,
     timeout: Duration,
     count: u32,
     rest: Vec<String>,
@@ -56,6 +59,7 @@ fn parse(args: &[String]) -> Result<Flags, String> {
         path: String::new(),
         body: String::new(),
         request: String::new(),
+        tap: String::new(),
         timeout: Duration::from_secs(60),
         count: 1,
         rest: Vec::new(),
@@ -79,6 +83,7 @@ fn parse(args: &[String]) -> Result<Flags, String> {
             "--path" => f.path = v,
             "--body" => f.body = v,
             "--request" => f.request = v,
+            "--tap" => f.tap = v,
             "--count" => f.count = v.parse().map_err(|e| format!("--count {v}: {e}"))?,
             "--timeout" => {
                 f.timeout =
@@ -468,9 +473,15 @@ fn control(f: &Flags) -> Result<u8, String> {
     stream
         .set_read_timeout(Some(f.timeout))
         .map_err(|e| e.to_string())?;
-    stream
-        .write_all(format!("{}\n", f.request).as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
+    let line = format!("{}\n", f.request);
+    if f.tap.is_empty() {
+        stream
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("write: {e}"))?;
+    } else {
+        let tap = crate::tap::attach(&f.tap)?;
+        crate::tap::send_with_fd(&mut stream, line.as_bytes(), tap.as_raw_fd())?;
+    }
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     (&mut reader)

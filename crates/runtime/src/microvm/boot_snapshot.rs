@@ -1,9 +1,14 @@
-//! Templates are snapshots: the first create of a sandbox without a network from an
-//! (image, kernel, memory, vCPUs) boots a template VM once, waits for its agent and saves a
-//! full snapshot of it ([`super::sandbox`]'s pause to disk: memory, state and the disk's
+//! Templates are snapshots: the first create from an (image, kernel, memory, vCPUs, with
+//! or without a network) boots a template VM once, waits for its agent and saves a full
+//! snapshot of it ([`super::sandbox`]'s pause to disk: memory, state and the disk's
 //! frozen layers, self-contained). Later creates restore that snapshot into a VMM of the
 //! [`super::warm_pool`] with their own empty disk top, and the caller's `/init` gives each
 //! its identity, clock and fresh RNG entropy.
+//!
+//! A networked template VM boots in a network of its own with no egress, torn down with
+//! it: its snapshot has a net device. A networked create restores it with its own network's
+//! TAP, which the daemon attaches in the sandbox's namespace and passes to the pooled VMM
+//! (that VMM started outside any sandbox's namespace), then readdresses the guest.
 //!
 //! Snapshots live in `<data-dir>/template-snapshots/<key>/`, `<key>` a hash of what the
 //! snapshot depends on (the paths, sizes and modification times of the image's
@@ -33,6 +38,8 @@ pub(super) struct TemplateKey {
     pub(super) vmm: PathBuf,
     pub(super) memory_mib: u32,
     pub(super) vcpus: u8,
+    /// The template VM has a net device (for networked creates).
+    pub(super) network: bool,
 }
 
 impl TemplateKey {
@@ -40,6 +47,11 @@ impl TemplateKey {
     /// of their files' sizes and modification times. Err: a file cannot be read.
     pub(super) fn digest(&self) -> std::io::Result<String> {
         let mut text = format!("v1 mem={} vcpus={}", self.memory_mib, self.vcpus);
+        // Appended only when set: the keys (and snapshots) of templates without a network
+        // stay what they were.
+        if self.network {
+            text.push_str(" net");
+        }
         for path in [&self.rootfs, &self.kernel, &self.vmm] {
             let meta = std::fs::metadata(path)?;
             let mtime = meta
@@ -95,11 +107,13 @@ impl TemplateSnapshots {
     }
 
     /// The snapshot for `key`, built now if there is none (`image` and `boot_timeout` are
-    /// the template VM's). Returns it and whether it was built by this call.
+    /// the template VM's, `network` its network's settings when `key.network`). Returns it
+    /// and whether it was built by this call.
     pub(super) async fn get_or_build(
         &self,
         key: &TemplateKey,
         image: &crate::Image,
+        network: Option<&sandcell_net::NetConfig>,
         boot_timeout: Duration,
     ) -> Result<(SnapshotHandle, bool)> {
         let digest = key.digest().map_err(|e| {
@@ -120,24 +134,46 @@ impl TemplateSnapshots {
         }
         remove_dir_all_if_exists(&dir)
             .map_err(|e| Error::io(RT, format!("removing {}", dir.display()), e))?;
-        let handle = self.build(&digest, &dir, key, image, boot_timeout).await?;
+        let handle = self
+            .build(&digest, &dir, key, image, network, boot_timeout)
+            .await?;
         let ready = dir.join(READY);
         std::fs::write(&ready, b"")
             .map_err(|e| Error::io(RT, format!("writing {}", ready.display()), e))?;
         Ok((handle, true))
     }
 
-    /// Boots the template VM (no network, no env), waits for its agent, pauses it to disk
-    /// into `dir` (which ends the VM).
+    /// Boots the template VM (no env; a network with no egress when the key has one),
+    /// waits for its agent, pauses it to disk into `dir` (which ends the VM; its network
+    /// goes with its destroy).
     async fn build(
         &self,
         digest: &str,
         dir: &Path,
         key: &TemplateKey,
         image: &crate::Image,
+        network: Option<&sandcell_net::NetConfig>,
         boot_timeout: Duration,
     ) -> Result<SnapshotHandle> {
-        // Template VMs have no network: an empty registry of their own.
+        let network = match (key.network, network) {
+            (false, _) => None,
+            (true, Some(config)) => Some(crate::NetworkSpec {
+                egress: sandcell_net::EgressSpec {
+                    allow_internet_access: false,
+                    allow_out: Vec::new(),
+                    deny_out: Vec::new(),
+                    rules: Default::default(),
+                },
+                config: config.clone(),
+            }),
+            (true, None) => {
+                return Err(Error::InvalidSpec {
+                    runtime: RT,
+                    problem: "a networked template snapshot needs the network's settings".into(),
+                });
+            }
+        };
+        // A registry of their own (slots are claimed host-wide, so it shares no address).
         let cold = MicrovmRuntime {
             dirs: self.dirs.clone(),
             vmm: self.vmm.clone(),
@@ -153,12 +189,14 @@ impl TemplateSnapshots {
         spec.memory_mib = key.memory_mib;
         spec.vcpus = key.vcpus;
         spec.boot_timeout = boot_timeout;
+        spec.network = network;
         let sandbox = cold.create(spec).await?;
         let made = async {
             sandbox.start().await?;
             sandbox.pause_to_disk(dir).await
         }
         .await;
+        // A pause to disk ends the VM and destroys the sandbox, its network with it.
         if made.is_err() {
             let _ = sandbox.destroy().await;
             let _ = remove_dir_all_if_exists(dir);
@@ -181,6 +219,7 @@ mod tests {
             vmm: dir.join("sandcell-vmm"),
             memory_mib: 256,
             vcpus: 1,
+            network: false,
         }
     }
 
@@ -197,6 +236,13 @@ mod tests {
         let mut other = k.clone();
         other.vcpus = 2;
         assert_ne!(other.digest().unwrap(), d);
+        let mut other = k.clone();
+        other.network = true;
+        assert_ne!(
+            other.digest().unwrap(),
+            d,
+            "a networked template is another"
+        );
         // A rebuilt rootfs (another size) is another template.
         std::fs::write(&k.rootfs, "rebuilt rootfs").unwrap();
         assert_ne!(k.digest().unwrap(), d);
@@ -221,7 +267,7 @@ mod tests {
             rootfs_ext4: Some(k.rootfs.clone()),
         };
         let err = store
-            .get_or_build(&k, &image, Duration::from_secs(1))
+            .get_or_build(&k, &image, None, Duration::from_secs(1))
             .await
             .err()
             .unwrap();

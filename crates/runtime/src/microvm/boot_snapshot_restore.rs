@@ -33,6 +33,8 @@ pub(in crate::microvm) struct TemplatePlan {
     pub(in crate::microvm) pool: Arc<WarmPool>,
     pub(in crate::microvm) key: TemplateKey,
     pub(in crate::microvm) image: crate::Image,
+    /// The network settings a networked template VM boots with (`key.network`).
+    pub(in crate::microvm) network: Option<sandcell_net::NetConfig>,
 }
 
 pub(super) enum Outcome {
@@ -46,7 +48,12 @@ pub(super) async fn start(sb: &MicrovmSandbox, plan: TemplatePlan) -> Outcome {
     let began = Instant::now();
     let (snapshot, built) = match plan
         .store
-        .get_or_build(&plan.key, &plan.image, sb.boot_timeout)
+        .get_or_build(
+            &plan.key,
+            &plan.image,
+            plan.network.as_ref(),
+            sb.boot_timeout,
+        )
         .await
     {
         Ok(s) => s,
@@ -57,12 +64,30 @@ pub(super) async fn start(sb: &MicrovmSandbox, plan: TemplatePlan) -> Outcome {
         memory,
         disk_base,
         disk_layers,
+        network: has_net_device,
         ..
     } = &snapshot.files
     else {
         return Outcome::ColdBoot("the template snapshot is not a microvm one".into());
     };
     let snapshot_ms = began.elapsed().as_millis();
+    // The sandbox's TAP for the snapshot's net device, attached here in its namespace
+    // (the pooled VMM is in none of the sandbox's); the guest is readdressed once up.
+    let net = sb.network();
+    let (tap, readdress) = match (*has_net_device, &net) {
+        (false, None) => (None, None),
+        (true, Some(net)) => match network::open_tap(net.network()).await {
+            Ok(fd) => (Some(fd), Some(network::init_value(net.network()))),
+            Err(e) => return Outcome::ColdBoot(format!("the sandbox's TAP: {e}")),
+        },
+        (has, _) => {
+            return Outcome::ColdBoot(format!(
+                "the template snapshot {} a net device and the sandbox {} a network",
+                if has { "has" } else { "has no" },
+                if has { "has no" } else { "has" },
+            ));
+        }
+    };
     let mut vmm = match plan.pool.take().await {
         Ok(v) => v,
         Err(e) => return Outcome::ColdBoot(format!("the warm VMM pool: {e}")),
@@ -76,6 +101,7 @@ pub(super) async fn start(sb: &MicrovmSandbox, plan: TemplatePlan) -> Outcome {
             disk_layers: Some(disk_layers.clone()),
             disk_base: None,
             net_tap: None,
+            net_tap_fd: tap.is_some(),
             serial_log: Some(sb.paths.console.clone()),
         },
         paused: false,
@@ -92,7 +118,7 @@ pub(super) async fn start(sb: &MicrovmSandbox, plan: TemplatePlan) -> Outcome {
         return Outcome::ColdBoot(e);
     }
     let restore_began = Instant::now();
-    if let Err(e) = sb.control_within(&request, RESTORE_TIMEOUT).await {
+    if let Err(e) = sb.control_passing(&request, tap, RESTORE_TIMEOUT).await {
         vmm.discard();
         // The cold boot makes its own socket, log and disk top.
         for path in [&sb.paths.control, &sb.paths.vmm_log, &sb.paths.overlay] {
@@ -114,7 +140,12 @@ pub(super) async fn start(sb: &MicrovmSandbox, plan: TemplatePlan) -> Outcome {
         let _ = crate::util::remove_dir_all_if_exists(&state_slot);
         *lock(&sb.jail) = Some(jail);
     }
-    let result = sb.supervise(child, pid).await;
+    let mut result = sb.supervise(child, pid).await;
+    // The guest still has the template VM's address, gateway and resolver: readdressed
+    // before anyone else talks to it (as a restored snapshot's, snapshot.rs).
+    if let (Ok(()), Some(value)) = (&result, readdress) {
+        result = super::snapshot::readdress_guest(sb, value).await;
+    }
     if result.is_ok() {
         // The nested harness (tests/nested/l1/template.sh) finds this line by its text.
         tracing::info!(

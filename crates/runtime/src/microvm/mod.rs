@@ -102,7 +102,17 @@ pub struct MicrovmRuntime {
 struct Templates {
     store: std::sync::Arc<boot_snapshot::TemplateSnapshots>,
     pool: std::sync::Arc<warm_pool::WarmPool>,
+    /// Networked creates restore too ([`NET_TEMPLATES_ENV`]).
+    networked: bool,
 }
+
+/// `SANDCELL_MICROVM_NET_TEMPLATES=1`: networked creates restore a networked template
+/// snapshot into a pooled VMM too, given their TAP (boot_snapshot.rs). Opt-in until the
+/// whole path is proven through a daemon in the nested harness: its VMM half is
+/// (`net_pool_restore`), the daemon's half natively (network.rs tests), but L1 cannot run
+/// the daemon's networks yet (no nftables, veth or tc there). Without it a networked create
+/// boots, as before.
+pub const NET_TEMPLATES_ENV: &str = "SANDCELL_MICROVM_NET_TEMPLATES";
 
 impl MicrovmRuntime {
     /// Finds the VMM and checks for KVM. Sandboxes with a network get it through `nets` (its
@@ -144,8 +154,8 @@ impl MicrovmRuntime {
         })
     }
 
-    /// Creates of sandboxes without a network restore a template snapshot (made on the
-    /// first create of each image, kernel, memory and vCPUs) into one of `pool_size` idle
+    /// Creates restore a template snapshot (made on the first create of each image,
+    /// kernel, memory, vCPUs, with or without a network) into one of `pool_size` idle
     /// pre-started VMMs instead of booting (boot_snapshot.rs, warm_pool.rs). Their
     /// environment then comes only from the agent's `/init`, which the caller must send
     /// (the daemon does); `pool_size` 0 turns it off.
@@ -156,6 +166,7 @@ impl MicrovmRuntime {
             )),
             // Jailed from their start, before their sandbox exists (jail_pooled.rs).
             pool: warm_pool::WarmPool::new(&self.dirs, &self.vmm, pool_size, self.jail),
+            networked: std::env::var(NET_TEMPLATES_ENV).is_ok_and(|v| v == "1"),
         });
         self
     }
@@ -314,11 +325,15 @@ impl Runtime for MicrovmRuntime {
             paths,
         )
         .with_jail(self.jail, vec![config.kernel.clone(), base.clone()]);
-        match (net, &self.templates) {
-            (Some(net), _) => sandbox.set_network(net),
-            // Template snapshots are of VMs without a net device: only these restore one
-            // (a networked create boots; its own snapshots restore into new networks).
-            (None, Some(t)) => sandbox.set_template_plan(sandbox::TemplatePlan {
+        // A networked create restores a template snapshot with a net device, given this
+        // sandbox's TAP (boot_snapshot.rs), when asked to; the network is the sandbox's
+        // either way.
+        if let Some(t) = self
+            .templates
+            .as_ref()
+            .filter(|t| net.is_none() || t.networked)
+        {
+            sandbox.set_template_plan(sandbox::TemplatePlan {
                 store: t.store.clone(),
                 pool: t.pool.clone(),
                 key: boot_snapshot::TemplateKey {
@@ -327,10 +342,14 @@ impl Runtime for MicrovmRuntime {
                     vmm: self.vmm.clone(),
                     memory_mib: spec.memory_mib,
                     vcpus: spec.vcpus,
+                    network: net.is_some(),
                 },
                 image: spec.image.clone(),
-            }),
-            (None, None) => {}
+                network: spec.network.as_ref().map(|n| n.config.clone()),
+            });
+        }
+        if let Some(net) = net {
+            sandbox.set_network(net);
         }
         let prepared = (|| {
             std::fs::create_dir_all(&sandbox.paths.state_dir).map_err(|e| {

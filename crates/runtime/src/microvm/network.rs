@@ -11,7 +11,7 @@
 //! the TAP by name; the agent configures `eth0` from the `sandcell.net=` kernel parameter.
 
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::RT;
 use crate::NetworkSpec;
@@ -144,6 +144,123 @@ pub(super) fn open_netns(net: &Network) -> Result<std::fs::File> {
     })
 }
 
+/// The sandbox's TAP, attached from the daemon for a VMM started outside the namespace (a
+/// pooled one, given it with its restore request: [`send_with_tap`]). The flags are the
+/// VMM's own (`IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`); the VMM checks them. In a thread of
+/// its own: `setns` changes the calling thread's namespace for good.
+pub(super) async fn open_tap(net: &Network) -> Result<OwnedFd> {
+    let ns = open_netns(net)?;
+    let what = format!("attaching {TAP_NAME} in network namespace {}", net.netns);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("sc-tap-attach".into())
+        .spawn(move || {
+            let flags = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+            let _ = tx.send(attach_tap_in(&ns, flags));
+        })
+        .map_err(|e| Error::io(RT, what.clone(), e))?;
+    match rx.await {
+        Ok(attached) => attached
+            .map(OwnedFd::from)
+            .map_err(|e| Error::io(RT, what, e)),
+        Err(_) => Err(Error::io(
+            RT,
+            what,
+            std::io::Error::other("the attaching thread ended without an answer"),
+        )),
+    }
+}
+
+/// Moves the calling thread into namespace `ns` and attaches [`TAP_NAME`] there with
+/// `flags` (a blocking descriptor, close-on-exec).
+fn attach_tap_in(ns: &std::fs::File, flags: libc::c_int) -> std::io::Result<std::fs::File> {
+    // SAFETY: setns on a namespace descriptor we hold; it changes only this thread.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    // SAFETY: ifreq is plain old data; all-zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(TAP_NAME.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_flags = flags as libc::c_short;
+    // SAFETY: TUNSETIFF (_IOW('T', 202, int)) reads the ifreq we own.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), 0x4004_54ca, &mut ifr) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(tun)
+}
+
+/// Writes `line` on `stream` with `tap` as its `SCM_RIGHTS` descriptor (the VMM takes it
+/// with the request those bytes start). Ours is closed once sent: the VMM holds the TAP.
+pub(super) async fn send_with_tap(
+    stream: &tokio::net::UnixStream,
+    line: &[u8],
+    tap: OwnedFd,
+) -> std::io::Result<()> {
+    let mut sent = 0;
+    let mut tap = Some(tap);
+    while sent < line.len() {
+        stream.writable().await?;
+        let rest = &line[sent..];
+        let fd = tap.as_ref().map(AsRawFd::as_raw_fd);
+        match stream.try_io(tokio::io::Interest::WRITABLE, || sendmsg(stream, rest, fd)) {
+            Ok(n) => {
+                sent += n;
+                // The descriptor went with the first bytes that went.
+                tap = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One `sendmsg` of `data`, with `fd` as an `SCM_RIGHTS` message when given.
+fn sendmsg(
+    stream: &tokio::net::UnixStream,
+    data: &[u8],
+    fd: Option<std::os::fd::RawFd>,
+) -> std::io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // Room for one descriptor's SCM_RIGHTS message (u64s: cmsghdr alignment).
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain old data; all-zero is a valid (empty) value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        let len = std::mem::size_of::<libc::c_int>() as u32;
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE/CMSG_LEN are arithmetic; CMSG_FIRSTHDR of a header whose
+        // control buffer (32 bytes) holds CMSG_SPACE(4) = 24 bytes is non-null and in it,
+        // and CMSG_DATA points at its 4-byte payload, also in it.
+        unsafe {
+            msg.msg_controllen = libc::CMSG_SPACE(len) as usize;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(len) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
+        }
+    }
+    // SAFETY: msg points at our live iovec (over `data`) and control buffer; MSG_NOSIGNAL:
+    // a VMM that went away is an error, not SIGPIPE.
+    let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 /// The VMM starts inside the sandbox's namespace (it attaches the TAP by name there).
 pub(super) fn join_netns(cmd: &mut tokio::process::Command, netns: &std::fs::File) {
     let fd = netns.as_raw_fd();
@@ -230,19 +347,7 @@ mod tests {
             "needs /dev/net/tun"
         );
         let _l = sandcell_net::testing::Internet::lock();
-        let spec = NetworkSpec {
-            egress: sandcell_net::EgressSpec {
-                allow_internet_access: true,
-                allow_out: vec![],
-                deny_out: vec![],
-                rules: Default::default(),
-            },
-            config: sandcell_net::NetConfig {
-                pool: "10.203.0.0/16".parse().expect("cidr"),
-                upstream_dns: vec![],
-                allow_private: Default::default(),
-            },
-        };
+        let spec = test_spec();
         let id = crate::new_sandbox_id().expect("id");
         let net = create(&NetRegistry::new(), &id, &spec)
             .await
@@ -257,32 +362,106 @@ mod tests {
         assert_ne!(gateway_mac, [0u8; 6]);
     }
 
+    fn test_spec() -> NetworkSpec {
+        NetworkSpec {
+            egress: sandcell_net::EgressSpec {
+                allow_internet_access: true,
+                allow_out: vec![],
+                deny_out: vec![],
+                rules: Default::default(),
+            },
+            config: sandcell_net::NetConfig {
+                pool: "10.203.0.0/16".parse().expect("cidr"),
+                upstream_dns: vec![],
+                allow_private: Default::default(),
+            },
+        }
+    }
+
+    /// The daemon's half of a pooled VMM's network: the TAP attached in the sandbox's
+    /// namespace from here, sent with a request line. What arrives on the other end is the
+    /// line and a descriptor of the sandbox's TAP, with the VMM's flags (the VMM's half is
+    /// tested in sandcell-vmm: net::tests, control::tests). Needs root and /dev/net/tun.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_sandboxs_tap_goes_with_the_request_line() {
+        assert_eq!(
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() },
+            0,
+            "needs root (namespaces, TAPs)"
+        );
+        let _l = sandcell_net::testing::Internet::lock();
+        let id = crate::new_sandbox_id().expect("id");
+        let net = create(&NetRegistry::new(), &id, &test_spec())
+            .await
+            .expect("network with a TAP");
+        let tap = open_tap(net.network()).await;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let ours = tokio::net::UnixStream::from_std(ours).expect("tokio stream");
+        let sent = match tap {
+            Ok(tap) => send_with_tap(&ours, b"{\"op\":\"status\"}\n", tap).await,
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        };
+        let received = recv_one_fd(&theirs);
+        teardown(&id, net).await.expect("teardown");
+        sent.expect("sent");
+        let (line, fd) = received;
+        assert_eq!(line, b"{\"op\":\"status\"}\n");
+        let fd = fd.expect("a descriptor came with the line");
+        // SAFETY: ifreq is plain old data; all-zero is valid.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        // SAFETY: TUNGETIFF (_IOR('T', 210, int)) fills the ifreq we own.
+        let rc = unsafe { libc::ioctl(fd.as_raw_fd(), 0x8004_54d2, &mut ifr) };
+        assert_eq!(rc, 0, "TUNGETIFF: {}", std::io::Error::last_os_error());
+        let name: Vec<u8> = ifr
+            .ifr_name
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        assert_eq!(name, TAP_NAME.as_bytes());
+        // SAFETY: TUNGETIFF filled the flags member.
+        let flags = i32::from(unsafe { ifr.ifr_ifru.ifru_flags });
+        let want = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+        assert_eq!(flags & want, want, "{flags:#x}");
+    }
+
+    /// One recvmsg: the bytes and the first descriptor that came with them.
+    fn recv_one_fd(stream: &std::os::unix::net::UnixStream) -> (Vec<u8>, Option<OwnedFd>) {
+        use std::os::fd::FromRawFd;
+        let mut buf = [0u8; 256];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut control = [0u64; 8];
+        // SAFETY: test code: a zeroed msghdr pointed at live buffers of the given sizes; the
+        // descriptor read from the SCM_RIGHTS payload is ours to own.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&control);
+            let n = libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+            assert!(n > 0, "recvmsg: {}", std::io::Error::last_os_error());
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            let fd = (!cmsg.is_null() && (*cmsg).cmsg_type == libc::SCM_RIGHTS).then(|| {
+                OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+                    libc::CMSG_DATA(cmsg).cast::<libc::c_int>(),
+                ))
+            });
+            (buf[..n as usize].to_vec(), fd)
+        }
+    }
+
     /// In the sandbox's namespace: attach the TAP, send "who has <gateway>, tell <guest>",
     /// read frames until the answer (bounded). Returns the gateway's MAC.
     fn arp_through_tap(n: &Network) -> std::result::Result<[u8; 6], String> {
         let ns = open_netns(n).map_err(|e| e.to_string())?;
-        // SAFETY: setns on a namespace fd we hold; affects only this thread.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(format!("setns: {}", std::io::Error::last_os_error()));
-        }
-        let tun = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/net/tun")
-            .map_err(|e| format!("/dev/net/tun: {e}"))?;
-        // SAFETY: ifreq is plain old data; all-zero is valid.
-        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (d, s) in ifr.ifr_name.iter_mut().zip(TAP_NAME.as_bytes()) {
-            *d = *s as libc::c_char;
-        }
-        ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
-        // SAFETY: TUNSETIFF (_IOW('T', 202, int)) reads the ifreq we own.
-        if unsafe { libc::ioctl(tun.as_raw_fd(), 0x4004_54ca, &mut ifr) } < 0 {
-            return Err(format!(
-                "TUNSETIFF {TAP_NAME}: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+        let tun = attach_tap_in(&ns, libc::IFF_TAP | libc::IFF_NO_PI)
+            .map_err(|e| format!("attaching {TAP_NAME}: {e}"))?;
         let mac = [0x02, 0x5c, 0, 0, 0, 0x42];
         let mut f = Vec::with_capacity(42);
         f.extend([0xff; 6]);

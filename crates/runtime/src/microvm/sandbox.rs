@@ -283,6 +283,17 @@ impl MicrovmSandbox {
 
     /// One control exchange, answered within `timeout`.
     async fn control_within(&self, request: &ControlRequest, timeout: Duration) -> Result<VmState> {
+        self.control_passing(request, None, timeout).await
+    }
+
+    /// [`Self::control_within`], with `tap` sent along the request's bytes (a pooled VMM's
+    /// restore: network.rs [`network::send_with_tap`]).
+    async fn control_passing(
+        &self,
+        request: &ControlRequest,
+        tap: Option<std::os::fd::OwnedFd>,
+        timeout: Duration,
+    ) -> Result<VmState> {
         let fail = |problem: String| Error::Control {
             runtime: RT,
             id: self.id.clone(),
@@ -296,10 +307,11 @@ impl MicrovmSandbox {
                 .map_err(|e| fail(e.to_string()))?;
             let mut line = serde_json::to_vec(request).map_err(|e| fail(e.to_string()))?;
             line.push(b'\n');
-            stream
-                .write_all(&line)
-                .await
-                .map_err(|e| fail(format!("sending: {e}")))?;
+            match tap {
+                Some(tap) => network::send_with_tap(&stream, &line, tap).await,
+                None => stream.write_all(&line).await,
+            }
+            .map_err(|e| fail(format!("sending: {e}")))?;
             let mut reply = String::new();
             let mut reader =
                 tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(stream, MAX_CONTROL_LINE));

@@ -550,7 +550,7 @@ fn open_fork_memory(memory: &Path, owner: Option<u32>) -> Result<std::os::fd::Ow
 }
 
 /// Sends the agent `/init` with only `sandcellNet` (its other fields are the caller's).
-async fn readdress_guest(sb: &MicrovmSandbox, value: String) -> Result<()> {
+pub(super) async fn readdress_guest(sb: &MicrovmSandbox, value: String) -> Result<()> {
     let client = sandcell_envd_client::EnvdClient::new(vsock_connector(sb.paths.vsock.clone()));
     let request = sandcell_proto::agent::InitRequest {
         sandcell_net: Some(value.clone()),

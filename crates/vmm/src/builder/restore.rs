@@ -33,6 +33,7 @@ use crate::snapshot::memory::{self, MemorySource};
 use crate::snapshot::state::VirtioDeviceState;
 use crate::snapshot::{MicrovmState, Persist, file};
 use crate::vmm::Vmm;
+use std::os::fd::OwnedFd;
 
 /// What to restore, and what to change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +57,7 @@ pub struct Prepared {
 /// Restores the VM and starts it.
 pub fn restore(p: Prelude, spec: &RestoreSpec) -> Result<Vmm, BuildError> {
     let mut p = p;
-    let prepared = prepare(&mut p, spec)?;
+    let prepared = prepare(&mut p, spec, None)?;
     start(p, prepared)
 }
 
@@ -67,8 +68,14 @@ pub fn start(p: Prelude, r: Prepared) -> Result<Vmm, BuildError> {
 
 /// Everything but starting the vCPUs. On failure `p` can serve again (a
 /// `--wait-restore` VMM answers the error and keeps waiting); only a VM it created ahead
-/// of time ([`Prelude::vm`]) is used up.
-pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildError> {
+/// of time ([`Prelude::vm`]) is used up. `passed_tap`: the TAP sent with the request, for
+/// a snapshot with a net device restored with `net_tap_fd`.
+pub fn prepare(
+    p: &mut Prelude,
+    spec: &RestoreSpec,
+    passed_tap: Option<OwnedFd>,
+) -> Result<Prepared, BuildError> {
+    let mut passed_tap = passed_tap;
     let started = std::time::Instant::now();
     let state: MicrovmState = file::read(&spec.state_path)?;
     let bad = |reason: String| BuildError::BadSnapshot {
@@ -131,12 +138,23 @@ pub fn prepare(p: &mut Prelude, spec: &RestoreSpec) -> Result<Prepared, BuildErr
                 },
                 s,
             )?)),
-            VirtioDeviceState::Net(s) => VirtioHandle::Net(shared(Net::restore(
-                NetRestoreArgs::Tap {
-                    name_override: spec.overrides.net_tap.clone(),
-                },
-                s,
-            )?)),
+            VirtioDeviceState::Net(s) => {
+                let args = match (spec.overrides.net_tap_fd, passed_tap.take()) {
+                    (false, _) => NetRestoreArgs::Tap {
+                        name_override: spec.overrides.net_tap.clone(),
+                    },
+                    (true, Some(fd)) => NetRestoreArgs::Passed(fd),
+                    (true, None) => {
+                        return Err(BuildError::BadSnapshot {
+                            path: spec.state_path.display().to_string(),
+                            reason: "the restore asks for a TAP passed with it (net_tap_fd), \
+                                     and none came (or the snapshot has two net devices)"
+                                .into(),
+                        });
+                    }
+                };
+                VirtioHandle::Net(shared(Net::restore(args, s)?))
+            }
             VirtioDeviceState::Rng(s) => VirtioHandle::Rng(shared(Rng::restore((), s)?)),
             VirtioDeviceState::Vsock(s) => VirtioHandle::Vsock(shared(Vsock::restore(
                 spec.overrides.vsock_uds_path.clone(),

@@ -2,7 +2,8 @@
 //! transport's state; a frame pending at the save is not kept (the wire may lose a
 //! frame; TCP resends it). A restore attaches to the TAP by name again, in the network
 //! namespace of the restoring process: a clone in its own namespace gets its own TAP
-//! of the same name.
+//! of the same name. A VMM started ahead of its sandbox (`--wait-restore`) is given the
+//! TAP instead, attached by the daemon in the sandbox's namespace.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,10 +17,11 @@ pub struct NetState {
     pub mac: [u8; 6],
 }
 
-/// What a restore attaches to: the saved TAP name unless overridden, or (tests) a
-/// ready backend.
+/// What a restore attaches to: the saved TAP name unless overridden, a TAP passed in
+/// attached, or (tests) a ready backend.
 pub enum NetRestoreArgs {
     Tap { name_override: Option<String> },
+    Passed(std::os::fd::OwnedFd),
     Backend(Box<dyn NetBackend>),
 }
 
@@ -41,6 +43,9 @@ impl Persist for Net {
             NetRestoreArgs::Tap { name_override } => {
                 let name = name_override.as_deref().unwrap_or(&s.tap_name);
                 Box::new(Tap::open(name).map_err(|e| err(e.to_string()))?)
+            }
+            NetRestoreArgs::Passed(fd) => {
+                Box::new(Tap::from_fd(fd).map_err(|e| err(e.to_string()))?)
             }
             NetRestoreArgs::Backend(b) => b,
         };

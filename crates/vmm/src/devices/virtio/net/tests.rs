@@ -637,3 +637,54 @@ fn recv_matching(sock: &OwnedFd, buf: &mut [u8], want: impl Fn(&[u8]) -> bool) -
     }
     None
 }
+
+/// A TAP attached in blocking mode with `flags`, as another process would before passing
+/// it to a waiting VMM.
+fn attach_elsewhere(name: &str, flags: libc::c_int) -> OwnedFd {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .expect("opening /dev/net/tun");
+    // SAFETY: ifreq is plain old data; all-zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *dst = *src as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_flags = flags as libc::c_short;
+    // SAFETY: TUNSETIFF reads the ifreq we own.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), super::tap::TUNSETIFF, &mut ifr) };
+    assert_eq!(rc, 0, "TUNSETIFF: {}", io::Error::last_os_error());
+    file.into()
+}
+
+/// A TAP passed in by descriptor (a `--wait-restore` VMM's): its name comes from the
+/// kernel, it is made non-blocking, and one attached without the vnet header, or a file
+/// that is no TAP, is refused with what is wrong. Needs root and /dev/net/tun.
+#[test]
+fn a_passed_tap_is_checked_and_taken_over() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root (a TAP)");
+    // SAFETY: unshare has no memory preconditions (nextest: this process only).
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "unshare: {}", io::Error::last_os_error());
+    let full = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+    let mut tap = Tap::from_fd(attach_elsewhere("scpass0", full)).expect("a good TAP");
+    assert_eq!(tap.name(), "scpass0");
+    // SAFETY: F_GETFL on the TAP's open descriptor.
+    let fl = unsafe { libc::fcntl(tap.as_raw_fd(), libc::F_GETFL) };
+    assert_ne!(fl & libc::O_NONBLOCK, 0, "made non-blocking");
+    let mut buf = [0u8; 64];
+    let err = tap.recv(&mut buf).expect_err("nothing to read");
+    assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+
+    let err = Tap::from_fd(attach_elsewhere("scpass1", libc::IFF_TAP | libc::IFF_NO_PI))
+        .expect_err("no vnet header");
+    assert!(
+        matches!(&err, TapError::Mode { name, .. } if name == "scpass1"),
+        "{err}"
+    );
+    let file = tempfile::tempfile().expect("tempfile");
+    let err = Tap::from_fd(file.into()).expect_err("not a TAP");
+    assert!(matches!(err, TapError::NotATap(_)), "{err}");
+}
