@@ -18,7 +18,7 @@ pub enum Error {
         source: io::Error,
     },
 
-    /// The VMM's jail (opt-in, microvm/jail.rs) could not be set up: the create fails.
+    /// The VMM's jail (opt-in, microvm/jail/) could not be set up: the create fails.
     #[error("{runtime} runtime: the VMM's jail cannot be set up: {source}")]
     Jail {
         runtime: RuntimeKind,

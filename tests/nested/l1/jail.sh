@@ -1,6 +1,6 @@
 # The VMM's jail through the runtime (sourced by tests.sh): `SANDCELL_VMM_JAIL=1 sandcell
 # serve --runtime microvm` starts every sandcell-vmm jailed (crates/runtime/src/microvm/
-# jail.rs). Checked from outside, on the running VMMs: their own uid, no capabilities,
+# jail/). Checked from outside, on the running VMMs: their own uid, no capabilities,
 # no_new_privs, seccomp, a root without L1's files, their cgroup's limits; then the
 # sandbox's life under the jail (pause to disk, resume, fork) and a jail that cannot be made.
 #

@@ -7,7 +7,7 @@
 //! Until the pooled VMM has accepted the restore nothing is lost by giving up: the caller
 //! boots cold (one log line). After that, a failure is the start's failure.
 //!
-//! A jailed pooled VMM (jail_pooled.rs) is given its sandbox first: the snapshot's files
+//! A jailed pooled VMM (jail/pooled.rs) is given its sandbox first: the snapshot's files
 //! linked into its state directory, it moves into a cgroup of the sandbox's, its two directories
 //! renamed to the sandbox's; the restore then names paths as its jail shows them.
 

@@ -4,7 +4,7 @@
 //! Files of sandbox `<id>`: `<run-dir>/<id>/{owner.json, vm.json, vsock.sock, control.sock,
 //! console.log (the guest's serial console), vmm.log (the VMM's stderr)}` and the disk's
 //! writable layer `<data-dir>/sandboxes/<id>/disk.overlay` (the image's rootfs.ext4 is the
-//! read-only base and is never written). A jailed VMM (jail.rs) writes only in a directory
+//! read-only base and is never written). A jailed VMM (jail/) writes only in a directory
 //! of its own in each: sockets and console log in `<run-dir>/<id>/vmm/`, disk tops and
 //! snapshot output in `<data-dir>/sandboxes/<id>/vmm/`; the other files stay in the
 //! sandbox's dirs, which stay root's.
@@ -94,7 +94,7 @@ pub struct MicrovmRuntime {
     nets: NetRegistry,
     /// Set by [`MicrovmRuntime::with_template_snapshots`].
     templates: Option<Templates>,
-    /// Set when the VMMs run jailed (`SANDCELL_VMM_JAIL=1`, jail.rs).
+    /// Set when the VMMs run jailed (`SANDCELL_VMM_JAIL=1`, jail/).
     jail: Option<jail::JailPolicy>,
 }
 
@@ -164,7 +164,7 @@ impl MicrovmRuntime {
             store: std::sync::Arc::new(boot_snapshot::TemplateSnapshots::new(
                 &self.dirs, &self.vmm, self.jail,
             )),
-            // Jailed from their start, before their sandbox exists (jail_pooled.rs).
+            // Jailed from their start, before their sandbox exists (jail/pooled.rs).
             pool: warm_pool::WarmPool::new(&self.dirs, &self.vmm, pool_size, self.jail),
             networked: std::env::var(NET_TEMPLATES_ENV).is_ok_and(|v| v == "1"),
         });

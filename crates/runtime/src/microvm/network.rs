@@ -172,8 +172,12 @@ pub(super) async fn open_tap(net: &Network) -> Result<OwnedFd> {
 }
 
 /// Moves the calling thread into namespace `ns` and attaches [`TAP_NAME`] there with
-/// `flags` (a blocking descriptor, close-on-exec).
-fn attach_tap_in(ns: &std::fs::File, flags: libc::c_int) -> std::io::Result<std::fs::File> {
+/// `flags` (a blocking descriptor, close-on-exec). The caller's thread must be one of its
+/// own, ending after: it stays in that namespace.
+pub(super) fn attach_tap_in(
+    ns: &std::fs::File,
+    flags: libc::c_int,
+) -> std::io::Result<std::fs::File> {
     // SAFETY: setns on a namespace descriptor we hold; it changes only this thread.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         return Err(std::io::Error::last_os_error());

@@ -60,14 +60,14 @@ pub struct MicrovmSandbox {
     /// Set when the first start restores a template snapshot into a pooled VMM instead of
     /// booting (boot_snapshot_restore.rs).
     template: Mutex<Option<TemplatePlan>>,
-    /// Set when VMMs are jailed (jail.rs): the jail is made at each start.
+    /// Set when VMMs are jailed (jail/): the jail is made at each start.
     jail_policy: Option<JailPolicy>,
     /// The host files the VMM opens read-only (bound into its jail).
     jail_reads: Mutex<Vec<PathBuf>>,
     /// The running VMM's jail: its uid lease and cgroup, released once the VMM is gone.
     jail: Mutex<Option<VmmJail>>,
     /// Set when the VMM came jailed from the warm pool: it sees its directories at the
-    /// pool slot's paths (jail_pooled.rs).
+    /// pool slot's paths (jail/pooled.rs).
     vmm_view: Mutex<Option<VmmView>>,
     /// The cgroup of an adopted jailed VMM (another daemon made it): removed once the VMM
     /// is gone, at its end or at destroy.
@@ -131,7 +131,7 @@ impl MicrovmSandbox {
         }
     }
 
-    /// Runs this sandbox's VMM in a jail of `policy` (jail.rs) that shows it `reads`.
+    /// Runs this sandbox's VMM in a jail of `policy` (jail/) that shows it `reads`.
     pub(super) fn with_jail(mut self, policy: Option<JailPolicy>, reads: Vec<PathBuf>) -> Self {
         self.jail_policy = policy;
         *lock(&self.jail_reads) = reads;
@@ -142,7 +142,7 @@ impl MicrovmSandbox {
         self.jail_policy
     }
 
-    /// `host`, a path in the sandbox's directories, as its VMM names it (jail_pooled.rs).
+    /// `host`, a path in the sandbox's directories, as its VMM names it (jail/pooled.rs).
     pub(super) fn in_vmm(&self, host: &std::path::Path) -> PathBuf {
         match &*lock(&self.vmm_view) {
             Some(view) => view.in_vmm(host),

@@ -15,7 +15,7 @@ const MAX_REPLY: usize = 64;
 
 /// A stream to `port` of the guest behind the hybrid vsock socket `uds`.
 pub async fn connect(uds: &Path, port: u32) -> io::Result<UnixStream> {
-    // Not through a link: a jailed VMM owns the socket's directory (jail.rs).
+    // Not through a link: a jailed VMM owns the socket's directory (jail/).
     let mut stream = crate::nofollow::connect_unix(uds).await?;
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream, port)).await {
         Ok(result) => result.map(|()| stream),

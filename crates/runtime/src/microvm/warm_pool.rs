@@ -13,7 +13,7 @@
 //! that a previous pool in the same run dir left behind (a daemon killed with -9), checked
 //! by their command line naming the slot's socket (a reused pid would not).
 //!
-//! With the jail on, an idle VMM is jailed from its start (jail_pooled.rs): its control
+//! With the jail on, an idle VMM is jailed from its start (jail/pooled.rs): its control
 //! socket is in the slot's `vmm/` directory, and it has a second slot directory, for the
 //! disk top and snapshots, under `<data-dir>/sandboxes/.vmm-pool/<slot>/vmm`.
 
@@ -226,7 +226,7 @@ impl WarmPool {
         Ok(vmm)
     }
 
-    /// The jail of slot `name` (jail_pooled.rs), `--jail` added to `command`: its state
+    /// The jail of slot `name` (jail/pooled.rs), `--jail` added to `command`: its state
     /// directory made, then the jail, undone on failure.
     fn jail_slot(
         &self,
