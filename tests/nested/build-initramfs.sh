@@ -5,7 +5,10 @@
 #   /init, /nested/{tests,snapshot,net,template,jail,attacks}.sh tests/nested/l1/
 #   /bin/busybox + applet links       Debian's busybox-static
 #   /lib/modules/*.ko                 irqbypass, kvm, kvm-amd, tun from the L1 kernel package
+#   /lib/modules/net/                 the network modules a daemon's networks need, and their
+#                                     load order (l1-kernel.sh)
 #   /usr/bin/{sandcell-vmm,sandcell,nested-probe}
+#   /usr/bin/{ip,tc,nft,conntrack}    this host's, with their libraries: the daemon's networks
 #   /var/lib/sandcell/                the guest kernel and the minimal image, laid out by
 #                                     scripts/install-artifacts.sh
 #
@@ -49,7 +52,8 @@ done
 # content.
 key=$( {
   echo "l1=$l1 kernel=$kernel image=$image_dir"
-  sha256sum "$0" "$root/scripts/install-artifacts.sh" "$here"/l1/* "$probe" "$busybox" $vmm $cli | cut -d' ' -f1
+  sha256sum "$0" "$root/scripts/install-artifacts.sh" "$here"/l1/* "$probe" "$busybox" $vmm $cli \
+    $(command -v ip tc nft conntrack) | cut -d' ' -f1
   echo "vmm=${vmm:+yes} cli=${cli:+yes}"
 } | sha256sum | cut -c1-16)
 out=$cache/initramfs-$key.cpio
@@ -78,6 +82,8 @@ while IFS= read -r applet; do
   [ -e "$stage/$applet" ] || { mkdir -p "$stage/$(dirname "$applet")"; ln -s /bin/busybox "$stage/$applet"; }
 done < <("$busybox" --list-full)
 cp "$l1/irqbypass.ko" "$l1/kvm.ko" "$l1/kvm-amd.ko" "$l1/tun.ko" "$stage/lib/modules/"
+[ -f "$l1/net/order" ] || die "$l1 has no net/ modules (an L1 kernel cached by an older l1-kernel.sh)"
+cp -r "$l1/net" "$stage/lib/modules/net"
 
 # add_binary SRC NAME: /usr/bin/NAME, plus its shared libraries and loader if it has any.
 add_binary() {
@@ -92,6 +98,12 @@ add_binary() {
 add_binary "$probe" nested-probe
 [ -z "$vmm" ] && log "no sandcell-vmm: the tests that need it will fail" || add_binary "$vmm" sandcell-vmm
 [ -z "$cli" ] && log "no sandcell CLI: the tests that need it will fail" || add_binary "$cli" sandcell
+# The daemon's networks run these (crates/net, crates/runtime/src/microvm/network.rs); busybox's
+# ip has no netns and no tuntap.
+for tool in ip tc nft conntrack; do
+  path=$(command -v "$tool") || die "$tool is missing on this host (Debian: iproute2, nftables, conntrack)"
+  add_binary "$path" "$tool"
+done
 
 "$root/scripts/install-artifacts.sh" --data-dir "$stage/var/lib/sandcell" \
   --kernel "$kernel" --image-dir "$image_dir" >/dev/null

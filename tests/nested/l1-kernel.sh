@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Fetches the L1 kernel of the nested-KVM harness: vmlinuz, the KVM modules (irqbypass,
-# kvm, kvm-amd) and tun (virtio-net's TAP; a module in the cloud kernel, no dependencies) from Debian's linux-image-cloud-amd64, cached under
+# kvm, kvm-amd) and tun (virtio-net's TAP; a module in the cloud kernel, no dependencies),
+# and in net/ what a daemon's sandbox networks need (veth, nftables, tc's mirred redirect)
+# with their dependencies, net/order listing them dependencies first, from Debian's
+# linux-image-cloud-amd64, cached under
 # ${SANDCELL_CACHE:-~/.cache/sandcell}/nested/l1-<hash>/ where <hash> covers the versioned
 # package name, its version and this script. Prints that directory on its last line.
 #
@@ -29,7 +32,7 @@ fi
 
 key=$( { echo "$pkg=$version"; cat "$0"; } | sha256sum | cut -c1-16)
 out=$cache/l1-$key
-if [ -f "$out/vmlinuz" ] && [ -f "$out/kvm-amd.ko" ] && [ -f "$out/tun.ko" ]; then
+if [ -f "$out/vmlinuz" ] && [ -f "$out/kvm-amd.ko" ] && [ -f "$out/tun.ko" ] && [ -f "$out/net/order" ]; then
   log "cached $pkg $version ($out)"
   echo "$out"
   exit 0
@@ -58,6 +61,30 @@ for mod in irqbypass kvm kvm-amd tun; do
     *.ko.zst) zstd -qdc "$found" > "$out.tmp/$mod.ko" ;;
   esac
 done
+# The daemon's networks (crates/net): veth pairs, nftables with the expressions its rules use
+# (ct, nat, masquerade, redirect, reject, limit, log, named counters), conntrack's netlink (the
+# conntrack tool), and the microvm runtime's tc ingress + u32 + mirred between TAP and veth.
+NET_MODULES="veth nf_tables nft_ct nft_nat nft_chain_nat nft_masq nft_redir nft_reject_inet
+  nft_limit nft_log nf_log_syslog nft_objref nf_conntrack_netlink sch_ingress cls_u32
+  act_mirred"
+mkdir -p "$out.tmp/net"
+: > "$out.tmp/net/order"
+# add_module NAME: its dependencies first (from the module's .modinfo), then itself, once.
+add_module() {
+  local name=$1 ko dep
+  grep -qx "$name" "$out.tmp/net/order" && return 0
+  [ "$name" = tun ] && return 0   # loaded by L1's init already
+  ko=$(find "$work/x/lib/modules" -name "$name.ko" | head -n 1)
+  [ -n "$ko" ] || die "$deb has no $name.ko (for the daemon's networks)"
+  for dep in $(objcopy -O binary --only-section=.modinfo "$ko" /dev/stdout | tr '\0' '\n' \
+      | sed -n 's/^depends=//p' | tr ',' ' '); do
+    add_module "$dep"
+  done
+  cp "$ko" "$out.tmp/net/$name.ko"
+  echo "$name" >> "$out.tmp/net/order"
+}
+for m in $NET_MODULES; do add_module "$m"; done
+log "network modules: $(wc -l < "$out.tmp/net/order") with dependencies"
 echo "$pkg $version" > "$out.tmp/package"
 rm -rf "$out" && mv "$out.tmp" "$out"
 log "cached $pkg $version in $out"

@@ -18,12 +18,8 @@ atk_daemon() {
     --min-free-disk-mib 16 --memory-overcommit 4 > $ATK_DIR/serve.out 2>&1 &
   ATK_SERVE=$!
   trap atk_cleanup EXIT
-  n=0
-  until grep -q "listening on" $ATK_DIR/serve.out 2>/dev/null; do
-    n=$((n + 1)); [ $n -lt 300 ] || { tail -n 20 $ATK_DIR/serve.out; fail "sandcell serve never listened"; }
-    sleep 0.1
-  done
-  ATK_KEY=$(cat $DATA/admin.key 2>/dev/null) || fail "no admin key in $DATA/admin.key"
+  serve_ready $ATK_DIR/serve.out
+  ATK_KEY=$key
 }
 
 atk_cleanup() {

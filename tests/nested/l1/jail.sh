@@ -25,12 +25,7 @@ jail_serve() {
     sandcell --data-dir $DATA serve --runtime microvm --no-network ${JAIL_TEMPLATES---no-template-snapshots} \
     --listen $JAIL_ADDR --min-free-disk-mib 16 --memory-overcommit 4 > $1/serve.out 2>&1 &
   JAIL_PID=$!
-  n=0
-  until grep -q "listening on" $1/serve.out 2>/dev/null; do
-    n=$((n + 1)); [ $n -lt 300 ] || { tail -n 20 $1/serve.out; fail "the jailed sandcell serve never listened"; }
-    sleep 0.1
-  done
-  key=$(cat $DATA/admin.key 2>/dev/null) || fail "no admin key in $DATA/admin.key"
+  serve_ready $1/serve.out
 }
 
 # jail_post DIR NAME PATH BODY: POST to the jailed daemon; the answer in DIR/NAME.out.

@@ -69,6 +69,17 @@ show_serial() { echo "--- L2 serial log (tail)"; tail -n 20 "$1/serial.log" 2>/d
 
 SC_RUN="sandcell run --runtime microvm --data-dir $DATA"
 
+# serve_ready LOG [TENTHS]: waits until the daemon logging to LOG listens (TENTHS of a second,
+# default 300), then sets key to the admin key; fails the test otherwise.
+serve_ready() {
+  n=0
+  until grep -q "listening on" "$1" 2>/dev/null; do
+    n=$((n + 1)); [ $n -lt "${2:-300}" ] || { tail -n 20 "$1"; fail "sandcell serve never listened ($1)"; }
+    sleep 0.1
+  done
+  key=$(cat $DATA/admin.key 2>/dev/null) || { tail -n 20 "$1"; fail "no admin key in $DATA/admin.key"; }
+}
+
 # sc DIR ARGS...: `sandcell run` with stdout/stderr to DIR/out, DIR/err; prints the status.
 sc() {
   d=$1; shift
@@ -288,12 +299,7 @@ test_daemon_smoke() {
   # A cold boot on purpose (daemon_template tests the template snapshot path).
   sandcell --data-dir $DATA serve --runtime microvm --no-network --no-template-snapshots \
     --listen 127.0.0.1:3000 --min-free-disk-mib 16 --memory-overcommit 4 > $d/serve.out 2>&1 &
-  n=0
-  until grep -q "listening on" $d/serve.out 2>/dev/null; do
-    n=$((n + 1)); [ $n -lt 300 ] || { tail -n 20 $d/serve.out; fail "sandcell serve never listened"; }
-    sleep 0.1
-  done
-  key=$(cat $DATA/admin.key 2>/dev/null) || { tail -n 20 $d/serve.out; fail "no admin key in $DATA/admin.key"; }
+  serve_ready $d/serve.out
   t0=$(now_cs)
   nested-probe post --tcp 127.0.0.1:3000 --timeout 150 --path /sandboxes --header "X-API-Key: $key" \
     --body '{"templateID":"minimal","timeout":120,"cpuCount":1,"memoryMB":256}' > $d/create.out 2>&1 \

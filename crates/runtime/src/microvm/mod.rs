@@ -106,12 +106,10 @@ struct Templates {
     networked: bool,
 }
 
-/// `SANDCELL_MICROVM_NET_TEMPLATES=1`: networked creates restore a networked template
-/// snapshot into a pooled VMM too, given their TAP (boot_snapshot.rs). Opt-in until the
-/// whole path is proven through a daemon in the nested harness: its VMM half is
-/// (`net_pool_restore`), the daemon's half natively (network.rs tests), but L1 cannot run
-/// the daemon's networks yet (no nftables, veth or tc there). Without it a networked create
-/// boots, as before.
+/// `SANDCELL_MICROVM_NET_TEMPLATES=0`: networked creates boot instead of restoring a
+/// networked template snapshot into a pooled VMM given their TAP (boot_snapshot.rs), the
+/// default. Proven in the nested harness: through a daemon with its networks
+/// (`daemon_net_template`) and on the VMM alone (`net_pool_restore`).
 pub const NET_TEMPLATES_ENV: &str = "SANDCELL_MICROVM_NET_TEMPLATES";
 
 impl MicrovmRuntime {
@@ -166,7 +164,7 @@ impl MicrovmRuntime {
             )),
             // Jailed from their start, before their sandbox exists (jail/pooled.rs).
             pool: warm_pool::WarmPool::new(&self.dirs, &self.vmm, pool_size, self.jail),
-            networked: std::env::var(NET_TEMPLATES_ENV).is_ok_and(|v| v == "1"),
+            networked: std::env::var(NET_TEMPLATES_ENV).map_or(true, |v| v != "0"),
         });
         self
     }
@@ -326,7 +324,7 @@ impl Runtime for MicrovmRuntime {
         )
         .with_jail(self.jail, vec![config.kernel.clone(), base.clone()]);
         // A networked create restores a template snapshot with a net device, given this
-        // sandbox's TAP (boot_snapshot.rs), when asked to; the network is the sandbox's
+        // sandbox's TAP (boot_snapshot.rs), unless turned off; the network is the sandbox's
         // either way.
         if let Some(t) = self
             .templates
