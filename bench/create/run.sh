@@ -10,9 +10,10 @@
 # --suite burst: N creates from C concurrent SDK clients, pool and boot, beside as many
 # concurrent `runsc run /bin/true` (burst.py, results-burst.json); --suite density: N idle
 # sandboxes all answering a command, their memory per sandbox (density.py,
-# results-density.json).
+# results-density.json); --suite pause: pause and resume of pooled sandboxes with a network,
+# beside `runsc checkpoint`/`restore` of a bare container (pause.py, results-pause.json).
 #
-#   bench/create/run.sh [--suite create|burst|density] [--runs N] [--warm N] [--out FILE]
+#   bench/create/run.sh [--suite create|burst|density|pause] [--runs N] [--warm N] [--out FILE]
 #                       [--debug] [--data-dir D] [--port P]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --debug) profile=debug; shift ;;
     --data-dir) data=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
-    *) echo "usage: $0 [--suite create|burst|density] [--runs N] [--warm N] [--out FILE] [--debug] [--data-dir D] [--port P]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--suite create|burst|density|pause] [--runs N] [--warm N] [--out FILE] [--debug] [--data-dir D] [--port P]" >&2; exit 2 ;;
   esac
 done
 die() { echo "bench/create: $*" >&2; exit 1; }
@@ -57,7 +58,12 @@ case "$suite" in
     out=${out:-bench/create/results-density.json}
     (cd bench/create && "$py" density.py --serve "$(realpath "$serve")" --data-dir "$data" \
       --sandboxes "$runs" --build "$profile") > "$out.tmp" ;;
-  *) die "unknown --suite $suite (create, burst, density)" ;;
+  pause)
+    # --runs: pause + resume rounds, each of a new sandbox from the pool
+    out=${out:-bench/create/results-pause.json}
+    (cd bench/create && "$py" pause.py --serve "$(realpath "$serve")" --data-dir "$data" \
+      --runs "$runs" --warm "$warm" --build "$profile") > "$out.tmp" ;;
+  *) die "unknown --suite $suite (create, burst, density, pause)" ;;
 esac
 mv "$out.tmp" "$out"
 cat "$out"

@@ -8,8 +8,8 @@
 //! Why `dlopen` and not a link-time dependency: the library comes with the `nftables`
 //! package that the daemon needs anyway, but building Sandcell should not need its `-dev`
 //! package, and a host without it must still work. Where the library cannot be loaded, or
-//! `SANDCELL_NFT=process` is set (to replay exactly what a shell would), `cmd.rs` runs the
-//! `nft` program as before.
+//! `SANDCELL_NFT=process` is set (to replay exactly what a shell would), or the program is
+//! statically linked (the nested harness's build), `cmd.rs` runs the `nft` program as before.
 //!
 //! A libnftables context is not thread-safe: one context serves the whole process behind a
 //! mutex. The kernel serialises nftables transactions anyway (one commit mutex per
@@ -99,6 +99,12 @@ pub(crate) fn run(text: &str, json: bool) -> Option<Outcome> {
 
 impl Nft {
     fn load() -> std::result::Result<Nft, String> {
+        // A statically linked glibc program crashes in dlopen where a dynamic loader and the
+        // library exist (seen: SIGSEGV in the static `sandcell` the nested harness builds,
+        // on the first rule change), and fails where they do not.
+        if cfg!(target_feature = "crt-static") {
+            return Err("this is a static build, which cannot load shared libraries".into());
+        }
         // SAFETY: dlopen with a constant NUL-terminated name; the handle is never closed,
         // so the symbols below stay valid for the life of the process.
         let lib = unsafe { libc::dlopen(SONAME.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
