@@ -117,22 +117,29 @@ class Daemon:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def runsc_true(tree, work):
+def runsc_bundle(tree, work, *argv):
+    """An OCI bundle in WORK running ARGV over the image tree TREE (read-only, no terminal),
+    and the runsc flags of the floors: (bundle, [runsc, --root, ..., flags])."""
     bundle = os.path.join(work, "bundle")
     os.makedirs(bundle, exist_ok=True)
-    subprocess.run(["runsc", "spec", "--bundle", bundle, "--", "/bin/true"], check=True)
+    subprocess.run(["runsc", "spec", "--bundle", bundle, "--", *argv], check=True)
     spec = json.load(open(os.path.join(bundle, "config.json")))
     spec["root"] = {"path": tree, "readonly": True}
     spec["process"]["terminal"] = False
     json.dump(spec, open(os.path.join(bundle, "config.json"), "w"))
-    root = os.path.join(work, "root")
+    runsc = ["runsc", "--root", os.path.join(work, "root"), "--network", "none",
+             "--overlay2", "root:memory"]
+    return bundle, runsc
+
+
+def runsc_true(tree, work):
+    bundle, runsc = runsc_bundle(tree, work, "/bin/true")
     n = [0]
 
     def once():
         n[0] += 1
         t = time.perf_counter()
-        subprocess.run(["runsc", "--root", root, "--network", "none", "--overlay2", "root:memory",
-                        "run", "--bundle", bundle, f"bench-true-{os.getpid()}-{n[0]}"],
+        subprocess.run([*runsc, "run", "--bundle", bundle, f"bench-true-{os.getpid()}-{n[0]}"],
                        check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         return (time.perf_counter() - t) * 1000
     return once

@@ -25,25 +25,17 @@ import sys
 import tempfile
 import time
 
-from bench import Daemon, load1, sdk_version, stats
+from bench import Daemon, load1, runsc_bundle, sdk_version, stats
 
 
 def runsc_pause_floor(tree, work):
     """A function doing one checkpoint and one restore of a fresh sleep container with
     runsc directly; returns (checkpoint_ms, restore_ms)."""
-    bundle = os.path.join(work, "bundle")
-    os.makedirs(bundle, exist_ok=True)
-    subprocess.run(["runsc", "spec", "--bundle", bundle, "--", "/bin/sleep", "600"], check=True)
-    spec = json.load(open(os.path.join(bundle, "config.json")))
-    spec["root"] = {"path": tree, "readonly": True}
-    spec["process"]["terminal"] = False
-    json.dump(spec, open(os.path.join(bundle, "config.json"), "w"))
-    root = os.path.join(work, "root")
-    flags = ["runsc", "--root", root, "--network", "none", "--overlay2", "root:memory"]
+    bundle, runsc = runsc_bundle(tree, work, "/bin/sleep", "600")
     n = [0]
 
     def run(*args):
-        subprocess.run([*flags, *args], check=True, stdin=subprocess.DEVNULL,
+        subprocess.run([*runsc, *args], check=True, stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL)
 
     def once():

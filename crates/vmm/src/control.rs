@@ -231,7 +231,8 @@ fn recv_with_fds(
         let header = unsafe { &*cmsg };
         if header.cmsg_level == libc::SOL_SOCKET && header.cmsg_type == libc::SCM_RIGHTS {
             // SAFETY: CMSG_LEN(0) is arithmetic on a constant.
-            let data_len = header.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
+            let data_len =
+                (header.cmsg_len as usize).saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
             // SAFETY: CMSG_DATA points at this message's payload, inside the buffer.
             let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
             for i in 0..data_len / std::mem::size_of::<libc::c_int>() {
