@@ -19,6 +19,8 @@ pub struct KernelArgs {
     /// The raw value of `sandcell.net=` (parsed when applied, so that a bad value is
     /// logged rather than silently ignored).
     pub net: Option<String>,
+    /// `sandcell.fs=TAG:PATH,...`: the virtio-fs shares (volumes) to mount at boot.
+    pub fs: Vec<(String, String)>,
 }
 
 impl KernelArgs {
@@ -31,6 +33,12 @@ impl KernelArgs {
                 args.hostname = Some(v.to_owned());
             } else if let Some(v) = word.strip_prefix("sandcell.net=") {
                 args.net = Some(v.to_owned());
+            } else if let Some(v) = word.strip_prefix("sandcell.fs=") {
+                args.fs = v
+                    .split(',')
+                    .filter_map(|pair| pair.split_once(':'))
+                    .map(|(tag, path)| (tag.to_owned(), path.to_owned()))
+                    .collect();
             }
         }
         args
@@ -177,6 +185,31 @@ pub fn mount_all() {
     }
 }
 
+/// Mounts the virtio-fs share `tag` at `path` (made first if missing): a volume on the
+/// microvm runtime.
+pub fn mount_shared(tag: &str, path: &str) -> io::Result<()> {
+    if !path.starts_with('/') {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not an absolute path"));
+    }
+    std::fs::create_dir_all(path)?;
+    let c = |s: &str| CString::new(s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e));
+    let (source, target, fstype) = (c(tag)?, c(path)?, c("virtiofs")?);
+    // SAFETY: NUL-terminated strings that live across the call; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            std::ptr::null(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Brings `lo` up (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP).
 pub fn loopback_up() -> io::Result<()> {
     // SAFETY: plain socket(2) call; the result is checked.
@@ -240,6 +273,12 @@ pub fn become_init(mounts: bool, hostname: Option<&str>) -> KernelArgs {
             Err(e) => log!("sandcell.net={net}: {e}"),
         }
     }
+    for (tag, path) in &kernel.fs {
+        match mount_shared(tag, path) {
+            Ok(()) => log!("volume {tag} mounted at {path}"),
+            Err(e) => log!("mounting volume {tag} at {path}: {e}"),
+        }
+    }
     // An explicit name always wins; otherwise only a kernel-default name is replaced (gVisor
     // sets the one from its OCI spec).
     let name = match hostname {
@@ -266,6 +305,11 @@ mod tests {
         );
         assert_eq!(args.listen.as_deref(), Some("vsock:1234"));
         assert_eq!(args.hostname.as_deref(), Some("box-1"));
+        let fs = KernelArgs::parse("quiet sandcell.fs=vol0:/data,vol1:/mnt/x,junk");
+        assert_eq!(
+            fs.fs,
+            vec![("vol0".into(), "/data".into()), ("vol1".into(), "/mnt/x".into())]
+        );
         let args = KernelArgs::parse("quiet sandcell.net=ip=10.0.0.2/30,gw=10.0.0.1");
         assert_eq!(args.net.as_deref(), Some("ip=10.0.0.2/30,gw=10.0.0.1"));
         assert_eq!(KernelArgs::parse("console=ttyS0"), KernelArgs::default());

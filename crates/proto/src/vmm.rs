@@ -39,6 +39,11 @@ pub struct VmConfig {
     /// A virtio-net device on a TAP interface of the VMM's network namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<NetConfig>,
+    /// Shared directories (virtio-fs), each served by a vhost-user backend (virtiofsd) on a
+    /// Unix socket. A VM with one cannot be snapshotted: the filesystem's state is in the
+    /// backend.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fs: Vec<FsConfig>,
     /// File that receives the guest's serial console output.
     #[serde(default)]
     pub serial_log: Option<PathBuf>,
@@ -121,6 +126,16 @@ pub struct NetConfig {
     pub tap: String,
     /// The guest's MAC address, `aa:bb:cc:dd:ee:ff`.
     pub guest_mac: String,
+}
+
+/// A virtio-fs device: the guest mounts it with `mount -t virtiofs <tag> <dir>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsConfig {
+    /// The mount tag the guest sees: 1 to 36 bytes, no NUL.
+    pub tag: String,
+    /// The vhost-user backend's listening Unix socket (virtiofsd `--socket-path`).
+    pub socket: PathBuf,
 }
 
 /// One request line on the control socket.

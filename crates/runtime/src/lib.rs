@@ -105,9 +105,9 @@ pub struct SandboxSpec {
     /// inside and the memory limit stays the memory limit (gvisor/disk.rs). `None`: the
     /// root's writes live in the sandbox's memory.
     pub disk_mib: Option<u32>,
-    /// Host directories bound into the sandbox read-write (gvisor only, through the gofer;
-    /// the microvm runtime refuses them): the daemon's persistent volumes, each a JuiceFS
-    /// mount on the host. Empty: none.
+    /// Host directories the sandbox sees read-write: the daemon's persistent volumes, each
+    /// a JuiceFS mount on the host. gvisor binds them through the gofer; microvm serves
+    /// each with a virtiofsd of its own over virtio-fs (microvm/shared_dirs.rs). Empty: none.
     pub volumes: Vec<VolumeBind>,
 }
 
@@ -118,6 +118,26 @@ pub struct SandboxSpec {
 pub struct VolumeBind {
     pub host: std::path::PathBuf,
     pub guest: String,
+}
+
+impl VolumeBind {
+    /// `guest` below `/`: refused unless it is a plain absolute path (no `..`, `.`, or
+    /// empty part, not `/` itself). Both runtimes make the mount point from it.
+    pub fn guest_relative(&self) -> std::result::Result<&std::path::Path, String> {
+        let rel = std::path::Path::new(&self.guest)
+            .strip_prefix("/")
+            .map_err(|_| format!("volume path {:?} is not absolute", self.guest))?;
+        let plain = rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain || rel.as_os_str().is_empty() {
+            return Err(format!(
+                "volume path {:?} must be a plain absolute path below /",
+                self.guest
+            ));
+        }
+        Ok(rel)
+    }
 }
 
 /// A root whose writes reach the host: an overlayfs with `lowers` (top first) above the

@@ -60,6 +60,8 @@ pub enum ConfigError {
     CmdlineTooLong(usize),
     #[error("the kernel command line contains a NUL byte")]
     CmdlineNul,
+    #[error("fs: {0}")]
+    Fs(String),
 }
 
 /// What `sandcell-vmm` was asked to do.
@@ -306,6 +308,28 @@ fn socket_path(what: &'static str, path: &Path) -> Result<(), ConfigError> {
 }
 
 /// Checks everything that can be checked before the VM exists.
+/// At most this many shared directories per VM (each takes an MMIO slot and an IRQ).
+pub const MAX_FS_DEVICES: usize = 8;
+
+/// Tags the guest can tell apart and backend sockets that can exist; the backend itself
+/// is checked when the device connects.
+fn validate_fs(fs: &[sandcell_proto::vmm::FsConfig]) -> Result<(), ConfigError> {
+    if fs.len() > MAX_FS_DEVICES {
+        return Err(ConfigError::Fs(format!(
+            "{} shared directories; at most {MAX_FS_DEVICES}",
+            fs.len()
+        )));
+    }
+    for (i, f) in fs.iter().enumerate() {
+        crate::devices::virtio::fs::config_space(&f.tag).map_err(|e| ConfigError::Fs(e.to_string()))?;
+        if fs[..i].iter().any(|g| g.tag == f.tag) {
+            return Err(ConfigError::Fs(format!("tag {:?} is given twice", f.tag)));
+        }
+        socket_path("fs socket", &f.socket)?;
+    }
+    Ok(())
+}
+
 pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
     if !(MIN_VCPUS..=MAX_VCPUS).contains(&cfg.vcpus) {
         return Err(ConfigError::Vcpus(cfg.vcpus));
@@ -333,6 +357,7 @@ pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
             }
         }
     }
+    validate_fs(&cfg.fs)?;
     if let Some(vsock) = &cfg.vsock {
         if vsock.guest_cid < 3 || vsock.guest_cid == u32::MAX {
             return Err(ConfigError::GuestCid(vsock.guest_cid));
@@ -382,9 +407,38 @@ mod tests {
             vsock: None,
             rng: false,
             net: None,
+            fs: Vec::new(),
             serial_log: None,
             control_socket: None,
         }
+    }
+
+    #[test]
+    fn shared_directories_need_distinct_valid_tags() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let fs = |tag: &str| sandcell_proto::vmm::FsConfig {
+            tag: tag.into(),
+            socket: d.path().join(format!("{}.sock", tag.len())),
+        };
+        let with = |fs: Vec<sandcell_proto::vmm::FsConfig>| VmConfig {
+            fs,
+            ..base(d.path())
+        };
+        validate(&with(vec![fs("vol0"), fs("data")])).expect("two tags");
+        for bad in [vec![fs("")], vec![fs(&"x".repeat(37))], vec![fs("a\0b")], vec![fs("v"), fs("v")]] {
+            let err = validate(&with(bad.clone())).expect_err("refused");
+            assert!(matches!(err, ConfigError::Fs(_)), "{bad:?}: {err}");
+        }
+        let many = (0..=MAX_FS_DEVICES).map(|i| fs(&format!("t{i}"))).collect();
+        assert!(matches!(validate(&with(many)), Err(ConfigError::Fs(_))));
+        let far = sandcell_proto::vmm::FsConfig {
+            tag: "t".into(),
+            socket: d.path().join("x".repeat(120)),
+        };
+        assert!(matches!(
+            validate(&with(vec![far])),
+            Err(ConfigError::SocketPathTooLong { .. })
+        ));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::devices::debug::DebugDevice;
 use crate::devices::serial::SerialConsole;
 use crate::devices::virtio::MmioTransport;
 use crate::devices::virtio::block::Block;
+use crate::devices::virtio::fs::Fs;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
@@ -56,4 +57,6 @@ pub enum VirtioHandle {
     Net(Arc<Mutex<Net>>),
     Rng(Arc<Mutex<Rng>>),
     Vsock(Arc<Mutex<Vsock>>),
+    /// Never in a snapshot (see `devices::virtio::fs`).
+    Fs(Arc<Mutex<Fs>>),
 }

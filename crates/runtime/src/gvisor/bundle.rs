@@ -133,19 +133,7 @@ pub(crate) fn volume_mount(rootfs: &Path, bind: &crate::VolumeBind) -> crate::Re
         runtime: super::RT,
         problem,
     };
-    let guest = Path::new(&bind.guest);
-    let rel = guest
-        .strip_prefix("/")
-        .map_err(|_| bad(format!("volume path {:?} is not absolute", bind.guest)))?;
-    let plain = rel
-        .components()
-        .all(|c| matches!(c, std::path::Component::Normal(_)));
-    if !plain || rel.as_os_str().is_empty() {
-        return Err(bad(format!(
-            "volume path {:?} must be a plain absolute path below /",
-            bind.guest
-        )));
-    }
+    let rel = bind.guest_relative().map_err(bad)?;
     crate::nofollow::open_dir_in(rootfs, rel, true).map_err(|e| {
         crate::Error::io(
             super::RT,

@@ -16,6 +16,7 @@ mod boot_snapshot;
 pub mod jail;
 mod network;
 mod sandbox;
+mod shared_dirs;
 pub mod vsock;
 mod warm_pool;
 
@@ -247,12 +248,6 @@ impl Runtime for MicrovmRuntime {
                     .into(),
             });
         }
-        if !spec.volumes.is_empty() {
-            return Err(Error::InvalidSpec {
-                runtime: RT,
-                problem: "volume mounts need the gvisor runtime for now (docs/volumes.md)".into(),
-            });
-        }
         let base = spec.image.rootfs_ext4.clone().ok_or_else(|| Error::Image {
             image: spec.image.name.clone(),
             problem: "has no rootfs.ext4, which the microvm runtime needs".into(),
@@ -276,6 +271,14 @@ impl Runtime for MicrovmRuntime {
             None => (kernel, base),
         };
         let mut cmdline = cmdline(&spec)?;
+        let paths = Paths::layout(&self.dirs, &spec.id, self.jail.is_some());
+        let socket_dir = paths.vsock.parent().unwrap_or(&paths.state_dir).to_path_buf();
+        let shared = shared_dirs::plan(&spec.volumes, &socket_dir)?;
+        if !shared.is_empty() {
+            shared_dirs::virtiofsd()?;
+            cmdline.push(' ');
+            cmdline.push_str(&shared_dirs::kernel_param(&shared));
+        }
         // Last of the checks, first of the things made: the network (network.rs).
         let net = match &spec.network {
             Some(n) => Some(network::create(&self.nets, &spec.id, n).await?),
@@ -289,7 +292,6 @@ impl Runtime for MicrovmRuntime {
                 guest_mac: network::guest_mac(n.network().guest),
             }
         });
-        let paths = Paths::layout(&self.dirs, &spec.id, self.jail.is_some());
         let config = VmConfig {
             vcpus: spec.vcpus,
             memory_mib: spec.memory_mib,
@@ -306,6 +308,7 @@ impl Runtime for MicrovmRuntime {
             }),
             rng: true,
             net: net_config,
+            fs: shared_dirs::fs_config(&shared),
             serial_log: Some(paths.console.clone()),
             control_socket: Some(paths.control.clone()),
         };
@@ -323,13 +326,14 @@ impl Runtime for MicrovmRuntime {
             paths,
         )
         .with_jail(self.jail, vec![config.kernel.clone(), base.clone()]);
+        sandbox.set_shared_dirs(shared.clone());
         // A networked create restores a template snapshot with a net device, given this
         // sandbox's TAP (boot_snapshot.rs), unless turned off; the network is the sandbox's
-        // either way.
+        // either way. Volumes boot cold: no template snapshot has their devices.
         if let Some(t) = self
             .templates
             .as_ref()
-            .filter(|t| net.is_none() || t.networked)
+            .filter(|t| (net.is_none() || t.networked) && shared.is_empty())
         {
             sandbox.set_template_plan(sandbox::TemplatePlan {
                 store: t.store.clone(),

@@ -66,6 +66,8 @@ pub struct MicrovmSandbox {
     jail_reads: Mutex<Vec<PathBuf>>,
     /// The running VMM's jail: its uid lease and cgroup, released once the VMM is gone.
     jail: Mutex<Option<VmmJail>>,
+    /// The volumes served to the guest over virtio-fs, each by a virtiofsd of its own.
+    shared_dirs: Mutex<Vec<super::shared_dirs::SharedDir>>,
     /// Set when the VMM came jailed from the warm pool: it sees its directories at the
     /// pool slot's paths (jail/pooled.rs).
     vmm_view: Mutex<Option<VmmView>>,
@@ -126,6 +128,7 @@ impl MicrovmSandbox {
             jail_policy: None,
             jail_reads: Mutex::new(Vec::new()),
             jail: Mutex::new(None),
+            shared_dirs: Mutex::new(Vec::new()),
             vmm_view: Mutex::new(None),
             adopted_cgroup: Arc::new(Mutex::new(None)),
         }
@@ -136,6 +139,11 @@ impl MicrovmSandbox {
         self.jail_policy = policy;
         *lock(&self.jail_reads) = reads;
         self
+    }
+
+    /// The volumes its VMM serves over virtio-fs (shared_dirs.rs), started with it.
+    pub(super) fn set_shared_dirs(&self, dirs: Vec<super::shared_dirs::SharedDir>) {
+        *lock(&self.shared_dirs) = dirs;
     }
 
     pub(super) fn jail_policy(&self) -> Option<JailPolicy> {
@@ -400,6 +408,16 @@ impl Sandbox for MicrovmSandbox {
         }
         // After the namespace is open (the TAP in it is handed to the jail's uid).
         let jail = self.prepare_jail(&mut command, netns.as_ref())?;
+        // The volumes' virtiofsds listen before the VMM connects to them; their sockets
+        // go to the jail's uid.
+        let shared = lock(&self.shared_dirs).clone();
+        let vmm_uid = jail.as_ref().map(VmmJail::uid);
+        if let Err(e) = super::shared_dirs::start(&shared, vmm_uid, self.outlive_owner).await {
+            if let Some(jail) = jail {
+                let _ = jail.release();
+            }
+            return Err(e);
+        }
         // A fork's memory: a descriptor of the parent's memfd, kept open until the spawn.
         let inherited = self.snap.take_restore_fd();
         if let Some(fd) = &inherited {

@@ -95,11 +95,6 @@ impl SandboxService {
             .volumes
             .resolve_mounts(&key.id, req.volume_mounts.as_deref().unwrap_or_default())
             .await?;
-        if !mounts.is_empty() && self.runtime.kind() != sandcell_runtime::RuntimeKind::Gvisor {
-            return Err(SandboxError::Invalid(
-                "volumeMounts need the gvisor runtime for now (docs/volumes.md)".into(),
-            ));
-        }
         if !mounts.is_empty() && req.auto_pause == Some(true) {
             return Err(SandboxError::Invalid(
                 "autoPause with volumeMounts is not supported: a paused sandbox's snapshot \

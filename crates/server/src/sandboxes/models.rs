@@ -53,7 +53,7 @@ pub struct NewSandbox {
     /// Private networks of the key to join (our extension; `POST /networks`).
     #[serde(default)]
     pub networks: Option<Vec<String>>,
-    /// E2B's volumes to mount (`[{name, path}]`, volumes/; gvisor runtime only).
+    /// E2B's volumes to mount (`[{name, path}]`, volumes/; both runtimes).
     #[serde(default)]
     pub volume_mounts: Option<Vec<crate::volumes::service::VolumeMount>>,
 }

@@ -261,6 +261,10 @@ fn build_with(p: Prelude, cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, Bui
     if let Some(net) = &cfg.net {
         handles.push(VirtioHandle::Net(Arc::new(Mutex::new(net_device(net)?))));
     }
+    for fs in &cfg.fs {
+        let dev = virtio::fs::Fs::new(&fs.tag, &fs.socket).map_err(|e| device_err("virtio-fs", e))?;
+        handles.push(VirtioHandle::Fs(Arc::new(Mutex::new(dev))));
+    }
     for handle in handles {
         let (base, irq) = slots.next().ok_or(BuildError::OutOfIrqs)?;
         decls.push(VirtioMmioDecl {
@@ -435,6 +439,7 @@ fn attach_virtio(
         VirtioHandle::Net(d) => d.clone(),
         VirtioHandle::Rng(d) => d.clone(),
         VirtioHandle::Vsock(d) => d.clone(),
+        VirtioHandle::Fs(d) => d.clone(),
     };
     let irq_evt = eventfd("a virtio interrupt")?;
     vm.register_irqfd(&irq_evt, irq)?;
@@ -462,6 +467,7 @@ fn subscriber(handle: &VirtioHandle) -> Subscriber {
         VirtioHandle::Net(d) => d.clone(),
         VirtioHandle::Rng(d) => d.clone(),
         VirtioHandle::Vsock(d) => d.clone(),
+        VirtioHandle::Fs(d) => d.clone(),
     }
 }
 

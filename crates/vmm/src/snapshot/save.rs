@@ -47,6 +47,11 @@ pub enum SnapshotError {
     FreezeDisk(#[source] OverlayError),
     #[error("disk_new_top was given, but the VM has no disk")]
     NoDisk,
+    #[error(
+        "this VM has a shared directory (virtio-fs): its open files live in the virtiofsd \
+         process, not in the VM, so it cannot be snapshotted"
+    )]
+    SharedFs,
     /// Listing the MSRs to save, or reading the VM-wide KVM state.
     #[error(transparent)]
     Vm(#[from] VmError),
@@ -72,7 +77,7 @@ impl SnapshotError {
     pub fn kind(&self) -> ControlErrorKind {
         match self {
             SnapshotError::RunState(e) => e.kind(),
-            SnapshotError::NoDisk => ControlErrorKind::BadRequest,
+            SnapshotError::NoDisk | SnapshotError::SharedFs => ControlErrorKind::BadRequest,
             SnapshotError::Vcpu { source, .. } => match source {
                 VcpuSaveError::State(_) => ControlErrorKind::VcpuState,
                 VcpuSaveError::NotPaused(_) | VcpuSaveError::Stopping => {
@@ -101,6 +106,10 @@ pub struct SnapshotParams<'a> {
 
 impl Vmm {
     pub(crate) fn snapshot(&mut self, req: SnapshotParams<'_>) -> Result<(), SnapshotError> {
+        // Refused before the pause: the guest should not even notice the attempt.
+        if (self.machine.devices.virtio.iter()).any(|s| matches!(s.device, VirtioHandle::Fs(_))) {
+            return Err(SnapshotError::SharedFs);
+        }
         let was_running = !self.paused;
         self.pause()?;
         let result = self.save(&req);
@@ -176,6 +185,8 @@ impl Vmm {
                 }
                 VirtioHandle::Net(n) => VirtioDeviceState::Net(lock(n).save()),
                 VirtioHandle::Rng(r) => VirtioDeviceState::Rng(lock(r).save()),
+                // `snapshot` refuses these before it pauses.
+                VirtioHandle::Fs(_) => return Err(SnapshotError::SharedFs),
                 VirtioHandle::Vsock(v) => {
                     let mut v = lock(v);
                     v.prepare_save();

@@ -85,6 +85,7 @@ pub fn config(kernel: PathBuf) -> VmConfig {
         vsock: None,
         rng: false,
         net: None,
+        fs: Vec::new(),
         serial_log: None,
         control_socket: None,
     }

@@ -258,15 +258,24 @@ impl VirtioCommon {
     /// queue eventfds with the event loop. Called from the device's `init`, which runs
     /// again on every resume (the device is re-added then).
     pub fn register(&self, ops: &mut EventOps, extra: &[Events]) {
+        self.register_without_queues(ops, extra);
+        for (i, evt) in self.queue_evts.iter().enumerate() {
+            let ev = Events::with_data(evt, i as u32, EventSet::IN);
+            if let Err(e) = ops.add(ev) {
+                tracing::error!("{}: registering fd {} failed: {e}", self.name, ev.fd());
+            }
+        }
+    }
+
+    /// [`register`](Self::register) without the queue eventfds: for a device whose
+    /// queues another process serves (vhost-user), which reads those eventfds itself.
+    pub fn register_without_queues(&self, ops: &mut EventOps, extra: &[Events]) {
         let mut events = vec![Events::with_data(
             &self.activate_evt,
             ACTIVATE_TOKEN,
             EventSet::IN,
         )];
         events.extend_from_slice(extra);
-        for (i, evt) in self.queue_evts.iter().enumerate() {
-            events.push(Events::with_data(evt, i as u32, EventSet::IN));
-        }
         for ev in events {
             if let Err(e) = ops.add(ev) {
                 tracing::error!("{}: registering fd {} failed: {e}", self.name, ev.fd());

@@ -5,7 +5,8 @@
 //!   device embeds, and its event-loop helpers.
 //! - [`mmio`]: [`MmioTransport`], the virtio-mmio v2 register file on a 4 KiB window.
 //! - [`ring`]: draining a virtqueue and interrupting the driver.
-//! - [`block`], [`net`], [`rng`], [`vsock`]: the devices.
+//! - [`block`], [`fs`], [`net`], [`rng`], [`vsock`]: the devices ([`fs`] is served by a
+//!   vhost-user backend process, virtiofsd).
 //!
 //! # Wiring a device (what vmm-core does, on the VMM thread, before the vCPUs start)
 //!
@@ -48,6 +49,7 @@
 pub mod block;
 pub mod common;
 pub mod device;
+pub mod fs;
 pub mod mmio;
 pub mod net;
 pub mod ring;
