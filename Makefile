@@ -27,7 +27,7 @@ run: deps build-release install
 
 ## make test: every test: unit, payloads on /dev/kvm, the gvisor suite, images, the nested-KVM harness.
 test: build agent install
-	$(CARGO) nextest run --workspace --no-fail-fast
+	SANDCELL_VIRTIOFSD=$$(scripts/build-virtiofsd.sh | tail -n 1) $(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) fuzz-smoke
 	$(MAKE) test-images
 	$(MAKE) test-e2b
@@ -37,7 +37,7 @@ test: build agent install
 
 ## make test-microvm: the VMM's payload tests (native /dev/kvm) and the nested-KVM harness.
 test-microvm: build agent install
-	$(CARGO) nextest run -p sandcell-vmm --no-fail-fast
+	SANDCELL_VIRTIOFSD=$$(scripts/build-virtiofsd.sh | tail -n 1) $(CARGO) nextest run -p sandcell-vmm --no-fail-fast
 	$(MAKE) test-nested
 
 ## Two retries, each in a fresh L1: under QEMU TCG an L1 with a one-shot timer froze in about

@@ -164,6 +164,10 @@ pub struct RunArgs {
     /// Print the runtime choice and timings on stderr
     #[arg(long, short = 'v')]
     pub verbose: bool,
+    /// A host directory the sandbox sees read-write at GUEST_PATH (gvisor: bound through
+    /// the gofer; microvm: served by virtiofsd over virtio-fs). Repeatable.
+    #[arg(long = "volume", value_name = "HOST_DIR:GUEST_PATH")]
+    pub volumes: Vec<String>,
     /// The command and its arguments, run as given (no shell is implied)
     #[arg(
         required = true,

@@ -96,6 +96,10 @@ pub async fn run(dirs: Dirs, args: RunArgs) -> i32 {
     spec.vcpus = args.vcpus;
     spec.memory_mib = args.memory;
     spec.kernel = args.kernel.clone();
+    spec.volumes = match volume_binds(&args.volumes) {
+        Ok(v) => v,
+        Err(msg) => return fail(&msg, EXIT_SANDCELL),
+    };
     let sandbox: Arc<dyn Sandbox> = match runtime.create(spec).await {
         Ok(sb) => Arc::from(sb),
         Err(e) => return fail(&e.to_string(), EXIT_SANDCELL),
@@ -394,4 +398,25 @@ async fn forward_stdin_to(client: EnvdClient<SandboxConnector>, pid: u32) {
         }
     }
     let _ = client.close_stdin(pid).await;
+}
+
+/// `--volume HOST_DIR:GUEST_PATH`: the host side must be an existing directory (made
+/// absolute, so that the runtime never resolves it against another working directory).
+fn volume_binds(args: &[String]) -> Result<Vec<sandcell_runtime::VolumeBind>, String> {
+    args.iter()
+        .map(|a| {
+            let (host, guest) = a
+                .rsplit_once(':')
+                .ok_or_else(|| format!("--volume {a}: expected HOST_DIR:GUEST_PATH"))?;
+            let host = std::fs::canonicalize(host)
+                .map_err(|e| format!("--volume {a}: the host directory {host}: {e}"))?;
+            if !host.is_dir() {
+                return Err(format!("--volume {a}: {} is not a directory", host.display()));
+            }
+            Ok(sandcell_runtime::VolumeBind {
+                host,
+                guest: guest.to_string(),
+            })
+        })
+        .collect()
 }

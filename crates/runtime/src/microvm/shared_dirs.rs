@@ -88,7 +88,7 @@ pub(super) fn fs_config(dirs: &[SharedDir]) -> Vec<FsConfig> {
 
 /// The virtiofsd to run, or why there is none.
 pub(super) fn virtiofsd() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os(VIRTIOFSD_ENV) {
+    if let Some(p) = std::env::var_os(VIRTIOFSD_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
     let path = std::env::var_os("PATH").unwrap_or_default();

@@ -48,7 +48,7 @@ fn a_missing_backend_is_named() {
 /// The virtiofsd to test with: `SANDCELL_VIRTIOFSD`, else the one on PATH or in
 /// /usr/libexec (Debian's). Missing, the test fails saying how to get it.
 fn virtiofsd() -> PathBuf {
-    if let Some(p) = std::env::var_os("SANDCELL_VIRTIOFSD") {
+    if let Some(p) = std::env::var_os("SANDCELL_VIRTIOFSD").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
