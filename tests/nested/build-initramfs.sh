@@ -9,14 +9,17 @@
 #                                     load order (l1-kernel.sh)
 #   /usr/bin/{sandcell-vmm,sandcell,nested-probe}
 #   /usr/bin/{ip,tc,nft,conntrack}    this host's, with their libraries: the daemon's networks
+#   /usr/bin/virtiofsd                --virtiofsd, with its libraries: the vhost-user daemon
+#                                     behind sandcell-vmm's virtio-fs device
 #   /var/lib/sandcell/                the guest kernel and the minimal image, laid out by
 #                                     scripts/install-artifacts.sh
 #
 #   build-initramfs.sh --l1 DIR --kernel VMLINUX --image-dir DIR --probe BIN
-#                      [--vmm BIN] [--cli BIN]
+#                      [--vmm BIN] [--cli BIN] [--virtiofsd BIN]
 #
-# A missing --vmm/--cli is left out (the tests that need it then fail, saying so). Binaries
-# may be static or dynamic: the shared libraries `ldd` names are copied in beside them.
+# A missing --vmm/--cli/--virtiofsd is left out (the tests that need it then fail, saying
+# so). Binaries may be static or dynamic: the shared libraries `ldd` names are copied in
+# beside them.
 # Cached under ${SANDCELL_CACHE:-~/.cache/sandcell}/nested/initramfs-<hash>.cpio, <hash>
 # covering every input; prints its path on the last line.
 set -euo pipefail
@@ -25,9 +28,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cache=${SANDCELL_CACHE:-$HOME/.cache/sandcell}/nested
 busybox=${BUSYBOX:-/bin/busybox}
-l1= kernel= image_dir= probe= vmm= cli=
+l1= kernel= image_dir= probe= vmm= cli= virtiofsd=
 
-usage() { echo "usage: $0 --l1 DIR --kernel VMLINUX --image-dir DIR --probe BIN [--vmm BIN] [--cli BIN]" >&2; exit 2; }
+usage() { echo "usage: $0 --l1 DIR --kernel VMLINUX --image-dir DIR --probe BIN [--vmm BIN] [--cli BIN] [--virtiofsd BIN]" >&2; exit 2; }
 log() { echo "build-initramfs: $*" >&2; }
 die() { echo "build-initramfs: $*" >&2; exit 1; }
 
@@ -35,7 +38,7 @@ while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || usage
   case "$1" in
     --l1) l1=$2 ;; --kernel) kernel=$2 ;; --image-dir) image_dir=$2 ;;
-    --probe) probe=$2 ;; --vmm) vmm=$2 ;; --cli) cli=$2 ;;
+    --probe) probe=$2 ;; --vmm) vmm=$2 ;; --cli) cli=$2 ;; --virtiofsd) virtiofsd=$2 ;;
     *) usage ;;
   esac
   shift 2
@@ -44,7 +47,7 @@ done
 for f in "$l1/irqbypass.ko" "$l1/kvm.ko" "$l1/kvm-amd.ko" "$l1/tun.ko" "$kernel" "$image_dir/rootfs.ext4" "$probe" "$busybox"; do
   [ -f "$f" ] || die "$f not found"
 done
-for f in "$vmm" "$cli"; do
+for f in "$vmm" "$cli" "$virtiofsd"; do
   [ -z "$f" ] || [ -f "$f" ] || die "$f not found"
 done
 
@@ -53,8 +56,8 @@ done
 key=$( {
   echo "l1=$l1 kernel=$kernel image=$image_dir"
   sha256sum "$0" "$root/scripts/install-artifacts.sh" "$here"/l1/* "$probe" "$busybox" $vmm $cli \
-    $(command -v ip tc nft conntrack) | cut -d' ' -f1
-  echo "vmm=${vmm:+yes} cli=${cli:+yes}"
+    $virtiofsd $(command -v ip tc nft conntrack) | cut -d' ' -f1
+  echo "vmm=${vmm:+yes} cli=${cli:+yes} virtiofsd=${virtiofsd:+yes}"
 } | sha256sum | cut -c1-16)
 out=$cache/initramfs-$key.cpio
 if [ -f "$out" ]; then
@@ -98,6 +101,7 @@ add_binary() {
 add_binary "$probe" nested-probe
 [ -z "$vmm" ] && log "no sandcell-vmm: the tests that need it will fail" || add_binary "$vmm" sandcell-vmm
 [ -z "$cli" ] && log "no sandcell CLI: the tests that need it will fail" || add_binary "$cli" sandcell
+[ -z "$virtiofsd" ] && log "no virtiofsd: the tests that need it will fail" || add_binary "$virtiofsd" virtiofsd
 # The daemon's networks run these (crates/net, crates/runtime/src/microvm/network.rs); busybox's
 # ip has no netns and no tuntap.
 for tool in ip tc nft conntrack; do

@@ -10,16 +10,18 @@
 # --boots N: vmm_smoke boots L2 N times (N samples of boot-to-agent-ready for the bench).
 #
 # Builds what it needs, each step cached: the static host binaries (cargo), the guest kernel
-# (scripts/build-kernel.sh), the minimal image (scripts/build-image.sh), the L1 kernel
-# (l1-kernel.sh), the probe (rustc), the initramfs (build-initramfs.sh). Then one L1 boot
+# (scripts/build-kernel.sh), the minimal image (scripts/build-image.sh), virtiofsd
+# (scripts/build-virtiofsd.sh), the L1 kernel (l1-kernel.sh), the probe (rustc), the
+# initramfs (build-initramfs.sh). Then one L1 boot
 # under a hard timeout. Exit 0 only when every planned test printed PASS; otherwise 1, with
 # the tail of the L1 console. The console log is kept in target/nested/console.log. A console
 # silent for SANDCELL_NESTED_SILENT seconds (240; every L1 test reports within 180) means L1
 # froze: QEMU's monitor view (registers, code at RIP) goes to target/nested/freeze.txt and
 # QEMU is stopped.
 #
-# Inputs can be pinned instead of built: SANDCELL_NESTED_{AGENT,VMM,CLI,KERNEL}=PATH; VMM and
-# CLI also take `none` (left out of L1: the tests that need them fail, saying so).
+# Inputs can be pinned instead of built: SANDCELL_NESTED_{AGENT,VMM,CLI,KERNEL,VIRTIOFSD}=PATH;
+# VMM, CLI and VIRTIOFSD also take `none` (left out of L1: the tests that need them fail,
+# saying so).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -75,6 +77,17 @@ cli=$(build_static sandcell-cli sandcell "${SANDCELL_NESTED_CLI:-}")
 kernel=${SANDCELL_NESTED_KERNEL:-$(nice "$root/scripts/build-kernel.sh" | tail -n 1)}
 image_dir=$(nice "$root/scripts/build-image.sh" minimal --agent "$agent" | tail -n 1)
 l1=$("$here/l1-kernel.sh" | tail -n 1)
+# virtiofsd (the vhost-user daemon behind sandcell-vmm's virtio-fs device): Debian 12 has no
+# package of it, so it is built from crates.io. A failed build leaves it out of L1.
+virtiofsd=${SANDCELL_NESTED_VIRTIOFSD:-}
+if [ -z "$virtiofsd" ]; then
+  virtiofsd=$(nice "$root/scripts/build-virtiofsd.sh" 2>"$outdir/build-virtiofsd.err" | tail -n 1) || {
+    virtiofsd=
+    log "WARNING: virtiofsd does not build; the tests that need it will fail. Last lines:"
+    tail -n 20 "$outdir/build-virtiofsd.err" >&2
+  }
+fi
+[ "$virtiofsd" != none ] || virtiofsd=
 
 probe_key=$(cat "$here"/probe/*.rs | sha256sum | cut -c1-16)
 probe=$cache/nested/nested-probe-$probe_key
@@ -87,7 +100,8 @@ if [ ! -x "$probe" ]; then
 fi
 
 initramfs=$("$here/build-initramfs.sh" --l1 "$l1" --kernel "$kernel" --image-dir "$image_dir" \
-  --probe "$probe" ${vmm:+--vmm "$vmm"} ${cli:+--cli "$cli"} | tail -n 1)
+  --probe "$probe" ${vmm:+--vmm "$vmm"} ${cli:+--cli "$cli"} ${virtiofsd:+--virtiofsd "$virtiofsd"} \
+  | tail -n 1)
 
 # --- one L1 boot ---
 console=$outdir/console.log
