@@ -189,7 +189,10 @@ pub fn mount_all() {
 /// microvm runtime.
 pub fn mount_shared(tag: &str, path: &str) -> io::Result<()> {
     if !path.starts_with('/') {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not an absolute path"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not an absolute path",
+        ));
     }
     std::fs::create_dir_all(path)?;
     let c = |s: &str| CString::new(s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e));
@@ -308,7 +311,10 @@ mod tests {
         let fs = KernelArgs::parse("quiet sandcell.fs=vol0:/data,vol1:/mnt/x,junk");
         assert_eq!(
             fs.fs,
-            vec![("vol0".into(), "/data".into()), ("vol1".into(), "/mnt/x".into())]
+            vec![
+                ("vol0".into(), "/data".into()),
+                ("vol1".into(), "/mnt/x".into())
+            ]
         );
         let args = KernelArgs::parse("quiet sandcell.net=ip=10.0.0.2/30,gw=10.0.0.1");
         assert_eq!(args.net.as_deref(), Some("ip=10.0.0.2/30,gw=10.0.0.1"));

@@ -411,7 +411,10 @@ fn volume_binds(args: &[String]) -> Result<Vec<sandcell_runtime::VolumeBind>, St
             let host = std::fs::canonicalize(host)
                 .map_err(|e| format!("--volume {a}: the host directory {host}: {e}"))?;
             if !host.is_dir() {
-                return Err(format!("--volume {a}: {} is not a directory", host.display()));
+                return Err(format!(
+                    "--volume {a}: {} is not a directory",
+                    host.display()
+                ));
             }
             Ok(sandcell_runtime::VolumeBind {
                 host,

@@ -321,7 +321,8 @@ fn validate_fs(fs: &[sandcell_proto::vmm::FsConfig]) -> Result<(), ConfigError> 
         )));
     }
     for (i, f) in fs.iter().enumerate() {
-        crate::devices::virtio::fs::config_space(&f.tag).map_err(|e| ConfigError::Fs(e.to_string()))?;
+        crate::devices::virtio::fs::config_space(&f.tag)
+            .map_err(|e| ConfigError::Fs(e.to_string()))?;
         if fs[..i].iter().any(|g| g.tag == f.tag) {
             return Err(ConfigError::Fs(format!("tag {:?} is given twice", f.tag)));
         }
@@ -425,7 +426,12 @@ mod tests {
             ..base(d.path())
         };
         validate(&with(vec![fs("vol0"), fs("data")])).expect("two tags");
-        for bad in [vec![fs("")], vec![fs(&"x".repeat(37))], vec![fs("a\0b")], vec![fs("v"), fs("v")]] {
+        for bad in [
+            vec![fs("")],
+            vec![fs(&"x".repeat(37))],
+            vec![fs("a\0b")],
+            vec![fs("v"), fs("v")],
+        ] {
             let err = validate(&with(bad.clone())).expect_err("refused");
             assert!(matches!(err, ConfigError::Fs(_)), "{bad:?}: {err}");
         }

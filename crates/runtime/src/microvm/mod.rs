@@ -272,7 +272,11 @@ impl Runtime for MicrovmRuntime {
         };
         let mut cmdline = cmdline(&spec)?;
         let paths = Paths::layout(&self.dirs, &spec.id, self.jail.is_some());
-        let socket_dir = paths.vsock.parent().unwrap_or(&paths.state_dir).to_path_buf();
+        let socket_dir = paths
+            .vsock
+            .parent()
+            .unwrap_or(&paths.state_dir)
+            .to_path_buf();
         let shared = shared_dirs::plan(&spec.volumes, &socket_dir)?;
         if !shared.is_empty() {
             shared_dirs::virtiofsd()?;

@@ -42,7 +42,10 @@ pub(super) struct SharedDir {
 /// which a jailed VMM sees at the same path). Guest paths travel on the kernel command
 /// line, so they may not hold spaces, commas or colons.
 pub(super) fn plan(binds: &[VolumeBind], socket_dir: &Path) -> Result<Vec<SharedDir>> {
-    let bad = |problem: String| Error::InvalidSpec { runtime: RT, problem };
+    let bad = |problem: String| Error::InvalidSpec {
+        runtime: RT,
+        problem,
+    };
     let mut dirs = Vec::with_capacity(binds.len());
     for (i, bind) in binds.iter().enumerate() {
         bind.guest_relative().map_err(bad)?;
@@ -72,7 +75,10 @@ pub(super) fn plan(binds: &[VolumeBind], socket_dir: &Path) -> Result<Vec<Shared
 
 /// `sandcell.fs=vol0:/data,vol1:/mnt/x`: what the agent mounts at boot.
 pub(super) fn kernel_param(dirs: &[SharedDir]) -> String {
-    let list: Vec<String> = dirs.iter().map(|d| format!("{}:{}", d.tag, d.guest)).collect();
+    let list: Vec<String> = dirs
+        .iter()
+        .map(|d| format!("{}:{}", d.tag, d.guest))
+        .collect();
     format!("sandcell.fs={}", list.join(","))
 }
 
@@ -100,7 +106,7 @@ pub(super) fn virtiofsd() -> Result<PathBuf> {
             runtime: RT,
             what: "volumes on the microvm runtime need virtiofsd, which is not installed".into(),
             hint: format!(
-                "install Debian's virtiofsd package (or `cargo install virtiofsd`), or set \
+                "build it with scripts/build-virtiofsd.sh (Debian 13: apt install virtiofsd), or set \
                  {VIRTIOFSD_ENV}"
             ),
         })
@@ -132,7 +138,11 @@ pub(super) async fn start(dirs: &[SharedDir], vmm_uid: Option<u32>, detach: bool
             .stdout(std::process::Stdio::null())
             .kill_on_drop(false);
         let mut child = cmd.spawn().map_err(|e| {
-            Error::io(RT, format!("starting {} for {}", program.display(), d.host.display()), e)
+            Error::io(
+                RT,
+                format!("starting {} for {}", program.display(), d.host.display()),
+                e,
+            )
         })?;
         let deadline = Instant::now() + LISTEN_TIMEOUT;
         while !d.socket.exists() {
@@ -155,7 +165,11 @@ pub(super) async fn start(dirs: &[SharedDir], vmm_uid: Option<u32>, detach: bool
         }
         if let Some(uid) = vmm_uid {
             std::os::unix::fs::chown(&d.socket, Some(uid), Some(uid)).map_err(|e| {
-                Error::io(RT, format!("handing {} to uid {uid}", d.socket.display()), e)
+                Error::io(
+                    RT,
+                    format!("handing {} to uid {uid}", d.socket.display()),
+                    e,
+                )
             })?;
         }
         // Reaped in the background; it ends with the VMM's connection.
@@ -188,7 +202,15 @@ mod tests {
 
     #[test]
     fn paths_that_cannot_travel_on_the_command_line_are_refused() {
-        for bad in ["/", "relative", "/a/../b", "/with space", "/a,b", "/a:b", "/caf\u{e9}"] {
+        for bad in [
+            "/",
+            "relative",
+            "/a/../b",
+            "/with space",
+            "/a,b",
+            "/a:b",
+            "/caf\u{e9}",
+        ] {
             assert!(plan(&[bind(bad)], Path::new("/r")).is_err(), "{bad}");
         }
         assert!(plan(&[bind("/d"), bind("/d")], Path::new("/r")).is_err());

@@ -262,7 +262,8 @@ fn build_with(p: Prelude, cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, Bui
         handles.push(VirtioHandle::Net(Arc::new(Mutex::new(net_device(net)?))));
     }
     for fs in &cfg.fs {
-        let dev = virtio::fs::Fs::new(&fs.tag, &fs.socket).map_err(|e| device_err("virtio-fs", e))?;
+        let dev =
+            virtio::fs::Fs::new(&fs.tag, &fs.socket).map_err(|e| device_err("virtio-fs", e))?;
         handles.push(VirtioHandle::Fs(Arc::new(Mutex::new(dev))));
     }
     for handle in handles {

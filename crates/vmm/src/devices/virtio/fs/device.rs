@@ -20,9 +20,8 @@ pub const QUEUE_SIZE: u16 = 1024;
 pub const TAG_MAX_LEN: usize = 36;
 /// The features the VMM lets through from the backend to the guest: the ring formats it
 /// can describe to the backend. Packed rings, platform access and the rest stay off.
-const PASSED_FEATURES: u64 = VIRTIO_F_VERSION_1
-    | (1 << VIRTIO_RING_F_EVENT_IDX)
-    | (1 << VIRTIO_RING_F_INDIRECT_DESC);
+const PASSED_FEATURES: u64 =
+    VIRTIO_F_VERSION_1 | (1 << VIRTIO_RING_F_EVENT_IDX) | (1 << VIRTIO_RING_F_INDIRECT_DESC);
 /// Event-loop tokens: one per queue's call eventfd, then the backend socket.
 const CALL_TOKEN_BASE: u32 = 1 << 16;
 const BACKEND_TOKEN: u32 = (1 << 16) + 0x100;

@@ -53,7 +53,10 @@ fn virtiofsd() -> PathBuf {
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/libexec"), PathBuf::from("/usr/lib/qemu")])
+        .chain([
+            PathBuf::from("/usr/libexec"),
+            PathBuf::from("/usr/lib/qemu"),
+        ])
         .map(|d| d.join("virtiofsd"))
         .find(|p| p.is_file())
         .expect(
@@ -80,7 +83,10 @@ fn start_virtiofsd(socket: &Path, shared: &Path) -> Virtiofsd {
         .expect("spawning virtiofsd");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() {
-        assert!(Instant::now() < deadline, "virtiofsd made no socket in 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "virtiofsd made no socket in 10 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Virtiofsd(child)
