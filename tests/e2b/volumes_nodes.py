@@ -41,8 +41,8 @@ TEMPLATE = os.environ["SANDCELL_TEMPLATE"]
 S3_ARGS = os.environ["S3_SERVE_ARGS"].split()
 JUICEFS = os.environ["JUICEFS"]
 WEED = os.environ["WEED"]
-FILES = int(os.environ.get("VOL_NODES_FILES", "3000"))
-MIB = int(os.environ.get("VOL_NODES_MIB", "128"))
+FILES = int(os.environ.get("VOL_NODES_FILES", "10000"))
+MIB = int(os.environ.get("VOL_NODES_MIB", "1024"))
 # The most an fsync may block while the bucket is down (the daemon mounts with
 # --io-retries 3 and 10 s object timeouts; JuiceFS's defaults blocked it 300 s).
 OUTAGE_BOUND_S = 120

@@ -8,7 +8,7 @@
 #
 # Needs what tests/e2b/run.sh needs (root, runsc, the installed images, /dev/fuse).
 # PY_SDK: the e2b version [default: run.sh's]; VOL_NODES_FILES, VOL_NODES_MIB: the small
-# files and MiB of random bytes daemon A writes [3000, 128]; arguments: the parts to run
+# files and MiB of random bytes daemon A writes [10000, 1024: the sizes]; arguments: the parts to run
 # (two_daemons, outage, kill9) [all three].
 set -euo pipefail
 
