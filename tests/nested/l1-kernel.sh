@@ -83,7 +83,10 @@ add_module() {
   cp "$ko" "$out.tmp/net/$name.ko"
   echo "$name" >> "$out.tmp/net/order"
 }
-for m in $NET_MODULES; do add_module "$m"; done
+# The desktop test's disk (run.sh attaches the desktop image to L1 as a virtio-blk disk on
+# PCI); they go in the same directory and order file.
+DISK_MODULES="virtio_pci virtio_blk"
+for m in $NET_MODULES $DISK_MODULES; do add_module "$m"; done
 log "network modules: $(wc -l < "$out.tmp/net/order") with dependencies"
 echo "$pkg $version" > "$out.tmp/package"
 rm -rf "$out" && mv "$out.tmp" "$out"

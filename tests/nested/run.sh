@@ -103,6 +103,32 @@ initramfs=$("$here/build-initramfs.sh" --l1 "$l1" --kernel "$kernel" --image-dir
   --probe "$probe" ${vmm:+--vmm "$vmm"} ${cli:+--cli "$cli"} ${virtiofsd:+--virtiofsd "$virtiofsd"} \
   | tail -n 1)
 
+# The desktop image for desktop_microvm, when that test is planned and the image is installed
+# (test-e2b builds it before test-nested): L1's initramfs cannot hold 2.4 GB, so it goes to L1
+# as a read-only virtio-blk disk, an ext4 holding the image's rootfs.ext4 (the VMM takes a
+# regular file as its base), cached by the image's identity.
+desktop_image=${SANDCELL_NESTED_DESKTOP:-/var/lib/sandcell/images/desktop/rootfs.ext4}
+disk_args=()
+if { [ -z "$only" ] || echo ",$only," | grep -q ',desktop_microvm,'; } && [ -f "$desktop_image" ]; then
+  dkey=$(stat -L -c '%s %Y %i' "$desktop_image" | sha256sum | cut -c1-16)
+  disk=$cache/nested/desktop-disk-$dkey.ext4
+  if [ ! -f "$disk" ]; then
+    log "making the desktop disk $disk from $desktop_image"
+    rm -f "$cache"/nested/desktop-disk-*.ext4
+    stage=$(mktemp -d "$cache/nested/desktop-stage.XXXXXX")
+    ln "$desktop_image" "$stage/rootfs.ext4" 2>/dev/null || cp --sparse=always "$desktop_image" "$stage/rootfs.ext4"
+    size=$(( $(stat -L -c %s "$desktop_image") / 1048576 + 512 ))
+    nice mke2fs -q -F -t ext4 -d "$stage" "$disk.tmp" "${size}M"
+    rm -rf "$stage"
+    mv "$disk.tmp" "$disk"
+  fi
+  disk_args=(-drive "file=$disk,if=virtio,format=raw,readonly=on")
+  # The desktop guest gets 1 GiB of L1's memory.
+  [ "$memory" -ge 3072 ] || memory=3072
+elif [ -z "$only" ] || echo ",$only," | grep -q ',desktop_microvm,'; then
+  log "WARNING: no desktop image at $desktop_image (make images install); desktop_microvm will fail"
+fi
+
 # --- one L1 boot ---
 console=$outdir/console.log
 # nohz=off highres=off: L1 ticks periodically. Under TCG an L1 running L2 guests has been
@@ -121,7 +147,7 @@ rm -f "$monitor" "$outdir/qemu.pid" "$outdir/qemu.status" "$outdir/freeze.txt"
   timeout -s KILL "$timeout" nice qemu-system-x86_64 -accel tcg -M q35 -cpu EPYC,+svm,+npt -smp 1 \
     -m "$memory" -nodefaults -no-user-config -nographic -no-reboot -serial stdio \
     -monitor "unix:$monitor,server,nowait" -pidfile "$outdir/qemu.pid" \
-    -kernel "$l1/vmlinuz" -initrd "$initramfs" -append "$append" </dev/null 2>"$outdir/qemu.err" \
+    -kernel "$l1/vmlinuz" -initrd "$initramfs" -append "$append" "${disk_args[@]}" </dev/null 2>"$outdir/qemu.err" \
     | sed -u 's/\r$//' | tee "$console" | grep --line-buffered -E '^NESTED-(PLAN|RESULT|BENCH|SECCOMP|DONE)' >&2
   echo "${PIPESTATUS[0]}" > "$outdir/qemu.status"
 ) &
