@@ -6,14 +6,19 @@ result's `chart` field.
 
 Read from matplotlib's artists, never from the pixels: line charts from `Line2D`s, scatter
 charts from `PathCollection` offsets, bar charts from `BarContainer`s, pie charts from
-`Wedge`s. A figure of several axes is a `superchart` of their charts; an axes with none of
+`Wedge`s, box-and-whisker charts from the statistics `Axes.bxp` drew (what `boxplot()` and
+seaborn draw through: its artists are plain lines that do not say which is a median, so the
+extension wraps `bxp` when matplotlib is imported and keeps them on the axes). A figure of several axes is a `superchart` of their charts; an axes with none of
 these is `unknown`. A figure that cannot be read gets no chart data (the PNG still comes):
 chart data is a convenience and never fails a cell.
 """
 
 import datetime
+import importlib.abc
+import importlib.util
 import itertools
 import math
+import sys
 
 MIME = "application/vnd.sandcell.chart+json"
 # Bounds: a chart of a million points is a PNG's job, not a JSON one's. Per line, and for
@@ -147,12 +152,84 @@ def _pie_chart(ax, wedges):
     return {"type": "pie", "title": ax.get_title() or None, "elements": elements}
 
 
+def _box_chart(ax, stats):
+    base = _axes_2d(ax)
+    labels = base["x_tick_labels"]
+    elements = []
+    for i, st in enumerate(stats[:MAX_ELEMENTS]):
+        label = st.get("label")
+        if label is None:
+            label = labels[i] if i < len(labels) else f"series {i}"
+        elements.append({
+            "label": str(label),
+            "min": _num(st["whislo"]),
+            "first_quartile": _num(st["q1"]),
+            "median": _num(st["med"]),
+            "third_quartile": _num(st["q3"]),
+            "max": _num(st["whishi"]),
+            "outliers": [_num(v) for v in list(st.get("fliers", []))[:MAX_POINTS]],
+        })
+    return {"type": "box_and_whisker", **base, "elements": elements}
+
+
+BOX_STATS = "_sandcell_box_stats"
+
+
+def _wrap_bxp(axes_module):
+    """Axes.bxp, keeping the statistics it drew on the axes (for `_box_chart`)."""
+    bxp = axes_module.Axes.bxp
+    if getattr(bxp, "_sandcell", False):
+        return
+
+    def bxp_keeping_stats(self, bxpstats, *args, **kwargs):
+        drawn = bxp(self, bxpstats, *args, **kwargs)
+        try:
+            kept = getattr(self, BOX_STATS, [])
+            kept.extend(dict(st) for st in bxpstats)
+            setattr(self, BOX_STATS, kept[:MAX_ELEMENTS])
+        except Exception:
+            pass
+        return drawn
+
+    bxp_keeping_stats._sandcell = True
+    bxp_keeping_stats.__doc__ = bxp.__doc__
+    axes_module.Axes.bxp = bxp_keeping_stats
+
+
+class _WrapBxpOnImport(importlib.abc.MetaPathFinder):
+    """Wraps `Axes.bxp` right after a cell imports matplotlib.axes, once: the kernel itself
+    never imports matplotlib."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "matplotlib.axes":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            try:
+                _wrap_bxp(module)
+            except Exception:
+                pass
+
+        loader.exec_module = exec_module
+        return spec
+
+
 def chart_of_axes(ax, budget=None):
     from matplotlib.collections import PathCollection
     from matplotlib.container import BarContainer
     from matplotlib.patches import Wedge
 
     budget = budget or _Budget()
+    boxes = getattr(ax, BOX_STATS, None)
+    if boxes and ax.get_lines():
+        return _box_chart(ax, boxes)
     wedges = [p for p in ax.patches if isinstance(p, Wedge)]
     if wedges:
         return _pie_chart(ax, wedges)
@@ -195,6 +272,11 @@ def _is_figure(obj):
 
 def load_ipython_extension(ip):
     from IPython.core.formatters import JSONFormatter
+
+    if "matplotlib.axes" in sys.modules:
+        _wrap_bxp(sys.modules["matplotlib.axes"])
+    elif not any(isinstance(f, _WrapBxpOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WrapBxpOnImport())
 
     class ChartFormatter(JSONFormatter):
         """Figures only, matched by class name: matplotlib is imported by a cell, not here

@@ -92,6 +92,14 @@ def test_figures_carry_their_chart_data(sbx):
         "fig, (a, b) = plt.subplots(1, 2); a.scatter([1, 2], [3, 4]); b.plot([0, 1])\n"
         "fig.suptitle('Two'); plt.show()").results if r.chart)
     assert (both.type.value, both.title) == ("superchart", "Two")
+    box = next(r.chart for r in sbx.run_code(
+        "fig, ax = plt.subplots(); ax.boxplot([[1, 2, 3, 4, 5, 40], [2, 3, 4]]); "
+        "ax.set_title('Spread'); plt.show()").results if r.chart)
+    assert (box.type.value, box.title) == ("box_and_whisker", "Spread")
+    first, second = box.elements
+    assert (first.label, first.min, first.first_quartile, first.median) == ("1", 1, 2.25, 3.5)
+    assert (first.third_quartile, first.max, first.outliers) == (4.75, 5, [40])
+    assert (second.label, second.median, second.outliers) == ("2", 3, [])
     assert [c.type.value for c in both.elements] == ["scatter", "line"]
     assert both.elements[0].elements[0].points == [(1.0, 3.0), (2.0, 4.0)]
 
