@@ -118,7 +118,7 @@ if { [ -z "$only" ] || echo ",$only," | grep -q ',desktop_microvm,'; } && [ -f "
     stage=$(mktemp -d "$cache/nested/desktop-stage.XXXXXX")
     ln "$desktop_image" "$stage/rootfs.ext4" 2>/dev/null || cp --sparse=always "$desktop_image" "$stage/rootfs.ext4"
     size=$(( $(stat -L -c %s "$desktop_image") / 1048576 + 512 ))
-    nice mke2fs -q -F -t ext4 -d "$stage" "$disk.tmp" "${size}M"
+    nice mke2fs -q -F -t ext4 -d "$stage" "$disk.tmp" "${size}M" >&2
     rm -rf "$stage"
     mv "$disk.tmp" "$disk"
   fi
