@@ -216,7 +216,9 @@ plan=$(sed -n 's/^NESTED-PLAN//p' "$console" | head -n 1)
 failures=0
 [ -n "$plan" ] || { log "FAIL: L1 never printed its plan (QEMU status $qemu_status)"; failures=1; }
 for t in $plan; do
-  line=$(grep -m1 "^NESTED-RESULT $t " "$console" || true)
+  # Not anchored: an L1 kernel message (KVM's "Unhandled WRMSR", say) can land on the
+  # console in the middle of the line before.
+  line=$(grep -o -m1 "NESTED-RESULT $t .*" "$console" || true)
   case "$line" in
     "NESTED-RESULT $t PASS"*) ;;
     "NESTED-RESULT $t FAIL"*) failures=$((failures + 1)) ;;
