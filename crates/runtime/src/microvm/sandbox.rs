@@ -68,6 +68,8 @@ pub struct MicrovmSandbox {
     jail: Mutex<Option<VmmJail>>,
     /// The volumes served to the guest over virtio-fs, each by a virtiofsd of its own.
     shared_dirs: Mutex<Vec<super::shared_dirs::SharedDir>>,
+    /// Their running virtiofsds (this daemon's starts only), stopped at destroy.
+    virtiofsds: Mutex<Vec<tokio::process::Child>>,
     /// Set when the VMM came jailed from the warm pool: it sees its directories at the
     /// pool slot's paths (jail/pooled.rs).
     vmm_view: Mutex<Option<VmmView>>,
@@ -129,6 +131,7 @@ impl MicrovmSandbox {
             jail_reads: Mutex::new(Vec::new()),
             jail: Mutex::new(None),
             shared_dirs: Mutex::new(Vec::new()),
+            virtiofsds: Mutex::new(Vec::new()),
             vmm_view: Mutex::new(None),
             adopted_cgroup: Arc::new(Mutex::new(None)),
         }
@@ -412,12 +415,16 @@ impl Sandbox for MicrovmSandbox {
         // go to the jail's uid.
         let shared = lock(&self.shared_dirs).clone();
         let vmm_uid = jail.as_ref().map(VmmJail::uid);
-        if let Err(e) = super::shared_dirs::start(&shared, vmm_uid, self.outlive_owner).await {
-            if let Some(jail) = jail {
-                let _ = jail.release();
-            }
-            return Err(e);
-        }
+        let mut virtiofsds =
+            match super::shared_dirs::start(&shared, vmm_uid, self.outlive_owner).await {
+                Ok(children) => children,
+                Err(e) => {
+                    if let Some(jail) = jail {
+                        let _ = jail.release();
+                    }
+                    return Err(e);
+                }
+            };
         // A fork's memory: a descriptor of the parent's memfd, kept open until the spawn.
         let inherited = self.snap.take_restore_fd();
         if let Some(fd) = &inherited {
@@ -433,6 +440,7 @@ impl Sandbox for MicrovmSandbox {
         let child = match spawned {
             Ok(child) => child,
             Err(e) => {
+                super::shared_dirs::stop(&mut virtiofsds);
                 if let Some(jail) = jail {
                     let _ = jail.release();
                 }
@@ -440,6 +448,7 @@ impl Sandbox for MicrovmSandbox {
             }
         };
         *lock(&self.jail) = jail;
+        *lock(&self.virtiofsds) = virtiofsds;
         let pid = child.id().unwrap_or(0);
         self.supervise(child, pid).await
     }
@@ -537,7 +546,9 @@ impl Sandbox for MicrovmSandbox {
                 }
             }
         }
-        // The VMM is gone (or as gone as it gets): its cgroup goes, its uid is freed.
+        // The VMM is gone (or as gone as it gets): its virtiofsds have nothing left to
+        // serve, its cgroup goes, its uid is freed.
+        super::shared_dirs::stop(&mut lock(&self.virtiofsds));
         let jail = lock(&self.jail).take();
         let released = jail.map_or(Ok(()), VmmJail::release);
         let adopted = lock(&self.adopted_cgroup).take();

@@ -9,8 +9,9 @@
 //! rings). Both runtimes then share one JuiceFS mount per volume, so two sandboxes, the
 //! content API and another daemon see the same files.
 //!
-//! virtiofsd serves one connection and exits when it ends: the VMM's exit ends it, so it
-//! needs no teardown of its own. A VM with a shared directory boots cold (no template
+//! virtiofsd serves one connection and exits when it ends: the VMM's exit ends it. The
+//! sandbox still stops its virtiofsds at destroy, and when its VMM could not be started:
+//! one whose VMM never connected would wait forever. A VM with a shared directory boots cold (no template
 //! snapshot holds its device) and cannot be snapshotted (the VMM refuses: the open files'
 //! state is in virtiofsd).
 
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sandcell_proto::vmm::FsConfig;
+use tokio::process::Child;
 
 use super::RT;
 use crate::{Error, Result, VolumeBind};
@@ -114,70 +116,93 @@ pub(super) fn virtiofsd() -> Result<PathBuf> {
 
 /// Starts a virtiofsd for each of `dirs` and waits until each listens; the sockets are
 /// then handed to `vmm_uid` (a jailed VMM's) so that it can connect. `detach`: the
-/// virtiofsds outlive the daemon like the VMM does.
-pub(super) async fn start(dirs: &[SharedDir], vmm_uid: Option<u32>, detach: bool) -> Result<()> {
+/// virtiofsds outlive the daemon like the VMM does. Returns them for [`stop`]: one whose
+/// VMM never connected would wait for it forever. On an error, those already started are
+/// stopped.
+pub(super) async fn start(
+    dirs: &[SharedDir],
+    vmm_uid: Option<u32>,
+    detach: bool,
+) -> Result<Vec<Child>> {
+    let mut started = Vec::with_capacity(dirs.len());
     if dirs.is_empty() {
-        return Ok(());
+        return Ok(started);
     }
     let program = virtiofsd()?;
     for d in dirs {
-        // A socket left by an earlier start of this sandbox would make virtiofsd fail.
-        let _ = std::fs::remove_file(&d.socket);
-        let mut cmd = tokio::process::Command::new(&program);
-        if detach {
-            crate::detach::detached(&mut cmd);
-        } else {
-            crate::util::supervised(&mut cmd);
-        }
-        cmd.arg(format!("--socket-path={}", d.socket.display()))
-            .arg(format!("--shared-dir={}", d.host.display()))
-            // Its own mount namespace rooted at the shared directory, no network: a lookup
-            // of ".." or a symlink a guest planted cannot leave the volume.
-            .args(["--sandbox=namespace", "--cache=auto", "--log-level=warn"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|e| {
-            Error::io(
-                RT,
-                format!("starting {} for {}", program.display(), d.host.display()),
-                e,
-            )
-        })?;
-        let deadline = Instant::now() + LISTEN_TIMEOUT;
-        while !d.socket.exists() {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(Error::io(
-                    RT,
-                    format!("virtiofsd for {}", d.host.display()),
-                    std::io::Error::other(format!("exited before listening ({status})")),
-                ));
+        match start_one(&program, d, vmm_uid, detach).await {
+            Ok(child) => started.push(child),
+            Err(e) => {
+                stop(&mut started);
+                return Err(e);
             }
-            if Instant::now() > deadline {
-                let _ = child.start_kill();
-                return Err(Error::io(
-                    RT,
-                    format!("virtiofsd for {}", d.host.display()),
-                    std::io::Error::other(format!("no socket at {} in 10 s", d.socket.display())),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if let Some(uid) = vmm_uid {
-            std::os::unix::fs::chown(&d.socket, Some(uid), Some(uid)).map_err(|e| {
-                Error::io(
-                    RT,
-                    format!("handing {} to uid {uid}", d.socket.display()),
-                    e,
-                )
-            })?;
-        }
-        // Reaped in the background; it ends with the VMM's connection.
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
     }
-    Ok(())
+    Ok(started)
+}
+
+/// Stops `children` (SIGKILL; a virtiofsd whose VMM is gone has nothing left to serve).
+/// tokio reaps them.
+pub(super) fn stop(children: &mut Vec<Child>) {
+    for mut child in children.drain(..) {
+        let _ = child.start_kill();
+    }
+}
+
+async fn start_one(
+    program: &Path,
+    d: &SharedDir,
+    vmm_uid: Option<u32>,
+    detach: bool,
+) -> Result<Child> {
+    // A socket left by an earlier start of this sandbox would make virtiofsd fail.
+    let _ = std::fs::remove_file(&d.socket);
+    let mut cmd = tokio::process::Command::new(program);
+    if detach {
+        crate::detach::detached(&mut cmd);
+    } else {
+        crate::util::supervised(&mut cmd);
+    }
+    cmd.arg(format!("--socket-path={}", d.socket.display()))
+        .arg(format!("--shared-dir={}", d.host.display()))
+        // Its own mount namespace rooted at the shared directory, no network: a lookup of
+        // ".." or a symlink a guest planted cannot leave the volume.
+        .args(["--sandbox=namespace", "--cache=auto", "--log-level=warn"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(false);
+    let what = || format!("virtiofsd for {}", d.host.display());
+    let mut child = cmd.spawn().map_err(|e| {
+        Error::io(
+            RT,
+            format!("starting {} for {}", program.display(), d.host.display()),
+            e,
+        )
+    })?;
+    let deadline = Instant::now() + LISTEN_TIMEOUT;
+    while !d.socket.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let problem = format!("exited before listening ({status})");
+            return Err(Error::io(RT, what(), std::io::Error::other(problem)));
+        }
+        if Instant::now() > deadline {
+            let _ = child.start_kill();
+            let problem = format!("no socket at {} in 10 s", d.socket.display());
+            return Err(Error::io(RT, what(), std::io::Error::other(problem)));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if let Some(uid) = vmm_uid
+        && let Err(e) = std::os::unix::fs::chown(&d.socket, Some(uid), Some(uid))
+    {
+        let _ = child.start_kill();
+        return Err(Error::io(
+            RT,
+            format!("handing {} to uid {uid}", d.socket.display()),
+            e,
+        ));
+    }
+    Ok(child)
 }
 
 #[cfg(test)]
