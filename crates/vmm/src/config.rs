@@ -307,7 +307,6 @@ fn socket_path(what: &'static str, path: &Path) -> Result<(), ConfigError> {
     creatable(what, path)
 }
 
-/// Checks everything that can be checked before the VM exists.
 /// At most this many shared directories per VM (each takes an MMIO slot and an IRQ).
 pub const MAX_FS_DEVICES: usize = 8;
 
@@ -331,6 +330,7 @@ fn validate_fs(fs: &[sandcell_proto::vmm::FsConfig]) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// Checks everything that can be checked before the VM exists.
 pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
     if !(MIN_VCPUS..=MAX_VCPUS).contains(&cfg.vcpus) {
         return Err(ConfigError::Vcpus(cfg.vcpus));

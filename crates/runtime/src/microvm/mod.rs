@@ -186,6 +186,9 @@ pub(super) struct Paths {
     /// Where the VMM makes disk tops and snapshot output: the state dir, or its
     /// [`jail::VMM_DIR`] when jailed.
     pub(super) vmm_state_dir: PathBuf,
+    /// Where the VMM's sockets are (the run dir, or its [`jail::VMM_DIR`] when jailed): also
+    /// the volumes' virtiofsd sockets, which it connects to.
+    pub(super) vmm_run_dir: PathBuf,
     /// The jailed layout: the VMM's files in [`jail::VMM_DIR`]s.
     pub(super) jailed: bool,
 }
@@ -214,6 +217,7 @@ impl Paths {
             overlay: vmm_state_dir.join("disk.overlay"),
             state_dir,
             vmm_state_dir,
+            vmm_run_dir: vmm_run,
             jailed,
         }
     }
@@ -272,12 +276,7 @@ impl Runtime for MicrovmRuntime {
         };
         let mut cmdline = cmdline(&spec)?;
         let paths = Paths::layout(&self.dirs, &spec.id, self.jail.is_some());
-        let socket_dir = paths
-            .vsock
-            .parent()
-            .unwrap_or(&paths.state_dir)
-            .to_path_buf();
-        let shared = shared_dirs::plan(&spec.volumes, &socket_dir)?;
+        let shared = shared_dirs::plan(&spec.volumes, &paths.vmm_run_dir)?;
         if !shared.is_empty() {
             shared_dirs::virtiofsd()?;
             cmdline.push(' ');

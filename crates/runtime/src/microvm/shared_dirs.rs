@@ -11,8 +11,8 @@
 //!
 //! virtiofsd serves one connection and exits when it ends: the VMM's exit ends it. The
 //! sandbox still stops its virtiofsds at destroy, and when its VMM could not be started:
-//! one whose VMM never connected would wait forever. A VM with a shared directory boots cold (no template
-//! snapshot holds its device) and cannot be snapshotted (the VMM refuses: the open files'
+//! one whose VMM never connected would wait forever. A VM with a shared directory boots
+//! cold (no template snapshot holds its device) and cannot be snapshotted (the VMM refuses: the open files'
 //! state is in virtiofsd).
 
 use std::path::{Path, PathBuf};
@@ -193,7 +193,8 @@ async fn start_one(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     if let Some(uid) = vmm_uid
-        && let Err(e) = std::os::unix::fs::chown(&d.socket, Some(uid), Some(uid))
+        // lchown: the socket's directory is the VMM's, so a link there is never followed.
+        && let Err(e) = std::os::unix::fs::lchown(&d.socket, Some(uid), Some(uid))
     {
         let _ = child.start_kill();
         return Err(Error::io(

@@ -42,6 +42,12 @@ pub enum BackendError {
     RingAddress { queue: usize, addr: u64 },
 }
 
+/// The error of vhost-user message `step` with the backend at `path`, for `map_err`.
+fn failed(step: &'static str, path: &str) -> impl FnOnce(vhost::Error) -> BackendError {
+    let path = path.to_string();
+    move |source| BackendError::Protocol { step, path, source }
+}
+
 /// A connected, owned backend and the virtio features it offers.
 pub struct Backend {
     frontend: Frontend,
@@ -62,25 +68,21 @@ impl Backend {
             source,
         })?;
         let mut frontend = Frontend::from_stream(stream, queues as u64);
-        let step = |step: &'static str, path: &str| {
-            let path = path.to_string();
-            move |source| BackendError::Protocol { step, path, source }
-        };
-        frontend.set_owner().map_err(step("SET_OWNER", &path))?;
+        frontend.set_owner().map_err(failed("SET_OWNER", &path))?;
         let features = frontend
             .get_features()
-            .map_err(step("GET_FEATURES", &path))?;
+            .map_err(failed("GET_FEATURES", &path))?;
         if features & PROTOCOL_FEATURES_BIT != 0 {
             // Acking the bit before GET_PROTOCOL_FEATURES is what the spec asks for.
             frontend
                 .set_features(PROTOCOL_FEATURES_BIT)
-                .map_err(step("SET_FEATURES", &path))?;
+                .map_err(failed("SET_FEATURES", &path))?;
             frontend
                 .get_protocol_features()
-                .map_err(step("GET_PROTOCOL_FEATURES", &path))?;
+                .map_err(failed("GET_PROTOCOL_FEATURES", &path))?;
             frontend
                 .set_protocol_features(VhostUserProtocolFeatures::empty())
-                .map_err(step("SET_PROTOCOL_FEATURES", &path))?;
+                .map_err(failed("SET_PROTOCOL_FEATURES", &path))?;
         }
         Ok(Backend {
             frontend,
@@ -105,15 +107,10 @@ impl Backend {
         kicks: &[EventFd],
         calls: &[EventFd],
     ) -> Result<(), BackendError> {
-        let path = self.path.clone();
-        let step = |step: &'static str| {
-            let path = path.clone();
-            move |source| BackendError::Protocol { step, path, source }
-        };
         let protocol = self.features & PROTOCOL_FEATURES_BIT;
         self.frontend
             .set_features(acked | protocol)
-            .map_err(step("SET_FEATURES"))?;
+            .map_err(failed("SET_FEATURES", &self.path))?;
         let mut regions = Vec::new();
         for region in mem.iter() {
             let info = VhostUserMemoryRegionInfo::from_guest_region(region).map_err(|_| {
@@ -125,7 +122,7 @@ impl Backend {
         }
         self.frontend
             .set_mem_table(&regions)
-            .map_err(step("SET_MEM_TABLE"))?;
+            .map_err(failed("SET_MEM_TABLE", &self.path))?;
         for (index, queue) in queues.iter().enumerate() {
             if !queue.ready() {
                 continue;
@@ -146,26 +143,26 @@ impl Backend {
             };
             self.frontend
                 .set_vring_num(index, queue.size())
-                .map_err(step("SET_VRING_NUM"))?;
+                .map_err(failed("SET_VRING_NUM", &self.path))?;
             self.frontend
                 .set_vring_addr(index, &config)
-                .map_err(step("SET_VRING_ADDR"))?;
+                .map_err(failed("SET_VRING_ADDR", &self.path))?;
             self.frontend
                 .set_vring_base(index, queue.next_avail())
-                .map_err(step("SET_VRING_BASE"))?;
+                .map_err(failed("SET_VRING_BASE", &self.path))?;
             self.frontend
                 .set_vring_call(index, &calls[index])
-                .map_err(step("SET_VRING_CALL"))?;
+                .map_err(failed("SET_VRING_CALL", &self.path))?;
             self.frontend
                 .set_vring_kick(index, &kicks[index])
-                .map_err(step("SET_VRING_KICK"))?;
+                .map_err(failed("SET_VRING_KICK", &self.path))?;
         }
         if protocol != 0 {
             for (index, queue) in queues.iter().enumerate() {
                 if queue.ready() {
                     self.frontend
                         .set_vring_enable(index, true)
-                        .map_err(step("SET_VRING_ENABLE"))?;
+                        .map_err(failed("SET_VRING_ENABLE", &self.path))?;
                 }
             }
         }
